@@ -1,0 +1,234 @@
+//! Text of the `/debug/api_priority_and_fairness/dump_*` endpoints in
+//! kube's layout: cells joined by ",\t" and aligned like Go's
+//! `tabwriter.NewWriter(w, 8, 0, 1, ' ', 0)`.
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub const PRIORITY_LEVEL_HEADERS: [&str; 10] = [
+    "PriorityLevelName",
+    "ActiveQueues",
+    "IsIdle",
+    "IsQuiescing",
+    "WaitingRequests",
+    "ExecutingRequests",
+    "DispatchedRequests",
+    "RejectedRequests",
+    "TimedoutRequests",
+    "CancelledRequests",
+];
+
+pub const QUEUE_HEADERS: [&str; 9] = [
+    "PriorityLevelName",
+    "Index",
+    "PendingRequests",
+    "ExecutingRequests",
+    "SeatsInUse",
+    "NextDispatchR",
+    "InitialSeatsSum",
+    "MaxSeatsSum",
+    "TotalWorkSum",
+];
+
+pub const REQUEST_HEADERS: [&str; 10] = [
+    "PriorityLevelName",
+    "FlowSchemaName",
+    "QueueIndex",
+    "RequestIndexInQueue",
+    "FlowDistingsher",
+    "ArriveTime",
+    "InitialSeats",
+    "FinalSeats",
+    "AdditionalLatency",
+    "StartTime",
+];
+
+pub const REQUEST_DETAIL_HEADERS: [&str; 8] =
+    ["UserName", "Verb", "APIPath", "Namespace", "Name", "APIVersion", "Resource", "SubResource"];
+
+/// Go tabwriter with minwidth 8, tabwidth 0, padding 1, pad ' ', no flags.
+/// Each line is a list of cells; all but the last are tab-terminated.
+pub fn tabwrite(lines: &[Vec<String>]) -> String {
+    let mut out = String::new();
+    let mut widths = Vec::new();
+    format_block(&mut out, lines, &mut widths, 0, lines.len());
+    out
+}
+
+const MIN_WIDTH: usize = 8;
+const PADDING: usize = 1;
+
+fn format_block(out: &mut String, lines: &[Vec<String>], widths: &mut Vec<usize>, mut line0: usize, line1: usize) {
+    let column = widths.len();
+    let mut this = line0;
+    while this < line1 {
+        if column + 1 >= lines[this].len() {
+            this += 1;
+            continue;
+        }
+        // A column block starts here: print the lines before it.
+        write_lines(out, lines, widths, line0, this);
+        line0 = this;
+        let mut width = MIN_WIDTH;
+        while this < line1 && column + 1 < lines[this].len() {
+            width = width.max(lines[this][column].chars().count() + PADDING);
+            this += 1;
+        }
+        widths.push(width);
+        format_block(out, lines, widths, line0, this);
+        widths.pop();
+        line0 = this;
+    }
+    write_lines(out, lines, widths, line0, line1);
+}
+
+fn write_lines(out: &mut String, lines: &[Vec<String>], widths: &[usize], from: usize, to: usize) {
+    for line in &lines[from..to] {
+        for (j, cell) in line.iter().enumerate() {
+            out.push_str(cell);
+            if j < widths.len() && j + 1 < line.len() {
+                let pad = widths[j].saturating_sub(cell.chars().count());
+                out.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        out.push('\n');
+    }
+}
+
+/// Splits a row as kube writes it (`strings.Join(cols, ",\t")`) into
+/// tabwriter cells: every cell but the last carries its trailing comma.
+pub fn row<S: AsRef<str>>(columns: &[S]) -> Vec<String> {
+    let n = columns.len();
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| if i + 1 < n { format!("{},", c.as_ref()) } else { c.as_ref().to_string() })
+        .collect()
+}
+
+/// Go's `time.Duration.String()`.
+pub fn go_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".into();
+    }
+    if nanos < 1_000 {
+        return format!("{nanos}ns");
+    }
+    if nanos < 1_000_000 {
+        return format!("{}µs", trim_fraction(nanos, 1_000));
+    }
+    if nanos < 1_000_000_000 {
+        return format!("{}ms", trim_fraction(nanos, 1_000_000));
+    }
+    let total_secs = nanos / 1_000_000_000;
+    let frac = nanos % 1_000_000_000;
+    let (h, m, s) = (total_secs / 3600, (total_secs / 60) % 60, total_secs % 60);
+    let secs = trim_fraction(u128::from(s as u64) * 1_000_000_000 + frac, 1_000_000_000);
+    let mut out = String::new();
+    if h > 0 {
+        let _ = write!(out, "{h}h{m}m");
+    } else if m > 0 {
+        let _ = write!(out, "{m}m");
+    }
+    let _ = write!(out, "{secs}s");
+    out
+}
+
+fn trim_fraction(value: u128, unit: u128) -> String {
+    let whole = value / unit;
+    let frac = value % unit;
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let digits = unit.to_string().len() - 1;
+    let s = format!("{frac:0digits$}");
+    format!("{whole}.{}", s.trim_end_matches('0'))
+}
+
+/// Go's `t.UTC().Format(time.RFC3339Nano)`.
+pub fn rfc3339_nano(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let nanos = d.subsec_nanos();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, mo, da) = civil_from_days(days);
+    let mut out = format!("{y:04}-{mo:02}-{da:02}T{:02}:{:02}:{:02}", rem / 3600, (rem / 60) % 60, rem % 60);
+    if nanos > 0 {
+        let f = format!("{nanos:09}");
+        out.push('.');
+        out.push_str(f.trim_end_matches('0'));
+    }
+    out.push('Z');
+    out
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Seat-seconds the way kube prints them: 8 decimals and "ss".
+pub fn seat_seconds(v: f64) -> String {
+    // kube stores seat-seconds as fixed point with 1e8 scale.
+    let fixed = (v.max(0.0) * 1e8).round() as u128;
+    format!("{}.{:08}ss", fixed / 100_000_000, fixed % 100_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tabwriter_aligns_like_go() {
+        let lines = vec![row(&["PriorityLevelName", "ActiveQueues", "IsIdle"]), row(&["exempt", "0", "true"])];
+        let got = tabwrite(&lines);
+        // Column width = max(cell)+1, at least 8; the last cell is not padded.
+        assert_eq!(got, "PriorityLevelName, ActiveQueues, IsIdle\nexempt,            0,            true\n");
+    }
+
+    #[test]
+    fn tabwriter_blocks_follow_cell_counts() {
+        // A line with fewer cells ends the column block, like Go.
+        let lines = vec![vec!["a".to_string(), "b".into()], vec!["only".into()], vec!["ccccccccccc".into(), "d".into()]];
+        assert_eq!(tabwrite(&lines), "a       b\nonly\nccccccccccc d\n");
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration(Duration::ZERO), "0s");
+        assert_eq!(go_duration(Duration::from_millis(5)), "5ms");
+        assert_eq!(go_duration(Duration::from_micros(62_500)), "62.5ms");
+        assert_eq!(go_duration(Duration::from_micros(1)), "1µs");
+        assert_eq!(go_duration(Duration::from_nanos(15)), "15ns");
+        assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(go_duration(Duration::from_secs(3723)), "1h2m3s");
+        assert_eq!(go_duration(Duration::from_secs(60)), "1m0s");
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(rfc3339_nano(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::new(1_700_000_000, 120_000_000);
+        assert_eq!(rfc3339_nano(t), "2023-11-14T22:13:20.12Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(rfc3339_nano(leap), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn seat_seconds_format() {
+        assert_eq!(seat_seconds(0.0), "0.00000000ss");
+        assert_eq!(seat_seconds(0.018), "0.01800000ss");
+        assert_eq!(seat_seconds(12.5), "12.50000000ss");
+    }
+}

@@ -1,0 +1,47 @@
+//! API Priority and Fairness (APF): kube-apiserver's flow control, as a
+//! pure-logic module with no HTTP dependency.
+//!
+//! # How the HTTP layer uses it
+//! ```ignore
+//! let apf: Arc<Apf> = Apf::new(ServerConfig { max_requests_inflight: 400, max_mutating_requests_inflight: 200 });
+//! apf.spawn_borrowing_loop();                       // 10 s lending/borrowing rounds
+//! match apf.admit(&digest, EstimateInputs::Simple, deadline, client_gone).await {
+//!     Ok(seats) => {
+//!         // headers: X-Kubernetes-PF-FlowSchema-UID = seats.flow_schema_uid(),
+//!         //          X-Kubernetes-PF-PriorityLevel-UID = seats.priority_level_uid()
+//!         run_request().await;
+//!         seats.finish();                            // watch: release_initial_seats() after initial events
+//!     }
+//!     Err(rejected) => { /* 429, Retry-After: rejected.retry_after_secs, body TOO_MANY_REQUESTS_BODY */ }
+//! }
+//! ```
+//! The controller feeds configuration with [`Apf::replace_config`] (and uses
+//! [`bootstrap::plan_flow_schemas`] / [`bootstrap::plan_priority_levels`] for
+//! the maintenance pass); `/metrics` reads [`Apf::snapshot`] and may install
+//! an [`ApfObserver`] for histograms; the debug endpoints return
+//! [`Apf::dump_priority_levels`], [`Apf::dump_queues`], [`Apf::dump_requests`].
+//!
+//! Modules: `config` (types, defaults, validation), `bootstrap` (built-in
+//! objects and maintenance), `classifier`, `concurrency` (ServerCL split and
+//! borrowing), `shuffle` (dealer), `queueset` (fair queuing), `estimator`,
+//! `retry_after`, `dump` (debug text), `dispatcher` (the `Apf` runtime).
+
+pub mod bootstrap;
+pub mod classifier;
+pub mod concurrency;
+pub mod config;
+pub mod dispatcher;
+pub mod dump;
+pub mod estimator;
+pub mod queueset;
+pub mod retry_after;
+pub mod shuffle;
+
+pub use classifier::{Classification, RequestDigest};
+pub use config::{FieldError, FlowSchema, PriorityLevelConfiguration};
+pub use dispatcher::{
+    Apf, ApfObserver, ApfSnapshot, ConfigReport, FlowCounters, LevelSnapshot, Rejected, SeatGuard, ServerConfig,
+    TOO_MANY_REQUESTS_BODY,
+};
+pub use estimator::{EstimateInputs, WorkEstimate};
+pub use queueset::RejectReason;

@@ -1,0 +1,3 @@
+//! kshard: a Kubernetes API server shard for CRD-defined resource groups.
+
+pub mod storage;

@@ -1,0 +1,35 @@
+//! The small interface every storage engine implements: ordered reads on a
+//! snapshot and an atomic write transaction. Revisions, history, the event log
+//! and compaction live above it (`storage::Store`), so engines stay tiny and
+//! behave identically.
+
+use std::ops::ControlFlow;
+
+use super::StorageError;
+
+/// A consistent read view of the engine.
+pub trait ReadTxn {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Visits `[start, end)` in key order until `visit` breaks.
+    fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    ) -> Result<(), StorageError>;
+}
+
+/// A read-write transaction; its reads see its own writes.
+pub trait WriteTxn: ReadTxn {
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StorageError>;
+    fn delete(&mut self, key: &[u8]) -> Result<(), StorageError>;
+}
+
+pub type WriteFn<'a> = dyn FnMut(&mut dyn WriteTxn) -> Result<(), StorageError> + 'a;
+
+pub trait Engine: Send + Sync + 'static {
+    fn read(&self) -> Result<Box<dyn ReadTxn + '_>, StorageError>;
+    /// Runs `f` in one transaction and makes it durable before returning.
+    /// If `f` fails nothing is written.
+    fn write(&self, f: &mut WriteFn<'_>) -> Result<(), StorageError>;
+}

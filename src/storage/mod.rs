@@ -1,0 +1,434 @@
+//! Revisioned object storage: one global revision per write, history, an
+//! event log, compaction and the change feed, all shared above a tiny engine.
+
+pub mod embedded;
+pub mod engine;
+mod keys;
+mod writer;
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use engine::Engine;
+use writer::{Op, Writer};
+
+pub type Revision = u64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("storage engine: {0}")]
+    Engine(String),
+    #[error("not found")]
+    NotFound,
+    #[error("already exists")]
+    AlreadyExists,
+    #[error("revision conflict (current {current})")]
+    Conflict { current: Revision },
+    #[error("revision {requested} has been compacted (compacted to {compacted})")]
+    Compacted {
+        requested: Revision,
+        compacted: Revision,
+    },
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+    #[error("invalid object: {0}")]
+    Invalid(String),
+    #[error("storage is shut down")]
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One committed change. `object` carries `metadata.resourceVersion` = `revision`;
+/// for a deletion it is the last state of the object.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub kind: EventType,
+    pub key: String,
+    pub revision: Revision,
+    pub object: Arc<Value>,
+    pub json: Bytes,
+}
+
+/// Events committed together, in revision order, and the watermark after them.
+#[derive(Debug)]
+pub struct Batch {
+    pub events: Vec<Event>,
+    pub revision: Revision,
+}
+
+/// The result of a write: the object as stored.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub revision: Revision,
+    pub object: Arc<Value>,
+    pub json: Bytes,
+}
+
+/// A write request; `object` must already carry everything but its revision.
+#[derive(Debug)]
+pub enum Write {
+    Create {
+        key: String,
+        object: Value,
+    },
+    /// Replaces the object if its current revision is `expected`.
+    Update {
+        key: String,
+        expected: Revision,
+        object: Value,
+    },
+    /// Removes the object (if `expected` is set, only at that revision).
+    Delete {
+        key: String,
+        expected: Option<Revision>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct ListPage {
+    pub revision: Revision,
+    pub items: Vec<(String, Bytes)>,
+    /// Key of the last returned item when more items exist.
+    pub continue_after: Option<String>,
+    pub remaining: u64,
+}
+
+pub struct Store {
+    engine: Arc<dyn Engine>,
+    writes: mpsc::Sender<Op>,
+    revision: watch::Receiver<Revision>,
+    compacted: Arc<AtomicU64>,
+    subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<Batch>>>>>,
+}
+
+impl Store {
+    pub fn open(engine: Arc<dyn Engine>) -> Result<Arc<Self>, StorageError> {
+        let (rev, compacted) = {
+            let r = engine.read()?;
+            let rev = r
+                .get(keys::META_REVISION)?
+                .and_then(|v| keys::decode_u64(&v))
+                .unwrap_or(0);
+            let compacted = r
+                .get(keys::META_COMPACT)?
+                .and_then(|v| keys::decode_u64(&v))
+                .unwrap_or(0);
+            (rev, compacted)
+        };
+        let (rev_tx, rev_rx) = watch::channel(rev);
+        let subscribers = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel(4096);
+        let writer = Writer::new(engine.clone(), rev, rev_tx, subscribers.clone());
+        std::thread::Builder::new()
+            .name("kshard-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| StorageError::Engine(e.to_string()))?;
+        Ok(Arc::new(Self {
+            engine,
+            writes: tx,
+            revision: rev_rx,
+            compacted: Arc::new(AtomicU64::new(compacted)),
+            subscribers,
+        }))
+    }
+
+    /// The newest committed revision (the watermark: everything up to it is durable).
+    pub fn revision(&self) -> Revision {
+        *self.revision.borrow()
+    }
+
+    pub fn compacted_revision(&self) -> Revision {
+        self.compacted.load(Ordering::Acquire)
+    }
+
+    /// Subscribes to the change feed; returns the revision the feed starts after.
+    pub fn subscribe(&self) -> (Revision, mpsc::UnboundedReceiver<Arc<Batch>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut subs = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
+        // Read under the lock the writer publishes under, so no batch is missed or doubled.
+        let rev = self.revision();
+        subs.push(tx);
+        (rev, rx)
+    }
+
+    pub async fn write(&self, write: Write) -> Result<Written, StorageError> {
+        let (tx, rx) = oneshot::channel();
+        self.writes
+            .send(Op { write, reply: tx })
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        rx.await.map_err(|_| StorageError::Closed)?
+    }
+
+    /// Latest state of one object.
+    pub async fn get(&self, key: &str) -> Result<Option<(Revision, Bytes)>, StorageError> {
+        let engine = self.engine.clone();
+        let key = key.to_string();
+        blocking(move || {
+            let r = engine.read()?;
+            let Some(latest) = r.get(&keys::latest(&key))? else {
+                return Ok(None);
+            };
+            let (rev, deleted) = keys::decode_latest(&latest)
+                .ok_or_else(|| StorageError::Corrupt(format!("latest record of {key}")))?;
+            if deleted {
+                return Ok(None);
+            }
+            let value = r
+                .get(&keys::version(&key, rev))?
+                .ok_or_else(|| StorageError::Corrupt(format!("missing version {rev} of {key}")))?;
+            Ok(Some((rev, Bytes::from(value))))
+        })
+        .await
+    }
+
+    /// Lists the objects whose key starts with `prefix` as they were at `revision`,
+    /// starting after `after`, at most `limit` matching `filter`.
+    pub async fn list(
+        &self,
+        prefix: &str,
+        revision: Revision,
+        after: Option<String>,
+        limit: Option<usize>,
+        filter: Arc<dyn Fn(&[u8]) -> bool + Send + Sync>,
+    ) -> Result<ListPage, StorageError> {
+        self.check_not_compacted(revision)?;
+        let engine = self.engine.clone();
+        let prefix = prefix.to_string();
+        let page = blocking(move || list_at(&*engine, &prefix, revision, after, limit, &*filter))
+            .await?;
+        // Compaction may have raced with the scan: a result below it is not trustworthy.
+        self.check_not_compacted(revision)?;
+        Ok(page)
+    }
+
+    fn check_not_compacted(&self, revision: Revision) -> Result<(), StorageError> {
+        let compacted = self.compacted_revision();
+        if revision < compacted {
+            return Err(StorageError::Compacted {
+                requested: revision,
+                compacted,
+            });
+        }
+        Ok(())
+    }
+
+    /// Drops history at or below `to` (keeping each object's state as of `to`).
+    pub async fn compact(&self, to: Revision) -> Result<(), StorageError> {
+        let to = to.min(self.revision());
+        if to <= self.compacted_revision() {
+            return Ok(());
+        }
+        // Refuse reads below `to` before any data goes away.
+        self.compacted.store(to, Ordering::Release);
+        let engine = self.engine.clone();
+        blocking(move || compact_engine(&*engine, to)).await
+    }
+
+    /// Every `interval`, compacts to the revision current one interval earlier.
+    pub fn spawn_compactor(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
+        let store = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut previous: Option<Revision> = None;
+            let mut tick = tokio::time::interval(interval);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(store) = store.upgrade() else { return };
+                if let Some(to) = previous {
+                    if let Err(e) = store.compact(to).await {
+                        tracing::warn!(error = %e, "compaction failed");
+                    } else {
+                        tracing::debug!(revision = to, "compacted");
+                    }
+                }
+                previous = Some(store.revision());
+            }
+        })
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StorageError::Engine(e.to_string()))?
+}
+
+fn list_at(
+    engine: &dyn Engine,
+    prefix: &str,
+    revision: Revision,
+    after: Option<String>,
+    limit: Option<usize>,
+    filter: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+) -> Result<ListPage, StorageError> {
+    let r = engine.read()?;
+    let start = match &after {
+        // Everything of `after` itself sorts before its successor key + NUL... so
+        // start at the first byte string greater than every version of `after`.
+        Some(a) => keys::prefix_end(&keys::version_prefix(a)),
+        None => keys::versions_from(prefix),
+    };
+    let end = keys::prefix_end(&keys::versions_from(prefix));
+    let mut items: Vec<(String, Bytes)> = Vec::new();
+    let mut remaining = 0u64;
+    let mut continue_after = None;
+    let mut error = None;
+
+    // Versions of one key are adjacent and ascending: remember the newest one <= revision.
+    let mut current: Option<(String, Option<Vec<u8>>)> = None;
+    let mut finish_key = |key: String, value: Option<Vec<u8>>, items: &mut Vec<_>| {
+        let Some(value) = value else { return };
+        if value.is_empty() || !filter(&value) {
+            return;
+        }
+        if limit.is_some_and(|l| items.len() >= l) {
+            remaining += 1;
+        } else {
+            items.push((key, Bytes::from(value)));
+        }
+    };
+    r.scan(&start, &end, &mut |k, v| {
+        let Some((key, rev)) = keys::parse_version(k) else {
+            error = Some(StorageError::Corrupt("bad version key".into()));
+            return ControlFlow::Break(());
+        };
+        match &mut current {
+            Some((ck, cv)) if ck == key => {
+                if rev <= revision {
+                    *cv = Some(v.to_vec());
+                }
+            }
+            _ => {
+                if let Some((ck, cv)) = current.take() {
+                    finish_key(ck, cv, &mut items);
+                }
+                current = Some((key.to_string(), (rev <= revision).then(|| v.to_vec())));
+            }
+        }
+        ControlFlow::Continue(())
+    })?;
+    if let Some(e) = error {
+        return Err(e);
+    }
+    if let Some((ck, cv)) = current.take() {
+        finish_key(ck, cv, &mut items);
+    }
+    if remaining > 0 {
+        continue_after = items.last().map(|(k, _)| k.clone());
+    }
+    Ok(ListPage {
+        revision,
+        items,
+        continue_after,
+        remaining,
+    })
+}
+
+fn compact_engine(engine: &dyn Engine, to: Revision) -> Result<(), StorageError> {
+    /// Versions of one object key at or below the compaction revision.
+    struct KeyVersions {
+        key: String,
+        old: Vec<(Vec<u8>, bool)>,
+        has_newer: bool,
+    }
+    // Per key, everything at or below `to` except the newest version goes; the newest
+    // goes too when it is a tombstone, and with it the latest record if nothing is newer.
+    fn settle(group: KeyVersions, doomed: &mut Vec<Vec<u8>>, dead_latest: &mut Vec<Vec<u8>>) {
+        let n = group.old.len();
+        for (i, (k, tombstone)) in group.old.into_iter().enumerate() {
+            if i + 1 < n || tombstone {
+                doomed.push(k);
+            }
+            if i + 1 == n && tombstone && !group.has_newer {
+                dead_latest.push(keys::latest(&group.key));
+            }
+        }
+    }
+
+    let mut doomed: Vec<Vec<u8>> = Vec::new();
+    let mut dead_latest: Vec<Vec<u8>> = Vec::new();
+    {
+        let r = engine.read()?;
+        let start = b"v/".to_vec();
+        let end = keys::prefix_end(&start);
+        let mut group: Option<KeyVersions> = None;
+        r.scan(&start, &end, &mut |k, v| {
+            let Some((key, rev)) = keys::parse_version(k) else {
+                return ControlFlow::Continue(());
+            };
+            if group.as_ref().is_none_or(|g| g.key != key) {
+                if let Some(g) = group.take() {
+                    settle(g, &mut doomed, &mut dead_latest);
+                }
+                group = Some(KeyVersions {
+                    key: key.to_string(),
+                    old: Vec::new(),
+                    has_newer: false,
+                });
+            }
+            if let Some(g) = group.as_mut() {
+                if rev <= to {
+                    g.old.push((k.to_vec(), v.is_empty()));
+                } else {
+                    g.has_newer = true;
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
+        if let Some(g) = group.take() {
+            settle(g, &mut doomed, &mut dead_latest);
+        }
+        r.scan(&keys::log(0), &keys::log(to.saturating_add(1)), &mut |k, _| {
+            doomed.push(k.to_vec());
+            ControlFlow::Continue(())
+        })?;
+    }
+    for chunk in doomed.chunks(1000) {
+        engine.write(&mut |txn| {
+            for k in chunk {
+                txn.delete(k)?;
+            }
+            Ok(())
+        })?;
+    }
+    engine.write(&mut |txn| {
+        for k in &dead_latest {
+            // Only if the object was not recreated since the scan.
+            if let Some(v) = txn.get(k)? {
+                if keys::decode_latest(&v).is_some_and(|(rev, deleted)| deleted && rev <= to) {
+                    txn.delete(k)?;
+                }
+            }
+        }
+        txn.put(keys::META_COMPACT, &to.to_be_bytes())
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
