@@ -22,7 +22,14 @@ pub fn stable_uid(kind: &str, name: &str) -> String {
     b[6] = (b[6] & 0x0f) | 0x50;
     b[8] = (b[8] & 0x3f) | 0x80;
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 fn meta(kind: &str, name: &str) -> ObjectMeta {
@@ -35,7 +42,14 @@ fn meta(kind: &str, name: &str) -> ObjectMeta {
     }
 }
 
-fn queued_level(name: &str, shares: i32, lendable: i32, queues: i32, hand: i32, limit: i32) -> PriorityLevelConfiguration {
+fn queued_level(
+    name: &str,
+    shares: i32,
+    lendable: i32,
+    queues: i32,
+    hand: i32,
+    limit: i32,
+) -> PriorityLevelConfiguration {
     PriorityLevelConfiguration {
         metadata: meta("prioritylevelconfigurations", name),
         spec: PriorityLevelConfigurationSpec {
@@ -46,7 +60,11 @@ fn queued_level(name: &str, shares: i32, lendable: i32, queues: i32, hand: i32, 
                 borrowing_limit_percent: None,
                 limit_response: LimitResponse {
                     type_: LIMIT_RESPONSE_QUEUE.into(),
-                    queuing: Some(QueuingConfiguration { queues, hand_size: hand, queue_length_limit: limit }),
+                    queuing: Some(QueuingConfiguration {
+                        queues,
+                        hand_size: hand,
+                        queue_length_limit: limit,
+                    }),
                 },
             }),
             exempt: None,
@@ -79,7 +97,10 @@ pub fn catch_all_priority_level() -> PriorityLevelConfiguration {
                 nominal_concurrency_shares: Some(5),
                 lendable_percent: Some(0),
                 borrowing_limit_percent: None,
-                limit_response: LimitResponse { type_: LIMIT_RESPONSE_REJECT.into(), queuing: None },
+                limit_response: LimitResponse {
+                    type_: LIMIT_RESPONSE_REJECT.into(),
+                    queuing: None,
+                },
             }),
             exempt: None,
         },
@@ -106,7 +127,13 @@ fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
-fn resource_rule(verbs: &[&str], groups: &[&str], resources: &[&str], namespaces: &[&str], cluster: bool) -> ResourcePolicyRule {
+fn resource_rule(
+    verbs: &[&str],
+    groups: &[&str],
+    resources: &[&str],
+    namespaces: &[&str],
+    cluster: bool,
+) -> ResourcePolicyRule {
     ResourcePolicyRule {
         verbs: strings(verbs),
         api_groups: strings(groups),
@@ -120,17 +147,29 @@ fn everything(subjects: Vec<Subject>) -> PolicyRulesWithSubjects {
     PolicyRulesWithSubjects {
         subjects,
         resource_rules: vec![resource_rule(&["*"], &["*"], &["*"], &["*"], true)],
-        non_resource_rules: vec![NonResourcePolicyRule { verbs: strings(&["*"]), non_resource_urls: strings(&["*"]) }],
+        non_resource_rules: vec![NonResourcePolicyRule {
+            verbs: strings(&["*"]),
+            non_resource_urls: strings(&["*"]),
+        }],
     }
 }
 
-fn schema(name: &str, level: &str, precedence: i32, distinguisher: Option<&str>, rules: Vec<PolicyRulesWithSubjects>) -> FlowSchema {
+fn schema(
+    name: &str,
+    level: &str,
+    precedence: i32,
+    distinguisher: Option<&str>,
+    rules: Vec<PolicyRulesWithSubjects>,
+) -> FlowSchema {
     FlowSchema {
         metadata: meta("flowschemas", name),
         spec: FlowSchemaSpec {
-            priority_level_configuration: PriorityLevelConfigurationReference { name: level.into() },
+            priority_level_configuration: PriorityLevelConfigurationReference {
+                name: level.into(),
+            },
             matching_precedence: precedence,
-            distinguisher_method: distinguisher.map(|d| FlowDistinguisherMethod { type_: d.into() }),
+            distinguisher_method: distinguisher
+                .map(|d| FlowDistinguisherMethod { type_: d.into() }),
             rules,
         },
         status: None,
@@ -138,7 +177,13 @@ fn schema(name: &str, level: &str, precedence: i32, distinguisher: Option<&str>,
 }
 
 pub fn exempt_flow_schema() -> FlowSchema {
-    schema(EXEMPT, EXEMPT, 1, None, vec![everything(vec![Subject::group("system:masters")])])
+    schema(
+        EXEMPT,
+        EXEMPT,
+        1,
+        None,
+        vec![everything(vec![Subject::group("system:masters")])],
+    )
 }
 
 pub fn catch_all_flow_schema() -> FlowSchema {
@@ -147,7 +192,10 @@ pub fn catch_all_flow_schema() -> FlowSchema {
         CATCH_ALL,
         10000,
         Some(BY_USER),
-        vec![everything(vec![Subject::group("system:unauthenticated"), Subject::group("system:authenticated")])],
+        vec![everything(vec![
+            Subject::group("system:unauthenticated"),
+            Subject::group("system:authenticated"),
+        ])],
     )
 }
 
@@ -164,7 +212,10 @@ pub fn suggested_flow_schemas() -> Vec<FlowSchema> {
             2,
             None,
             vec![PolicyRulesWithSubjects {
-                subjects: vec![Subject::group("system:unauthenticated"), Subject::group("system:authenticated")],
+                subjects: vec![
+                    Subject::group("system:unauthenticated"),
+                    Subject::group("system:authenticated"),
+                ],
                 resource_rules: vec![],
                 non_resource_rules: vec![NonResourcePolicyRule {
                     verbs: strings(&["get"]),
@@ -184,8 +235,20 @@ pub fn suggested_flow_schemas() -> Vec<FlowSchema> {
                     kube_system_sa(),
                 ],
                 resource_rules: vec![
-                    resource_rule(&["get", "create", "update"], &[""], &["endpoints", "configmaps"], &["kube-system"], false),
-                    resource_rule(&["get", "create", "update"], &["coordination.k8s.io"], &["leases"], &["*"], false),
+                    resource_rule(
+                        &["get", "create", "update"],
+                        &[""],
+                        &["endpoints", "configmaps"],
+                        &["kube-system"],
+                        false,
+                    ),
+                    resource_rule(
+                        &["get", "create", "update"],
+                        &["coordination.k8s.io"],
+                        &["leases"],
+                        &["*"],
+                        false,
+                    ),
                 ],
                 non_resource_rules: vec![],
             }],
@@ -204,13 +267,21 @@ pub fn suggested_flow_schemas() -> Vec<FlowSchema> {
                 non_resource_rules: vec![],
             }],
         ),
-        schema("system-nodes", "system", 500, Some(BY_USER), vec![everything(vec![Subject::group("system:nodes")])]),
+        schema(
+            "system-nodes",
+            "system",
+            500,
+            Some(BY_USER),
+            vec![everything(vec![Subject::group("system:nodes")])],
+        ),
         schema(
             "kube-controller-manager",
             "workload-high",
             800,
             Some(BY_NAMESPACE),
-            vec![everything(vec![Subject::user("system:kube-controller-manager")])],
+            vec![everything(vec![Subject::user(
+                "system:kube-controller-manager",
+            )])],
         ),
         schema(
             "kube-scheduler",
@@ -238,7 +309,10 @@ pub fn suggested_flow_schemas() -> Vec<FlowSchema> {
             "global-default",
             9900,
             Some(BY_USER),
-            vec![everything(vec![Subject::group("system:unauthenticated"), Subject::group("system:authenticated")])],
+            vec![everything(vec![
+                Subject::group("system:unauthenticated"),
+                Subject::group("system:authenticated"),
+            ])],
         ),
     ]
 }
@@ -264,7 +338,10 @@ pub(super) fn global_default_like(name: &str, precedence: i32, level: &str) -> F
         level,
         precedence,
         Some(BY_USER),
-        vec![everything(vec![Subject::group("system:unauthenticated"), Subject::group("system:authenticated")])],
+        vec![everything(vec![
+            Subject::group("system:unauthenticated"),
+            Subject::group("system:authenticated"),
+        ])],
     )
 }
 
@@ -276,24 +353,33 @@ pub enum Action<T> {
     Create(T),
     /// Write the given object (spec and/or the auto-update annotation changed).
     Update(T),
-    Delete { name: String },
+    Delete {
+        name: String,
+    },
 }
 
 /// Whether maintenance owns the object's spec: the annotation when it is a
 /// bool, else "generation == 1" (never edited by a user).
 pub fn auto_update(meta: &ObjectMeta) -> (bool, bool) {
-    match meta.annotations.get(AUTO_UPDATE_ANNOTATION).map(|s| s.parse::<bool>()) {
+    match meta
+        .annotations
+        .get(AUTO_UPDATE_ANNOTATION)
+        .map(|s| s.parse::<bool>())
+    {
         Some(Ok(v)) => (v, false),
         _ => (meta.generation == 1, true),
     }
 }
 
 fn set_annotation(meta: &mut ObjectMeta, value: bool) {
-    meta.annotations.insert(AUTO_UPDATE_ANNOTATION.into(), value.to_string());
+    meta.annotations
+        .insert(AUTO_UPDATE_ANNOTATION.into(), value.to_string());
 }
 
 /// One maintenance pass over priority levels: `existing` is what the store holds.
-pub fn plan_priority_levels(existing: &[PriorityLevelConfiguration]) -> Vec<Action<PriorityLevelConfiguration>> {
+pub fn plan_priority_levels(
+    existing: &[PriorityLevelConfiguration],
+) -> Vec<Action<PriorityLevelConfiguration>> {
     plan(
         existing,
         &mandatory_priority_levels(),
@@ -306,7 +392,9 @@ pub fn plan_priority_levels(existing: &[PriorityLevelConfiguration]) -> Vec<Acti
             // and lendable percent.
             if mandatory && current.metadata.name == EXEMPT {
                 if let (Some(w), Some(c)) = (want.exempt.as_mut(), current.spec.exempt.as_ref()) {
-                    w.nominal_concurrency_shares = c.nominal_concurrency_shares.or(w.nominal_concurrency_shares);
+                    w.nominal_concurrency_shares = c
+                        .nominal_concurrency_shares
+                        .or(w.nominal_concurrency_shares);
                     w.lendable_percent = c.lendable_percent.or(w.lendable_percent);
                 }
             }
@@ -355,7 +443,11 @@ fn plan<T: Clone>(
 ) -> Vec<Action<T>> {
     let mut actions = Vec::new();
     let find = |name: &str| existing.iter().find(|o| meta(o).name == name);
-    for (wanted, is_mandatory) in mandatory.iter().map(|o| (o, true)).chain(suggested.iter().map(|o| (o, false))) {
+    for (wanted, is_mandatory) in mandatory
+        .iter()
+        .map(|o| (o, true))
+        .chain(suggested.iter().map(|o| (o, false)))
+    {
         let name = &meta(wanted).name;
         let Some(current) = find(name) else {
             actions.push(Action::Create(wanted.clone()));
@@ -377,9 +469,19 @@ fn plan<T: Clone>(
     }
     for o in existing {
         let m = meta(o);
-        let known = mandatory.iter().chain(suggested).any(|b| meta(b).name == m.name);
-        if !known && m.annotations.get(AUTO_UPDATE_ANNOTATION).map(String::as_str) == Some("true") {
-            actions.push(Action::Delete { name: m.name.clone() });
+        let known = mandatory
+            .iter()
+            .chain(suggested)
+            .any(|b| meta(b).name == m.name);
+        if !known
+            && m.annotations
+                .get(AUTO_UPDATE_ANNOTATION)
+                .map(String::as_str)
+                == Some("true")
+        {
+            actions.push(Action::Delete {
+                name: m.name.clone(),
+            });
         }
     }
     actions
@@ -395,14 +497,23 @@ mod tests {
             let before = pl.clone();
             pl.apply_defaults();
             assert_eq!(pl, before, "{} changes under defaulting", pl.metadata.name);
-            assert!(validate_priority_level(&pl).is_empty(), "{}", pl.metadata.name);
+            assert!(
+                validate_priority_level(&pl).is_empty(),
+                "{}",
+                pl.metadata.name
+            );
             assert_eq!(pl.metadata.annotations[AUTO_UPDATE_ANNOTATION], "true");
         }
         for mut fs in all_flow_schemas() {
             let before = fs.clone();
             fs.apply_defaults();
             assert_eq!(fs, before);
-            assert!(validate_flow_schema(&fs).is_empty(), "{}: {:?}", fs.metadata.name, validate_flow_schema(&fs));
+            assert!(
+                validate_flow_schema(&fs).is_empty(),
+                "{}: {:?}",
+                fs.metadata.name,
+                validate_flow_schema(&fs)
+            );
             assert_eq!(fs.metadata.annotations[AUTO_UPDATE_ANNOTATION], "true");
         }
     }
@@ -412,8 +523,15 @@ mod tests {
         let got: Vec<_> = all_priority_levels()
             .iter()
             .map(|p| {
-                let q = p.queuing().map(|q| (q.queues, q.hand_size, q.queue_length_limit));
-                (p.metadata.name.clone(), p.nominal_concurrency_shares(), p.lendable_percent(), q)
+                let q = p
+                    .queuing()
+                    .map(|q| (q.queues, q.hand_size, q.queue_length_limit));
+                (
+                    p.metadata.name.clone(),
+                    p.nominal_concurrency_shares(),
+                    p.lendable_percent(),
+                    q,
+                )
             })
             .collect();
         let want = vec![
@@ -426,9 +544,21 @@ mod tests {
             ("workload-low", 100, 90, Some((128, 6, 50))),
             ("global-default", 20, 50, Some((128, 6, 50))),
         ];
-        let want: Vec<_> = want.into_iter().map(|(n, s, l, q)| (n.to_string(), s, l, q)).collect();
+        let want: Vec<_> = want
+            .into_iter()
+            .map(|(n, s, l, q)| (n.to_string(), s, l, q))
+            .collect();
         assert_eq!(got, want);
-        assert!(all_priority_levels()[1].spec.limited.as_ref().unwrap().limit_response.type_ == LIMIT_RESPONSE_REJECT);
+        assert!(
+            all_priority_levels()[1]
+                .spec
+                .limited
+                .as_ref()
+                .unwrap()
+                .limit_response
+                .type_
+                == LIMIT_RESPONSE_REJECT
+        );
     }
 
     #[test]
@@ -440,23 +570,43 @@ mod tests {
                     f.metadata.name.clone(),
                     f.spec.matching_precedence,
                     f.spec.priority_level_configuration.name.clone(),
-                    f.spec.distinguisher_method.as_ref().map(|d| d.type_.clone()),
+                    f.spec
+                        .distinguisher_method
+                        .as_ref()
+                        .map(|d| d.type_.clone()),
                 )
             })
             .collect();
-        let s = |n: &str, p, l: &str, d: Option<&str>| (n.to_string(), p, l.to_string(), d.map(String::from));
+        let s = |n: &str, p, l: &str, d: Option<&str>| {
+            (n.to_string(), p, l.to_string(), d.map(String::from))
+        };
         assert_eq!(
             got,
             vec![
                 s("exempt", 1, "exempt", None),
                 s("catch-all", 10000, "catch-all", Some("ByUser")),
                 s("probes", 2, "exempt", None),
-                s("system-leader-election", 100, "leader-election", Some("ByUser")),
+                s(
+                    "system-leader-election",
+                    100,
+                    "leader-election",
+                    Some("ByUser")
+                ),
                 s("system-node-high", 400, "node-high", Some("ByUser")),
                 s("system-nodes", 500, "system", Some("ByUser")),
-                s("kube-controller-manager", 800, "workload-high", Some("ByNamespace")),
+                s(
+                    "kube-controller-manager",
+                    800,
+                    "workload-high",
+                    Some("ByNamespace")
+                ),
                 s("kube-scheduler", 800, "workload-high", Some("ByNamespace")),
-                s("kube-system-service-accounts", 900, "workload-high", Some("ByNamespace")),
+                s(
+                    "kube-system-service-accounts",
+                    900,
+                    "workload-high",
+                    Some("ByNamespace")
+                ),
                 s("service-accounts", 9000, "workload-low", Some("ByUser")),
                 s("global-default", 9900, "global-default", Some("ByUser")),
             ]
@@ -465,8 +615,14 @@ mod tests {
 
     #[test]
     fn uids_are_stable_and_distinct() {
-        assert_eq!(stable_uid("flowschemas", "exempt"), exempt_flow_schema().metadata.uid);
-        assert_ne!(stable_uid("flowschemas", "exempt"), stable_uid("prioritylevelconfigurations", "exempt"));
+        assert_eq!(
+            stable_uid("flowschemas", "exempt"),
+            exempt_flow_schema().metadata.uid
+        );
+        assert_ne!(
+            stable_uid("flowschemas", "exempt"),
+            stable_uid("prioritylevelconfigurations", "exempt")
+        );
         let uid = stable_uid("flowschemas", "x");
         assert_eq!(uid.len(), 36);
         assert_eq!(&uid[14..15], "5");
@@ -485,11 +641,29 @@ mod tests {
     fn maintenance_forces_mandatory_but_respects_user_owned_suggested() {
         let mut levels = all_priority_levels();
         // A user edits catch-all (mandatory) and system (opting out of updates).
-        levels[1].spec.limited.as_mut().unwrap().nominal_concurrency_shares = Some(50);
-        levels[2].spec.limited.as_mut().unwrap().nominal_concurrency_shares = Some(1);
-        levels[2].metadata.annotations.insert(AUTO_UPDATE_ANNOTATION.into(), "false".into());
+        levels[1]
+            .spec
+            .limited
+            .as_mut()
+            .unwrap()
+            .nominal_concurrency_shares = Some(50);
+        levels[2]
+            .spec
+            .limited
+            .as_mut()
+            .unwrap()
+            .nominal_concurrency_shares = Some(1);
+        levels[2]
+            .metadata
+            .annotations
+            .insert(AUTO_UPDATE_ANNOTATION.into(), "false".into());
         // Exempt's shares belong to the user.
-        levels[0].spec.exempt.as_mut().unwrap().nominal_concurrency_shares = Some(7);
+        levels[0]
+            .spec
+            .exempt
+            .as_mut()
+            .unwrap()
+            .nominal_concurrency_shares = Some(7);
         let actions = plan_priority_levels(&levels);
         assert_eq!(actions.len(), 1, "{actions:?}");
         match &actions[0] {
@@ -507,7 +681,10 @@ mod tests {
         // Missing annotation, generation 1: maintenance owns it and writes annotation.
         schemas[3].metadata.annotations.clear();
         // Garbage annotation, generation 2 (user edited): user owns it.
-        schemas[4].metadata.annotations.insert(AUTO_UPDATE_ANNOTATION.into(), "maybe".into());
+        schemas[4]
+            .metadata
+            .annotations
+            .insert(AUTO_UPDATE_ANNOTATION.into(), "maybe".into());
         schemas[4].metadata.generation = 2;
         schemas[4].spec.matching_precedence = 123;
         // Unknown object with annotation true: delete.
@@ -517,7 +694,9 @@ mod tests {
         let actions = plan_flow_schemas(&schemas);
         assert_eq!(actions.len(), 3, "{actions:?}");
         match &actions[0] {
-            Action::Update(fs) => assert_eq!(fs.metadata.annotations[AUTO_UPDATE_ANNOTATION], "true"),
+            Action::Update(fs) => {
+                assert_eq!(fs.metadata.annotations[AUTO_UPDATE_ANNOTATION], "true")
+            }
             other => panic!("{other:?}"),
         }
         match &actions[1] {
@@ -527,6 +706,11 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(actions[2], Action::Delete { name: "old-suggested".into() });
+        assert_eq!(
+            actions[2],
+            Action::Delete {
+                name: "old-suggested".into()
+            }
+        );
     }
 }

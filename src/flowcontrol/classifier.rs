@@ -56,14 +56,21 @@ const SA_PREFIX: &str = "system:serviceaccount:";
 
 pub fn matches_subject(s: &Subject, digest: &RequestDigest) -> bool {
     match s.kind.as_str() {
-        SUBJECT_USER => s.user.as_ref().is_some_and(|u| u.name == WILDCARD || u.name == digest.user),
+        SUBJECT_USER => s
+            .user
+            .as_ref()
+            .is_some_and(|u| u.name == WILDCARD || u.name == digest.user),
         SUBJECT_GROUP => s
             .group
             .as_ref()
-            .is_some_and(|g| g.name == WILDCARD || digest.groups.iter().any(|x| *x == g.name)),
+            .is_some_and(|g| g.name == WILDCARD || digest.groups.contains(&g.name)),
         SUBJECT_SERVICE_ACCOUNT => s.service_account.as_ref().is_some_and(|sa| {
-            let Some(rest) = digest.user.strip_prefix(SA_PREFIX) else { return false };
-            let Some((ns, name)) = rest.split_once(':') else { return false };
+            let Some(rest) = digest.user.strip_prefix(SA_PREFIX) else {
+                return false;
+            };
+            let Some((ns, name)) = rest.split_once(':') else {
+                return false;
+            };
             ns == sa.namespace && (sa.name == WILDCARD || name == sa.name)
         }),
         _ => false,
@@ -75,7 +82,9 @@ fn contains_or_wildcard(list: &[String], value: &str) -> bool {
 }
 
 pub fn matches_resource_rule(r: &ResourcePolicyRule, d: &RequestDigest) -> bool {
-    if !contains_or_wildcard(&r.verbs, &d.verb) || !contains_or_wildcard(&r.api_groups, &d.api_group) {
+    if !contains_or_wildcard(&r.verbs, &d.verb)
+        || !contains_or_wildcard(&r.api_groups, &d.api_group)
+    {
         return false;
     }
     let resource_ok = if d.subresource.is_empty() {
@@ -108,12 +117,17 @@ pub fn matches_non_resource_url(rule_url: &str, path: &str) -> bool {
     if prefix.ends_with('/') {
         path.starts_with(prefix)
     } else {
-        path.len() > prefix.len() && path.starts_with(prefix) && path.as_bytes()[prefix.len()] == b'/'
+        path.len() > prefix.len()
+            && path.starts_with(prefix)
+            && path.as_bytes()[prefix.len()] == b'/'
     }
 }
 
 pub fn matches_non_resource_rule(r: &NonResourcePolicyRule, d: &RequestDigest) -> bool {
-    contains_or_wildcard(&r.verbs, &d.verb) && r.non_resource_urls.iter().any(|u| matches_non_resource_url(u, &d.path))
+    contains_or_wildcard(&r.verbs, &d.verb)
+        && r.non_resource_urls
+            .iter()
+            .any(|u| matches_non_resource_url(u, &d.path))
 }
 
 pub fn matches_rules(rules: &PolicyRulesWithSubjects, d: &RequestDigest) -> bool {
@@ -121,9 +135,15 @@ pub fn matches_rules(rules: &PolicyRulesWithSubjects, d: &RequestDigest) -> bool
         return false;
     }
     if d.is_resource {
-        rules.resource_rules.iter().any(|r| matches_resource_rule(r, d))
+        rules
+            .resource_rules
+            .iter()
+            .any(|r| matches_resource_rule(r, d))
     } else {
-        rules.non_resource_rules.iter().any(|r| matches_non_resource_rule(r, d))
+        rules
+            .non_resource_rules
+            .iter()
+            .any(|r| matches_non_resource_rule(r, d))
     }
 }
 
@@ -146,7 +166,8 @@ impl Classifier {
     pub fn new(schemas: &[FlowSchema], queues_of: impl Fn(&str) -> Option<usize>) -> Self {
         let mut sorted: Vec<&FlowSchema> = schemas.iter().collect();
         sorted.sort_by(|a, b| {
-            (a.spec.matching_precedence, &a.metadata.name).cmp(&(b.spec.matching_precedence, &b.metadata.name))
+            (a.spec.matching_precedence, &a.metadata.name)
+                .cmp(&(b.spec.matching_precedence, &b.metadata.name))
         });
         let mut out = Vec::with_capacity(sorted.len());
         let mut dangling = Vec::new();
@@ -161,7 +182,10 @@ impl Classifier {
                 None => dangling.push(fs.metadata.name.clone()),
             }
         }
-        Classifier { schemas: out, dangling }
+        Classifier {
+            schemas: out,
+            dangling,
+        }
     }
 
     /// Names of schemas whose priority level is missing (status Dangling=True).
@@ -174,9 +198,17 @@ impl Classifier {
     }
 
     pub fn classify(&self, d: &RequestDigest) -> Option<Classification> {
-        let (fs, level, multi_queue) = self.schemas.iter().find(|(fs, _, _)| matches_flow_schema(fs, d))?;
+        let (fs, level, multi_queue) = self
+            .schemas
+            .iter()
+            .find(|(fs, _, _)| matches_flow_schema(fs, d))?;
         let (distinguisher, flow_hash_value) = if *multi_queue {
-            let dist = match fs.spec.distinguisher_method.as_ref().map(|m| m.type_.as_str()) {
+            let dist = match fs
+                .spec
+                .distinguisher_method
+                .as_ref()
+                .map(|m| m.type_.as_str())
+            {
                 Some(BY_USER) => d.user.clone(),
                 Some(BY_NAMESPACE) => d.namespace.clone(),
                 _ => String::new(),
@@ -226,16 +258,33 @@ mod tests {
     fn bootstrap_classification() {
         let c = bootstrap_classifier();
         let cases: Vec<(RequestDigest, &str)> = vec![
-            (digest("admin", &["system:masters", "system:authenticated"]), "exempt"),
-            (digest("alice", &["system:authenticated"]), "global-default"),
-            (digest("anon", &["system:unauthenticated"]), "global-default"),
-            (digest("nobody", &[]), ""),
-            (digest("system:node:n1", &["system:nodes", "system:authenticated"]), "system-nodes"),
             (
-                RequestDigest { resource: "nodes".into(), subresource: "status".into(), namespace: "".into(), ..digest("system:node:n1", &["system:nodes"]) },
+                digest("admin", &["system:masters", "system:authenticated"]),
+                "exempt",
+            ),
+            (digest("alice", &["system:authenticated"]), "global-default"),
+            (
+                digest("anon", &["system:unauthenticated"]),
+                "global-default",
+            ),
+            (digest("nobody", &[]), ""),
+            (
+                digest("system:node:n1", &["system:nodes", "system:authenticated"]),
+                "system-nodes",
+            ),
+            (
+                RequestDigest {
+                    resource: "nodes".into(),
+                    subresource: "status".into(),
+                    namespace: "".into(),
+                    ..digest("system:node:n1", &["system:nodes"])
+                },
                 "system-node-high",
             ),
-            (digest("system:kube-scheduler", &["system:authenticated"]), "kube-scheduler"),
+            (
+                digest("system:kube-scheduler", &["system:authenticated"]),
+                "kube-scheduler",
+            ),
             (
                 RequestDigest {
                     api_group: "coordination.k8s.io".into(),
@@ -245,19 +294,43 @@ mod tests {
                 },
                 "system-leader-election",
             ),
-            (digest("system:serviceaccount:kube-system:foo", &["system:serviceaccounts"]), "kube-system-service-accounts"),
-            (digest("system:serviceaccount:apps:foo", &["system:serviceaccounts"]), "service-accounts"),
             (
-                RequestDigest { is_resource: false, path: "/healthz/etcd".into(), ..digest("x", &["system:unauthenticated"]) },
+                digest(
+                    "system:serviceaccount:kube-system:foo",
+                    &["system:serviceaccounts"],
+                ),
+                "kube-system-service-accounts",
+            ),
+            (
+                digest(
+                    "system:serviceaccount:apps:foo",
+                    &["system:serviceaccounts"],
+                ),
+                "service-accounts",
+            ),
+            (
+                RequestDigest {
+                    is_resource: false,
+                    path: "/healthz/etcd".into(),
+                    ..digest("x", &["system:unauthenticated"])
+                },
                 "probes",
             ),
             (
-                RequestDigest { is_resource: false, verb: "post".into(), path: "/healthz".into(), ..digest("x", &["system:unauthenticated"]) },
+                RequestDigest {
+                    is_resource: false,
+                    verb: "post".into(),
+                    path: "/healthz".into(),
+                    ..digest("x", &["system:unauthenticated"])
+                },
                 "global-default",
             ),
         ];
         for (d, want) in cases {
-            let got = c.classify(&d).map(|r| r.flow_schema.metadata.name.clone()).unwrap_or_default();
+            let got = c
+                .classify(&d)
+                .map(|r| r.flow_schema.metadata.name.clone())
+                .unwrap_or_default();
             assert_eq!(got, want, "{d:?}");
         }
     }
@@ -292,14 +365,19 @@ mod tests {
     #[test]
     fn distinguishers_and_hash() {
         let c = bootstrap_classifier();
-        let r = c.classify(&digest("alice", &["system:authenticated"])).unwrap();
+        let r = c
+            .classify(&digest("alice", &["system:authenticated"]))
+            .unwrap();
         assert_eq!(r.distinguisher, "alice");
         assert_eq!(r.flow_hash, flow_hash("global-default", "alice"));
         let r = c.classify(&digest("system:kube-scheduler", &[])).unwrap();
         assert_eq!(r.distinguisher, "default");
         // Hash input is schema ‖ 0x00 ‖ distinguisher: verify against sha256 directly.
         let d = Sha256::digest(b"global-default\0alice");
-        assert_eq!(flow_hash("global-default", "alice"), u64::from_le_bytes(d[..8].try_into().unwrap()));
+        assert_eq!(
+            flow_hash("global-default", "alice"),
+            u64::from_le_bytes(d[..8].try_into().unwrap())
+        );
         assert_ne!(flow_hash("ab", "c"), flow_hash("a", "bc"));
     }
 
@@ -309,13 +387,22 @@ mod tests {
         assert!(matches_subject(&Subject::service_account("ns1", "sa1"), &d));
         assert!(matches_subject(&Subject::service_account("ns1", "*"), &d));
         assert!(!matches_subject(&Subject::service_account("ns2", "*"), &d));
-        assert!(!matches_subject(&Subject::service_account("ns1", "sa2"), &d));
-        assert!(!matches_subject(&Subject::service_account("ns1", "*"), &digest("system:serviceaccount:ns10:sa1", &[])));
+        assert!(!matches_subject(
+            &Subject::service_account("ns1", "sa2"),
+            &d
+        ));
+        assert!(!matches_subject(
+            &Subject::service_account("ns1", "*"),
+            &digest("system:serviceaccount:ns10:sa1", &[])
+        ));
         assert!(matches_subject(&Subject::user("*"), &d));
         assert!(matches_subject(&Subject::group("g1"), &d));
         assert!(matches_subject(&Subject::group("*"), &digest("x", &[])));
         assert!(!matches_subject(&Subject::group("g2"), &d));
-        assert!(!matches_subject(&Subject::user("system:serviceaccount:ns1"), &d));
+        assert!(!matches_subject(
+            &Subject::user("system:serviceaccount:ns1"),
+            &d
+        ));
     }
 
     #[test]
@@ -336,18 +423,75 @@ mod tests {
             ..Default::default()
         };
         assert!(matches_resource_rule(&rule, &base));
-        assert!(matches_resource_rule(&rule, &RequestDigest { subresource: "scale".into(), ..base.clone() }));
-        assert!(!matches_resource_rule(&rule, &RequestDigest { subresource: "status".into(), ..base.clone() }));
-        assert!(!matches_resource_rule(&rule, &RequestDigest { verb: "watch".into(), ..base.clone() }));
-        assert!(!matches_resource_rule(&rule, &RequestDigest { api_group: "".into(), ..base.clone() }));
-        assert!(!matches_resource_rule(&rule, &RequestDigest { namespace: "dev".into(), ..base.clone() }));
+        assert!(matches_resource_rule(
+            &rule,
+            &RequestDigest {
+                subresource: "scale".into(),
+                ..base.clone()
+            }
+        ));
+        assert!(!matches_resource_rule(
+            &rule,
+            &RequestDigest {
+                subresource: "status".into(),
+                ..base.clone()
+            }
+        ));
+        assert!(!matches_resource_rule(
+            &rule,
+            &RequestDigest {
+                verb: "watch".into(),
+                ..base.clone()
+            }
+        ));
+        assert!(!matches_resource_rule(
+            &rule,
+            &RequestDigest {
+                api_group: "".into(),
+                ..base.clone()
+            }
+        ));
+        assert!(!matches_resource_rule(
+            &rule,
+            &RequestDigest {
+                namespace: "dev".into(),
+                ..base.clone()
+            }
+        ));
         // Cluster-scoped requests need clusterScope.
-        assert!(!matches_resource_rule(&rule, &RequestDigest { namespace: "".into(), ..base.clone() }));
-        let cluster = ResourcePolicyRule { cluster_scope: true, namespaces: vec![], ..rule.clone() };
-        assert!(matches_resource_rule(&cluster, &RequestDigest { namespace: "".into(), ..base.clone() }));
+        assert!(!matches_resource_rule(
+            &rule,
+            &RequestDigest {
+                namespace: "".into(),
+                ..base.clone()
+            }
+        ));
+        let cluster = ResourcePolicyRule {
+            cluster_scope: true,
+            namespaces: vec![],
+            ..rule.clone()
+        };
+        assert!(matches_resource_rule(
+            &cluster,
+            &RequestDigest {
+                namespace: "".into(),
+                ..base.clone()
+            }
+        ));
         assert!(!matches_resource_rule(&cluster, &base));
-        let wild = ResourcePolicyRule { namespaces: vec!["*".into()], resources: vec!["*".into()], ..rule };
-        assert!(matches_resource_rule(&wild, &RequestDigest { namespace: "any".into(), subresource: "x".into(), ..base }));
+        let wild = ResourcePolicyRule {
+            namespaces: vec!["*".into()],
+            resources: vec!["*".into()],
+            ..rule
+        };
+        assert!(matches_resource_rule(
+            &wild,
+            &RequestDigest {
+                namespace: "any".into(),
+                subresource: "x".into(),
+                ..base
+            }
+        ));
     }
 
     #[test]

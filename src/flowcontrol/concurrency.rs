@@ -53,12 +53,19 @@ pub fn split(server_cl: u32, levels: &[LevelShares]) -> Vec<LevelLimits> {
                 // Integer ceil avoids float error on exact multiples.
                 (u64::from(server_cl) * u64::from(l.shares)).div_ceil(sum) as u32
             };
-            let lendable = round_half_away(f64::from(nominal) * f64::from(l.lendable_percent.min(100)) / 100.0) as u32;
+            let lendable = round_half_away(
+                f64::from(nominal) * f64::from(l.lendable_percent.min(100)) / 100.0,
+            ) as u32;
             let borrow = match l.borrowing_limit_percent {
                 None => server_cl,
                 Some(p) => round_half_away(f64::from(nominal) * f64::from(p) / 100.0) as u32,
             };
-            LevelLimits { nominal, lendable, min: nominal - lendable, max: nominal.saturating_add(borrow) }
+            LevelLimits {
+                nominal,
+                lendable,
+                min: nominal - lendable,
+                max: nominal.saturating_add(borrow),
+            }
         })
         .collect()
 }
@@ -85,7 +92,14 @@ pub struct DemandPeriod {
 
 impl SeatDemandIntegrator {
     pub fn new(now: Instant) -> Self {
-        SeatDemandIntegrator { value: 0.0, last: now, start: now, integral: 0.0, integral_sq: 0.0, high_water: 0.0 }
+        SeatDemandIntegrator {
+            value: 0.0,
+            last: now,
+            start: now,
+            integral: 0.0,
+            integral_sq: 0.0,
+            high_water: 0.0,
+        }
     }
 
     fn advance(&mut self, now: Instant) {
@@ -117,7 +131,11 @@ impl SeatDemandIntegrator {
         } else {
             (self.value, 0.0)
         };
-        let out = DemandPeriod { avg, stddev, high_water: self.high_water };
+        let out = DemandPeriod {
+            avg,
+            stddev,
+            high_water: self.high_water,
+        };
         self.start = now;
         self.integral = 0.0;
         self.integral_sq = 0.0;
@@ -144,7 +162,12 @@ pub struct AllocItem {
 /// and returns the clamped values. When the bounds cannot reach the total the
 /// nearest feasible bound set is returned.
 pub fn fair_allocation(total: f64, items: &[AllocItem]) -> Vec<f64> {
-    let alloc = |p: f64| -> Vec<f64> { items.iter().map(|i| (p * i.target).clamp(i.lower, i.upper.max(i.lower))).collect() };
+    let alloc = |p: f64| -> Vec<f64> {
+        items
+            .iter()
+            .map(|i| (p * i.target).clamp(i.lower, i.upper.max(i.lower)))
+            .collect()
+    };
     let sum = |v: &[f64]| v.iter().sum::<f64>();
     let lower_sum: f64 = items.iter().map(|i| i.lower).sum();
     let upper_sum: f64 = items.iter().map(|i| i.upper.max(i.lower)).sum();
@@ -193,7 +216,14 @@ pub struct BorrowOutput {
 /// [max(MinCL, min(NominalCL, hwm)), MaxCL].
 pub fn borrow(nominal_sum: u32, levels: &[BorrowInput]) -> Vec<BorrowOutput> {
     let mut remaining = f64::from(nominal_sum);
-    let mut out = vec![BorrowOutput { current: 0, smoothed: 0.0, target: 0.0 }; levels.len()];
+    let mut out = vec![
+        BorrowOutput {
+            current: 0,
+            smoothed: 0.0,
+            target: 0.0
+        };
+        levels.len()
+    ];
     let mut items = Vec::new();
     let mut item_index = Vec::new();
     for (i, l) in levels.iter().enumerate() {
@@ -203,14 +233,26 @@ pub fn borrow(nominal_sum: u32, levels: &[BorrowInput]) -> Vec<BorrowOutput> {
         if l.exempt {
             let current = min.max(hwm);
             remaining -= current;
-            out[i] = BorrowOutput { current: current as u32, smoothed, target: current };
+            out[i] = BorrowOutput {
+                current: current as u32,
+                smoothed,
+                target: current,
+            };
             continue;
         }
         let lower = min.max(f64::from(l.limits.nominal).min(hwm));
         let target = lower.max(smoothed);
-        items.push(AllocItem { target, lower, upper: f64::from(l.limits.max) });
+        items.push(AllocItem {
+            target,
+            lower,
+            upper: f64::from(l.limits.max),
+        });
         item_index.push(i);
-        out[i] = BorrowOutput { current: 0, smoothed, target };
+        out[i] = BorrowOutput {
+            current: 0,
+            smoothed,
+            target,
+        };
     }
     let allocs = fair_allocation(remaining.max(0.0), &items);
     for (k, &i) in item_index.iter().enumerate() {
@@ -224,7 +266,11 @@ mod tests {
     use super::*;
 
     fn shares(s: u32, l: u32) -> LevelShares {
-        LevelShares { shares: s, lendable_percent: l, borrowing_limit_percent: None }
+        LevelShares {
+            shares: s,
+            lendable_percent: l,
+            borrowing_limit_percent: None,
+        }
     }
 
     #[test]
@@ -263,8 +309,26 @@ mod tests {
 
     #[test]
     fn borrowing_limit_percent() {
-        let got = split(100, &[LevelShares { shares: 1, lendable_percent: 0, borrowing_limit_percent: Some(50) }, shares(1, 0)]);
-        assert_eq!(got[0], LevelLimits { nominal: 50, lendable: 0, min: 50, max: 75 });
+        let got = split(
+            100,
+            &[
+                LevelShares {
+                    shares: 1,
+                    lendable_percent: 0,
+                    borrowing_limit_percent: Some(50),
+                },
+                shares(1, 0),
+            ],
+        );
+        assert_eq!(
+            got[0],
+            LevelLimits {
+                nominal: 50,
+                lendable: 0,
+                min: 50,
+                max: 75
+            }
+        );
         assert_eq!(got[1].max, 150);
         assert!(split(600, &[shares(0, 0)]).iter().all(|l| l.nominal == 0));
     }
@@ -281,12 +345,23 @@ mod tests {
         assert_eq!(p.high_water, 10.0);
         // The new period starts at the current value (0).
         let p = i.reset(t0 + Duration::from_secs(20));
-        assert_eq!(p, DemandPeriod { avg: 0.0, stddev: 0.0, high_water: 0.0 });
+        assert_eq!(
+            p,
+            DemandPeriod {
+                avg: 0.0,
+                stddev: 0.0,
+                high_water: 0.0
+            }
+        );
     }
 
     #[test]
     fn smoothing() {
-        let p = DemandPeriod { avg: 10.0, stddev: 2.0, high_water: 20.0 };
+        let p = DemandPeriod {
+            avg: 10.0,
+            stddev: 2.0,
+            high_water: 20.0,
+        };
         assert_eq!(smooth_demand(0.0, &p), 12.0);
         let decayed = smooth_demand(100.0, &p);
         assert!((decayed - (0.977 * 100.0 + 0.023 * 12.0)).abs() < 1e-9);
@@ -295,9 +370,21 @@ mod tests {
     #[test]
     fn fair_allocation_respects_bounds_and_total() {
         let items = [
-            AllocItem { target: 10.0, lower: 5.0, upper: 100.0 },
-            AllocItem { target: 30.0, lower: 5.0, upper: 20.0 },
-            AllocItem { target: 0.0, lower: 2.0, upper: 50.0 },
+            AllocItem {
+                target: 10.0,
+                lower: 5.0,
+                upper: 100.0,
+            },
+            AllocItem {
+                target: 30.0,
+                lower: 5.0,
+                upper: 20.0,
+            },
+            AllocItem {
+                target: 0.0,
+                lower: 2.0,
+                upper: 50.0,
+            },
         ];
         let got = fair_allocation(40.0, &items);
         assert!((got.iter().sum::<f64>() - 40.0).abs() < 1e-6, "{got:?}");
@@ -312,27 +399,73 @@ mod tests {
     fn borrowing_round() {
         let limits = split(100, &[shares(50, 50), shares(50, 50)]);
         // Level 0 idle, level 1 saturated with demand far above its nominal.
-        let idle = DemandPeriod { avg: 0.0, stddev: 0.0, high_water: 0.0 };
-        let busy = DemandPeriod { avg: 90.0, stddev: 0.0, high_water: 90.0 };
+        let idle = DemandPeriod {
+            avg: 0.0,
+            stddev: 0.0,
+            high_water: 0.0,
+        };
+        let busy = DemandPeriod {
+            avg: 90.0,
+            stddev: 0.0,
+            high_water: 90.0,
+        };
         let got = borrow(
             100,
             &[
-                BorrowInput { exempt: false, limits: limits[0], period: idle, smoothed: 0.0 },
-                BorrowInput { exempt: false, limits: limits[1], period: busy, smoothed: 0.0 },
+                BorrowInput {
+                    exempt: false,
+                    limits: limits[0],
+                    period: idle,
+                    smoothed: 0.0,
+                },
+                BorrowInput {
+                    exempt: false,
+                    limits: limits[1],
+                    period: busy,
+                    smoothed: 0.0,
+                },
             ],
         );
         // Idle level keeps MinCL = 25; the busy one gets the rest (75).
         assert_eq!(got[0].current, 25);
         assert_eq!(got[1].current, 75);
         // An exempt level takes its high-water mark off the top.
-        let steady = DemandPeriod { avg: 90.0, stddev: 0.0, high_water: 20.0 };
-        let ex = LevelLimits { nominal: 0, lendable: 0, min: 0, max: 100 };
+        let steady = DemandPeriod {
+            avg: 90.0,
+            stddev: 0.0,
+            high_water: 20.0,
+        };
+        let ex = LevelLimits {
+            nominal: 0,
+            lendable: 0,
+            min: 0,
+            max: 100,
+        };
         let got = borrow(
             100,
             &[
-                BorrowInput { exempt: true, limits: ex, period: DemandPeriod { avg: 1.0, stddev: 0.0, high_water: 30.0 }, smoothed: 0.0 },
-                BorrowInput { exempt: false, limits: limits[0], period: steady, smoothed: 0.0 },
-                BorrowInput { exempt: false, limits: limits[1], period: steady, smoothed: 0.0 },
+                BorrowInput {
+                    exempt: true,
+                    limits: ex,
+                    period: DemandPeriod {
+                        avg: 1.0,
+                        stddev: 0.0,
+                        high_water: 30.0,
+                    },
+                    smoothed: 0.0,
+                },
+                BorrowInput {
+                    exempt: false,
+                    limits: limits[0],
+                    period: steady,
+                    smoothed: 0.0,
+                },
+                BorrowInput {
+                    exempt: false,
+                    limits: limits[1],
+                    period: steady,
+                    smoothed: 0.0,
+                },
             ],
         );
         assert_eq!(got[0].current, 30);
@@ -342,8 +475,22 @@ mod tests {
         let got = borrow(
             100,
             &[
-                BorrowInput { exempt: false, limits: limits[0], period: DemandPeriod { avg: 0.0, stddev: 0.0, high_water: 40.0 }, smoothed: 0.0 },
-                BorrowInput { exempt: false, limits: limits[1], period: busy, smoothed: 0.0 },
+                BorrowInput {
+                    exempt: false,
+                    limits: limits[0],
+                    period: DemandPeriod {
+                        avg: 0.0,
+                        stddev: 0.0,
+                        high_water: 40.0,
+                    },
+                    smoothed: 0.0,
+                },
+                BorrowInput {
+                    exempt: false,
+                    limits: limits[1],
+                    period: busy,
+                    smoothed: 0.0,
+                },
             ],
         );
         assert!(got[0].current >= 40, "{got:?}");

@@ -420,7 +420,11 @@ fn validate_name(errs: &mut Vec<FieldError>, name: &str) {
         return;
     }
     if name == "." || name == ".." {
-        err(errs, "metadata.name", format!("Invalid value: {name:?}: may not be '{name}'"));
+        err(
+            errs,
+            "metadata.name",
+            format!("Invalid value: {name:?}: may not be '{name}'"),
+        );
     }
     for bad in ["/", "%"] {
         if name.contains(bad) {
@@ -445,7 +449,11 @@ fn is_dns1123_label(s: &str) -> bool {
 /// `*` must stand alone when present; empty lists are required errors.
 fn validate_wildcard_list(errs: &mut Vec<FieldError>, path: &str, items: &[String], what: &str) {
     if items.is_empty() {
-        err(errs, path, format!("Required value: {what} must contain at least one value"));
+        err(
+            errs,
+            path,
+            format!("Required value: {what} must contain at least one value"),
+        );
     } else if items.len() > 1 && items.iter().any(|v| v == WILDCARD) {
         err(
             errs,
@@ -462,7 +470,11 @@ pub fn validate_flow_schema(fs: &FlowSchema) -> Vec<FieldError> {
     let spec = &fs.spec;
     let p = spec.matching_precedence;
     if p <= 0 {
-        err(&mut errs, "spec.matchingPrecedence", format!("Invalid value: {p}: must be a positive value"));
+        err(
+            &mut errs,
+            "spec.matchingPrecedence",
+            format!("Invalid value: {p}: must be a positive value"),
+        );
     } else if p > MAX_MATCHING_PRECEDENCE {
         err(
             &mut errs,
@@ -481,17 +493,28 @@ pub fn validate_flow_schema(fs: &FlowSchema) -> Vec<FieldError> {
             err(
                 &mut errs,
                 "spec.distinguisherMethod.type",
-                format!("Unsupported value: {:?}: supported values: \"ByNamespace\", \"ByUser\"", dm.type_),
+                format!(
+                    "Unsupported value: {:?}: supported values: \"ByNamespace\", \"ByUser\"",
+                    dm.type_
+                ),
             );
         }
     }
     if spec.priority_level_configuration.name.is_empty() {
-        err(&mut errs, "spec.priorityLevelConfiguration.name", "Required value: must reference a priority level");
+        err(
+            &mut errs,
+            "spec.priorityLevelConfiguration.name",
+            "Required value: must reference a priority level",
+        );
     }
     for (i, rule) in spec.rules.iter().enumerate() {
         let rp = format!("spec.rules[{i}]");
         if rule.subjects.is_empty() {
-            err(&mut errs, format!("{rp}.subjects"), "Required value: subjects must contain at least one value");
+            err(
+                &mut errs,
+                format!("{rp}.subjects"),
+                "Required value: subjects must contain at least one value",
+            );
         }
         for (j, s) in rule.subjects.iter().enumerate() {
             validate_subject(&mut errs, &format!("{rp}.subjects[{j}]"), s);
@@ -514,16 +537,36 @@ pub fn validate_flow_schema(fs: &FlowSchema) -> Vec<FieldError> {
 }
 
 fn validate_subject(errs: &mut Vec<FieldError>, path: &str, s: &Subject) {
-    let (user, group, sa) = (s.user.is_some(), s.group.is_some(), s.service_account.is_some());
+    let (user, group, sa) = (
+        s.user.is_some(),
+        s.group.is_some(),
+        s.service_account.is_some(),
+    );
     match s.kind.as_str() {
         SUBJECT_USER => match &s.user {
-            None => err(errs, format!("{path}.user"), "Required value: user is required when subject kind is 'User'"),
-            Some(u) if u.name.is_empty() => err(errs, format!("{path}.user.name"), "Required value: username is required"),
+            None => err(
+                errs,
+                format!("{path}.user"),
+                "Required value: user is required when subject kind is 'User'",
+            ),
+            Some(u) if u.name.is_empty() => err(
+                errs,
+                format!("{path}.user.name"),
+                "Required value: username is required",
+            ),
             Some(_) => {}
         },
         SUBJECT_GROUP => match &s.group {
-            None => err(errs, format!("{path}.group"), "Required value: group is required when subject kind is 'Group'"),
-            Some(g) if g.name.is_empty() => err(errs, format!("{path}.group.name"), "Required value: group name is required"),
+            None => err(
+                errs,
+                format!("{path}.group"),
+                "Required value: group is required when subject kind is 'Group'",
+            ),
+            Some(g) if g.name.is_empty() => err(
+                errs,
+                format!("{path}.group.name"),
+                "Required value: group name is required",
+            ),
             Some(_) => {}
         },
         SUBJECT_SERVICE_ACCOUNT => match &s.service_account {
@@ -534,7 +577,11 @@ fn validate_subject(errs: &mut Vec<FieldError>, path: &str, s: &Subject) {
             ),
             Some(sa) => {
                 if sa.name.is_empty() {
-                    err(errs, format!("{path}.serviceAccount.name"), "Required value: serviceaccount name is required");
+                    err(
+                        errs,
+                        format!("{path}.serviceAccount.name"),
+                        "Required value: serviceaccount name is required",
+                    );
                 }
                 if sa.namespace.is_empty() {
                     err(
@@ -555,10 +602,18 @@ fn validate_subject(errs: &mut Vec<FieldError>, path: &str, s: &Subject) {
         }
     }
     // Exactly the member named by `kind` may be set.
-    let extra = [(SUBJECT_USER, user, "user"), (SUBJECT_GROUP, group, "group"), (SUBJECT_SERVICE_ACCOUNT, sa, "serviceAccount")];
+    let extra = [
+        (SUBJECT_USER, user, "user"),
+        (SUBJECT_GROUP, group, "group"),
+        (SUBJECT_SERVICE_ACCOUNT, sa, "serviceAccount"),
+    ];
     for (kind, set, field) in extra {
         if set && kind != s.kind {
-            err(errs, format!("{path}.{field}"), format!("Forbidden: {field} is forbidden when subject kind is not '{kind}'"));
+            err(
+                errs,
+                format!("{path}.{field}"),
+                format!("Forbidden: {field} is forbidden when subject kind is not '{kind}'"),
+            );
         }
     }
 }
@@ -570,12 +625,25 @@ fn validate_resource_rule(errs: &mut Vec<FieldError>, path: &str, r: &ResourcePo
             err(
                 errs,
                 format!("{path}.verbs"),
-                format!("Unsupported value: {v:?}: supported values: {}", SUPPORTED_VERBS.join(", ")),
+                format!(
+                    "Unsupported value: {v:?}: supported values: {}",
+                    SUPPORTED_VERBS.join(", ")
+                ),
             );
         }
     }
-    validate_wildcard_list(errs, &format!("{path}.apiGroups"), &r.api_groups, "api groups");
-    validate_wildcard_list(errs, &format!("{path}.resources"), &r.resources, "resources");
+    validate_wildcard_list(
+        errs,
+        &format!("{path}.apiGroups"),
+        &r.api_groups,
+        "api groups",
+    );
+    validate_wildcard_list(
+        errs,
+        &format!("{path}.resources"),
+        &r.resources,
+        "resources",
+    );
     if r.namespaces.is_empty() {
         if !r.cluster_scope {
             err(
@@ -585,10 +653,19 @@ fn validate_resource_rule(errs: &mut Vec<FieldError>, path: &str, r: &ResourcePo
             );
         }
     } else {
-        validate_wildcard_list(errs, &format!("{path}.namespaces"), &r.namespaces, "namespaces");
+        validate_wildcard_list(
+            errs,
+            &format!("{path}.namespaces"),
+            &r.namespaces,
+            "namespaces",
+        );
         for (i, ns) in r.namespaces.iter().enumerate() {
             if ns != WILDCARD && !is_dns1123_label(ns) {
-                err(errs, format!("{path}.namespaces[{i}]"), format!("Invalid value: {ns:?}: must be a DNS-1123 label or '*'"));
+                err(
+                    errs,
+                    format!("{path}.namespaces[{i}]"),
+                    format!("Invalid value: {ns:?}: must be a DNS-1123 label or '*'"),
+                );
             }
         }
     }
@@ -596,18 +673,35 @@ fn validate_resource_rule(errs: &mut Vec<FieldError>, path: &str, r: &ResourcePo
 
 fn validate_non_resource_rule(errs: &mut Vec<FieldError>, path: &str, r: &NonResourcePolicyRule) {
     validate_wildcard_list(errs, &format!("{path}.verbs"), &r.verbs, "verbs");
-    validate_wildcard_list(errs, &format!("{path}.nonResourceURLs"), &r.non_resource_urls, "non-resource urls");
+    validate_wildcard_list(
+        errs,
+        &format!("{path}.nonResourceURLs"),
+        &r.non_resource_urls,
+        "non-resource urls",
+    );
     for (i, url) in r.non_resource_urls.iter().enumerate() {
         let p = format!("{path}.nonResourceURLs[{i}]");
         if url.is_empty() {
             err(errs, p, "Invalid value: \"\": must not be empty");
         } else if url == WILDCARD || url == "/" {
         } else if !url.starts_with('/') {
-            err(errs, p, format!("Invalid value: {url:?}: must start with slash"));
+            err(
+                errs,
+                p,
+                format!("Invalid value: {url:?}: must start with slash"),
+            );
         } else if url.contains("//") {
-            err(errs, p, format!("Invalid value: {url:?}: must not contain double slash"));
+            err(
+                errs,
+                p,
+                format!("Invalid value: {url:?}: must not contain double slash"),
+            );
         } else if url.contains('*') && (!url.ends_with("/*") || url.matches('*').count() > 1) {
-            err(errs, p, format!("Invalid value: {url:?}: wildcard can only do suffix glob"));
+            err(
+                errs,
+                p,
+                format!("Invalid value: {url:?}: wildcard can only do suffix glob"),
+            );
         }
     }
 }
@@ -634,7 +728,11 @@ pub fn validate_priority_level(pl: &PriorityLevelConfiguration) -> Vec<FieldErro
                 );
             }
         }
-        "" => err(&mut errs, "spec.type", "Required value: must specify a type"),
+        "" => err(
+            &mut errs,
+            "spec.type",
+            "Required value: must specify a type",
+        ),
         other => err(
             &mut errs,
             "spec.type",
@@ -643,22 +741,36 @@ pub fn validate_priority_level(pl: &PriorityLevelConfiguration) -> Vec<FieldErro
     }
     if let Some(e) = &spec.exempt {
         if spec.type_ != TYPE_EXEMPT {
-            err(&mut errs, "spec.exempt", "Forbidden: must be nil if the type is not Exempt");
+            err(
+                &mut errs,
+                "spec.exempt",
+                "Forbidden: must be nil if the type is not Exempt",
+            );
         }
         check_shares(&mut errs, "spec.exempt", e.nominal_concurrency_shares);
         check_percent(&mut errs, "spec.exempt.lendablePercent", e.lendable_percent);
     }
     match &spec.limited {
-        None if spec.type_ == TYPE_LIMITED => {
-            err(&mut errs, "spec.limited", "Required value: must not be empty when type is Limited")
-        }
+        None if spec.type_ == TYPE_LIMITED => err(
+            &mut errs,
+            "spec.limited",
+            "Required value: must not be empty when type is Limited",
+        ),
         None => {}
         Some(l) => {
             if spec.type_ != TYPE_LIMITED {
-                err(&mut errs, "spec.limited", "Forbidden: must be nil if the type is not Limited");
+                err(
+                    &mut errs,
+                    "spec.limited",
+                    "Forbidden: must be nil if the type is not Limited",
+                );
             }
             check_shares(&mut errs, "spec.limited", l.nominal_concurrency_shares);
-            check_percent(&mut errs, "spec.limited.lendablePercent", l.lendable_percent);
+            check_percent(
+                &mut errs,
+                "spec.limited.lendablePercent",
+                l.lendable_percent,
+            );
             if let Some(b) = l.borrowing_limit_percent {
                 if b < 0 {
                     err(
@@ -689,7 +801,11 @@ fn check_shares(errs: &mut Vec<FieldError>, path: &str, shares: Option<i32>) {
 fn check_percent(errs: &mut Vec<FieldError>, path: &str, pct: Option<i32>) {
     if let Some(v) = pct {
         if !(0..=100).contains(&v) {
-            err(errs, path, format!("Invalid value: {v}: must be between 0 and 100, inclusive"));
+            err(
+                errs,
+                path,
+                format!("Invalid value: {v}: must be between 0 and 100, inclusive"),
+            );
         }
     }
 }
@@ -699,14 +815,26 @@ fn validate_limit_response(errs: &mut Vec<FieldError>, lr: &LimitResponse) {
     match lr.type_.as_str() {
         LIMIT_RESPONSE_REJECT => {
             if lr.queuing.is_some() {
-                err(errs, format!("{path}.queuing"), "Forbidden: must be nil if limited.limitResponse.type is not Queue");
+                err(
+                    errs,
+                    format!("{path}.queuing"),
+                    "Forbidden: must be nil if limited.limitResponse.type is not Queue",
+                );
             }
         }
         LIMIT_RESPONSE_QUEUE => match &lr.queuing {
-            None => err(errs, format!("{path}.queuing"), "Required value: must not be empty if limited.limitResponse.type is Queue"),
+            None => err(
+                errs,
+                format!("{path}.queuing"),
+                "Required value: must not be empty if limited.limitResponse.type is Queue",
+            ),
             Some(q) => validate_queuing(errs, &format!("{path}.queuing"), q),
         },
-        "" => err(errs, format!("{path}.type"), "Required value: must specify a type"),
+        "" => err(
+            errs,
+            format!("{path}.type"),
+            "Required value: must specify a type",
+        ),
         other => err(
             errs,
             format!("{path}.type"),
@@ -717,22 +845,46 @@ fn validate_limit_response(errs: &mut Vec<FieldError>, lr: &LimitResponse) {
 
 fn validate_queuing(errs: &mut Vec<FieldError>, path: &str, q: &QueuingConfiguration) {
     if q.queue_length_limit <= 0 {
-        err(errs, format!("{path}.queueLengthLimit"), format!("Invalid value: {}: must be positive", q.queue_length_limit));
+        err(
+            errs,
+            format!("{path}.queueLengthLimit"),
+            format!("Invalid value: {}: must be positive", q.queue_length_limit),
+        );
     }
     if q.queues <= 0 {
-        err(errs, format!("{path}.queues"), format!("Invalid value: {}: must be positive", q.queues));
+        err(
+            errs,
+            format!("{path}.queues"),
+            format!("Invalid value: {}: must be positive", q.queues),
+        );
     } else if q.queues > MAX_QUEUES {
-        err(errs, format!("{path}.queues"), format!("Invalid value: {}: must not be greater than {MAX_QUEUES}", q.queues));
+        err(
+            errs,
+            format!("{path}.queues"),
+            format!(
+                "Invalid value: {}: must not be greater than {MAX_QUEUES}",
+                q.queues
+            ),
+        );
     }
     if q.hand_size <= 0 {
-        err(errs, format!("{path}.handSize"), format!("Invalid value: {}: must be positive", q.hand_size));
+        err(
+            errs,
+            format!("{path}.handSize"),
+            format!("Invalid value: {}: must be positive", q.hand_size),
+        );
     } else if q.queues > 0 && q.hand_size > q.queues {
         err(
             errs,
             format!("{path}.handSize"),
-            format!("Invalid value: {}: should not be greater than queues ({})", q.hand_size, q.queues),
+            format!(
+                "Invalid value: {}: should not be greater than queues ({})",
+                q.hand_size, q.queues
+            ),
         );
-    } else if q.queues > 0 && f64::from(required_entropy_bits(q.queues, q.hand_size)) > MAX_HASH_BITS {
+    } else if q.queues > 0
+        && f64::from(required_entropy_bits(q.queues, q.hand_size)) > MAX_HASH_BITS
+    {
         err(
             errs,
             format!("{path}.handSize"),
@@ -748,15 +900,26 @@ fn validate_queuing(errs: &mut Vec<FieldError>, path: &str, q: &QueuingConfigura
 mod tests {
     use super::*;
 
-    fn limited(shares: Option<i32>, queuing: Option<QueuingConfiguration>) -> PriorityLevelConfiguration {
+    fn limited(
+        shares: Option<i32>,
+        queuing: Option<QueuingConfiguration>,
+    ) -> PriorityLevelConfiguration {
         PriorityLevelConfiguration {
-            metadata: ObjectMeta { name: "pl".into(), ..Default::default() },
+            metadata: ObjectMeta {
+                name: "pl".into(),
+                ..Default::default()
+            },
             spec: PriorityLevelConfigurationSpec {
                 type_: TYPE_LIMITED.into(),
                 limited: Some(LimitedPriorityLevelConfiguration {
                     nominal_concurrency_shares: shares,
                     limit_response: LimitResponse {
-                        type_: if queuing.is_some() { LIMIT_RESPONSE_QUEUE } else { LIMIT_RESPONSE_REJECT }.into(),
+                        type_: if queuing.is_some() {
+                            LIMIT_RESPONSE_QUEUE
+                        } else {
+                            LIMIT_RESPONSE_REJECT
+                        }
+                        .into(),
                         queuing,
                     },
                     ..Default::default()
@@ -768,7 +931,11 @@ mod tests {
     }
 
     fn queuing(queues: i32, hand_size: i32, limit: i32) -> QueuingConfiguration {
-        QueuingConfiguration { queues, hand_size, queue_length_limit: limit }
+        QueuingConfiguration {
+            queues,
+            hand_size,
+            queue_length_limit: limit,
+        }
     }
 
     fn paths(errs: &[FieldError]) -> Vec<&str> {
@@ -798,8 +965,14 @@ mod tests {
     #[test]
     fn defaults_exempt() {
         let mut pl = PriorityLevelConfiguration {
-            metadata: ObjectMeta { name: EXEMPT.into(), ..Default::default() },
-            spec: PriorityLevelConfigurationSpec { type_: TYPE_EXEMPT.into(), ..Default::default() },
+            metadata: ObjectMeta {
+                name: EXEMPT.into(),
+                ..Default::default()
+            },
+            spec: PriorityLevelConfigurationSpec {
+                type_: TYPE_EXEMPT.into(),
+                ..Default::default()
+            },
             status: None,
         };
         pl.apply_defaults();
@@ -841,7 +1014,10 @@ mod tests {
                 None => assert!(errs.is_empty(), "{q:?}: {errs:?}"),
                 Some(field) => {
                     assert_eq!(errs.len(), 1, "{q:?}: {errs:?}");
-                    assert_eq!(errs[0].path, format!("spec.limited.limitResponse.queuing.{field}"));
+                    assert_eq!(
+                        errs[0].path,
+                        format!("spec.limited.limitResponse.queuing.{field}")
+                    );
                 }
             }
         }
@@ -885,17 +1061,28 @@ mod tests {
     fn reject_with_queuing_and_queue_without() {
         let mut pl = limited(Some(1), Some(queuing(1, 1, 1)));
         pl.spec.limited.as_mut().unwrap().limit_response.type_ = LIMIT_RESPONSE_REJECT.into();
-        assert_eq!(paths(&validate_priority_level(&pl)), vec!["spec.limited.limitResponse.queuing"]);
+        assert_eq!(
+            paths(&validate_priority_level(&pl)),
+            vec!["spec.limited.limitResponse.queuing"]
+        );
         let mut pl = limited(Some(1), None);
         pl.spec.limited.as_mut().unwrap().limit_response.type_ = LIMIT_RESPONSE_QUEUE.into();
-        assert_eq!(paths(&validate_priority_level(&pl)), vec!["spec.limited.limitResponse.queuing"]);
+        assert_eq!(
+            paths(&validate_priority_level(&pl)),
+            vec!["spec.limited.limitResponse.queuing"]
+        );
     }
 
     fn schema(name: &str, precedence: i32, rule: PolicyRulesWithSubjects) -> FlowSchema {
         FlowSchema {
-            metadata: ObjectMeta { name: name.into(), ..Default::default() },
+            metadata: ObjectMeta {
+                name: name.into(),
+                ..Default::default()
+            },
             spec: FlowSchemaSpec {
-                priority_level_configuration: PriorityLevelConfigurationReference { name: "pl".into() },
+                priority_level_configuration: PriorityLevelConfigurationReference {
+                    name: "pl".into(),
+                },
                 matching_precedence: precedence,
                 distinguisher_method: None,
                 rules: vec![rule],
@@ -924,35 +1111,56 @@ mod tests {
     #[test]
     fn precedence_limits() {
         assert!(validate_flow_schema(&schema("a", 10000, all_rule())).is_empty());
-        assert_eq!(paths(&validate_flow_schema(&schema("a", 10001, all_rule()))), vec!["spec.matchingPrecedence"]);
-        assert_eq!(paths(&validate_flow_schema(&schema("a", 1, all_rule()))), vec!["spec.matchingPrecedence"]);
+        assert_eq!(
+            paths(&validate_flow_schema(&schema("a", 10001, all_rule()))),
+            vec!["spec.matchingPrecedence"]
+        );
+        assert_eq!(
+            paths(&validate_flow_schema(&schema("a", 1, all_rule()))),
+            vec!["spec.matchingPrecedence"]
+        );
         assert!(validate_flow_schema(&schema(EXEMPT, 1, all_rule())).is_empty());
-        assert_eq!(paths(&validate_flow_schema(&schema("a", -3, all_rule()))), vec!["spec.matchingPrecedence"]);
+        assert_eq!(
+            paths(&validate_flow_schema(&schema("a", -3, all_rule()))),
+            vec!["spec.matchingPrecedence"]
+        );
     }
 
     #[test]
     fn rule_shapes() {
         let mut r = all_rule();
         r.subjects.clear();
-        assert_eq!(paths(&validate_flow_schema(&schema("a", 5, r))), vec!["spec.rules[0].subjects"]);
+        assert_eq!(
+            paths(&validate_flow_schema(&schema("a", 5, r))),
+            vec!["spec.rules[0].subjects"]
+        );
         let mut r = all_rule();
         r.resource_rules.clear();
         r.non_resource_rules.clear();
-        assert_eq!(paths(&validate_flow_schema(&schema("a", 5, r))), vec!["spec.rules[0]"]);
+        assert_eq!(
+            paths(&validate_flow_schema(&schema("a", 5, r))),
+            vec!["spec.rules[0]"]
+        );
         let mut r = all_rule();
         r.resource_rules[0].verbs = vec!["*".into(), "get".into()];
         r.resource_rules[0].namespaces.clear();
         r.resource_rules[0].cluster_scope = false;
         assert_eq!(
             paths(&validate_flow_schema(&schema("a", 5, r))),
-            vec!["spec.rules[0].resourceRules[0].verbs", "spec.rules[0].resourceRules[0].namespaces"]
+            vec![
+                "spec.rules[0].resourceRules[0].verbs",
+                "spec.rules[0].resourceRules[0].namespaces"
+            ]
         );
         let mut r = all_rule();
         r.resource_rules[0].verbs = vec!["frobnicate".into()];
         r.resource_rules[0].namespaces = vec!["Bad_NS".into()];
         assert_eq!(
             paths(&validate_flow_schema(&schema("a", 5, r))),
-            vec!["spec.rules[0].resourceRules[0].verbs", "spec.rules[0].resourceRules[0].namespaces[0]"]
+            vec![
+                "spec.rules[0].resourceRules[0].verbs",
+                "spec.rules[0].resourceRules[0].namespaces[0]"
+            ]
         );
     }
 
@@ -971,7 +1179,11 @@ mod tests {
         ] {
             let mut r = all_rule();
             r.non_resource_rules[0].non_resource_urls = vec![url.into()];
-            assert_eq!(validate_flow_schema(&schema("a", 5, r)).is_empty(), ok, "{url}");
+            assert_eq!(
+                validate_flow_schema(&schema("a", 5, r)).is_empty(),
+                ok,
+                "{url}"
+            );
         }
     }
 
@@ -983,8 +1195,14 @@ mod tests {
         two_members.group = Some(GroupSubject { name: "g".into() });
         for (s, want) in [
             (Subject::user("u"), vec![]),
-            (Subject::user(""), vec!["spec.rules[0].subjects[0].user.name"]),
-            (Subject::service_account("", "*"), vec!["spec.rules[0].subjects[0].serviceAccount.namespace"]),
+            (
+                Subject::user(""),
+                vec!["spec.rules[0].subjects[0].user.name"],
+            ),
+            (
+                Subject::service_account("", "*"),
+                vec!["spec.rules[0].subjects[0].serviceAccount.namespace"],
+            ),
             (bad_kind, vec!["spec.rules[0].subjects[0].kind"]),
             (two_members, vec!["spec.rules[0].subjects[0].group"]),
         ] {
@@ -1007,8 +1225,14 @@ mod tests {
             "serviceAccount":{"namespace":"ns","name":"*"}}],"nonResourceRules":[{"verbs":["get"],
             "nonResourceURLs":["/healthz"]}]}]},"status":{"conditions":[{"type":"Dangling","status":"False","reason":"Found"}]}}"#;
         let fs: FlowSchema = serde_json::from_str(fs_json).unwrap();
-        assert_eq!(fs.spec.rules[0].non_resource_rules[0].non_resource_urls, vec!["/healthz"]);
-        assert_eq!(fs.condition(CONDITION_DANGLING).unwrap().status, ConditionStatus::False);
+        assert_eq!(
+            fs.spec.rules[0].non_resource_rules[0].non_resource_urls,
+            vec!["/healthz"]
+        );
+        assert_eq!(
+            fs.condition(CONDITION_DANGLING).unwrap().status,
+            ConditionStatus::False
+        );
         let back = serde_json::to_value(&fs).unwrap();
         assert!(back["spec"]["rules"][0]["nonResourceRules"][0]["nonResourceURLs"].is_array());
     }

@@ -43,8 +43,16 @@ pub const REQUEST_HEADERS: [&str; 10] = [
     "StartTime",
 ];
 
-pub const REQUEST_DETAIL_HEADERS: [&str; 8] =
-    ["UserName", "Verb", "APIPath", "Namespace", "Name", "APIVersion", "Resource", "SubResource"];
+pub const REQUEST_DETAIL_HEADERS: [&str; 8] = [
+    "UserName",
+    "Verb",
+    "APIPath",
+    "Namespace",
+    "Name",
+    "APIVersion",
+    "Resource",
+    "SubResource",
+];
 
 /// Go tabwriter with minwidth 8, tabwidth 0, padding 1, pad ' ', no flags.
 /// Each line is a list of cells; all but the last are tab-terminated.
@@ -58,7 +66,13 @@ pub fn tabwrite(lines: &[Vec<String>]) -> String {
 const MIN_WIDTH: usize = 8;
 const PADDING: usize = 1;
 
-fn format_block(out: &mut String, lines: &[Vec<String>], widths: &mut Vec<usize>, mut line0: usize, line1: usize) {
+fn format_block(
+    out: &mut String,
+    lines: &[Vec<String>],
+    widths: &mut Vec<usize>,
+    mut line0: usize,
+    line1: usize,
+) {
     let column = widths.len();
     let mut this = line0;
     while this < line1 {
@@ -102,7 +116,13 @@ pub fn row<S: AsRef<str>>(columns: &[S]) -> Vec<String> {
     columns
         .iter()
         .enumerate()
-        .map(|(i, c)| if i + 1 < n { format!("{},", c.as_ref()) } else { c.as_ref().to_string() })
+        .map(|(i, c)| {
+            if i + 1 < n {
+                format!("{},", c.as_ref())
+            } else {
+                c.as_ref().to_string()
+            }
+        })
         .collect()
 }
 
@@ -154,7 +174,12 @@ pub fn rfc3339_nano(t: SystemTime) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     let (y, mo, da) = civil_from_days(days);
-    let mut out = format!("{y:04}-{mo:02}-{da:02}T{:02}:{:02}:{:02}", rem / 3600, (rem / 60) % 60, rem % 60);
+    let mut out = format!(
+        "{y:04}-{mo:02}-{da:02}T{:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    );
     if nanos > 0 {
         let f = format!("{nanos:09}");
         out.push('.');
@@ -191,16 +216,26 @@ mod tests {
 
     #[test]
     fn tabwriter_aligns_like_go() {
-        let lines = vec![row(&["PriorityLevelName", "ActiveQueues", "IsIdle"]), row(&["exempt", "0", "true"])];
+        let lines = vec![
+            row(&["PriorityLevelName", "ActiveQueues", "IsIdle"]),
+            row(&["exempt", "0", "true"]),
+        ];
         let got = tabwrite(&lines);
         // Column width = max(cell)+1, at least 8; the last cell is not padded.
-        assert_eq!(got, "PriorityLevelName, ActiveQueues, IsIdle\nexempt,            0,            true\n");
+        assert_eq!(
+            got,
+            "PriorityLevelName, ActiveQueues, IsIdle\nexempt,            0,            true\n"
+        );
     }
 
     #[test]
     fn tabwriter_blocks_follow_cell_counts() {
         // A line with fewer cells ends the column block, like Go.
-        let lines = vec![vec!["a".to_string(), "b".into()], vec!["only".into()], vec!["ccccccccccc".into(), "d".into()]];
+        let lines = vec![
+            vec!["a".to_string(), "b".into()],
+            vec!["only".into()],
+            vec!["ccccccccccc".into(), "d".into()],
+        ];
         assert_eq!(tabwrite(&lines), "a       b\nonly\nccccccccccc d\n");
     }
 

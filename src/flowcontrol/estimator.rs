@@ -24,7 +24,11 @@ pub struct WorkEstimate {
 
 impl Default for WorkEstimate {
     fn default() -> Self {
-        WorkEstimate { initial_seats: 1, final_seats: 0, additional_latency: Duration::ZERO }
+        WorkEstimate {
+            initial_seats: 1,
+            final_seats: 0,
+            additional_latency: Duration::ZERO,
+        }
     }
 }
 
@@ -67,14 +71,23 @@ pub fn estimate(inputs: &EstimateInputs, max_seats: u32) -> WorkEstimate {
     let max_seats = max_seats.max(1);
     match *inputs {
         EstimateInputs::Simple => WorkEstimate::default(),
-        EstimateInputs::List { object_count, avg_object_size, from_watch_cache } => {
+        EstimateInputs::List {
+            object_count,
+            avg_object_size,
+            from_watch_cache,
+        } => {
             let bytes = u128::from(object_count) * u128::from(avg_object_size);
-            let seats = bytes.div_ceil(u128::from(LIST_BYTES_PER_SEAT)).min(u128::from(u32::MAX)) as u32;
+            let seats = bytes
+                .div_ceil(u128::from(LIST_BYTES_PER_SEAT))
+                .min(u128::from(u32::MAX)) as u32;
             let mut cap = max_seats;
             if from_watch_cache {
                 cap = cap.min(WATCH_CACHE_LIST_MAX_SEATS);
             }
-            WorkEstimate { initial_seats: seats.clamp(1, cap.max(1)), ..WorkEstimate::default() }
+            WorkEstimate {
+                initial_seats: seats.clamp(1, cap.max(1)),
+                ..WorkEstimate::default()
+            }
         }
         EstimateInputs::Mutating { watchers } => {
             if watchers < WATCHES_PER_SEAT {
@@ -84,7 +97,11 @@ pub fn estimate(inputs: &EstimateInputs, max_seats: u32) -> WorkEstimate {
             let final_seats = wanted.min(max_seats);
             // Capping reshapes the work (same seat-seconds, narrower and longer).
             let total = EVENT_ADDITIONAL_DURATION * wanted;
-            WorkEstimate { initial_seats: 1, final_seats, additional_latency: total / final_seats }
+            WorkEstimate {
+                initial_seats: 1,
+                final_seats,
+                additional_latency: total / final_seats,
+            }
         }
     }
 }
@@ -106,7 +123,11 @@ mod tests {
 
     #[test]
     fn list_seats() {
-        let list = |n, size, cache| EstimateInputs::List { object_count: n, avg_object_size: size, from_watch_cache: cache };
+        let list = |n, size, cache| EstimateInputs::List {
+            object_count: n,
+            avg_object_size: size,
+            from_watch_cache: cache,
+        };
         assert_eq!(estimate(&list(0, 1000, false), 50).initial_seats, 1);
         assert_eq!(estimate(&list(1, 5_000_000, false), 50).initial_seats, 50);
         assert_eq!(estimate(&list(100, 1000, false), 50).initial_seats, 1);
@@ -114,17 +135,36 @@ mod tests {
         assert_eq!(estimate(&list(2_000, 1_000, false), 50).initial_seats, 20);
         assert_eq!(estimate(&list(2_000, 1_000, true), 50).initial_seats, 10);
         assert_eq!(estimate(&list(2_000, 1_000, true), 4).initial_seats, 4);
-        assert_eq!(estimate(&list(u64::MAX, u64::MAX, false), 100).initial_seats, 100);
-        assert_eq!(estimate(&EstimateInputs::Simple, 50), WorkEstimate::default());
+        assert_eq!(
+            estimate(&list(u64::MAX, u64::MAX, false), 100).initial_seats,
+            100
+        );
+        assert_eq!(
+            estimate(&EstimateInputs::Simple, 50),
+            WorkEstimate::default()
+        );
     }
 
     #[test]
     fn mutating_seats() {
-        assert_eq!(estimate(&EstimateInputs::Mutating { watchers: 9 }, 50), WorkEstimate::default());
+        assert_eq!(
+            estimate(&EstimateInputs::Mutating { watchers: 9 }, 50),
+            WorkEstimate::default()
+        );
         let e = estimate(&EstimateInputs::Mutating { watchers: 10 }, 50);
-        assert_eq!(e, WorkEstimate { initial_seats: 1, final_seats: 1, additional_latency: Duration::from_millis(5) });
+        assert_eq!(
+            e,
+            WorkEstimate {
+                initial_seats: 1,
+                final_seats: 1,
+                additional_latency: Duration::from_millis(5)
+            }
+        );
         let e = estimate(&EstimateInputs::Mutating { watchers: 95 }, 50);
-        assert_eq!((e.final_seats, e.additional_latency), (10, Duration::from_millis(5)));
+        assert_eq!(
+            (e.final_seats, e.additional_latency),
+            (10, Duration::from_millis(5))
+        );
         // Capped: 1000 watchers want 100 seats, the level allows 8 → longer latency.
         let e = estimate(&EstimateInputs::Mutating { watchers: 1000 }, 8);
         assert_eq!(e.final_seats, 8);

@@ -40,8 +40,8 @@ pub mod shuffle;
 pub use classifier::{Classification, RequestDigest};
 pub use config::{FieldError, FlowSchema, PriorityLevelConfiguration};
 pub use dispatcher::{
-    Apf, ApfObserver, ApfSnapshot, ConfigReport, FlowCounters, LevelSnapshot, Rejected, SeatGuard, ServerConfig,
-    TOO_MANY_REQUESTS_BODY,
+    Apf, ApfObserver, ApfSnapshot, ConfigReport, FlowCounters, LevelSnapshot, Rejected, SeatGuard,
+    ServerConfig, TOO_MANY_REQUESTS_BODY,
 };
 pub use estimator::{EstimateInputs, WorkEstimate};
 pub use queueset::RejectReason;

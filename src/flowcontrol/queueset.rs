@@ -32,8 +32,12 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 4] =
-        [RejectReason::QueueFull, RejectReason::ConcurrencyLimit, RejectReason::TimeOut, RejectReason::Cancelled];
+    pub const ALL: [RejectReason; 4] = [
+        RejectReason::QueueFull,
+        RejectReason::ConcurrencyLimit,
+        RejectReason::TimeOut,
+        RejectReason::Cancelled,
+    ];
 
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -168,7 +172,12 @@ impl QueueSet {
 
     fn trim_queues(&mut self) {
         let desired = self.desired_queues();
-        while self.queues.len() > desired && self.queues.last().is_some_and(|q| !q.is_active() && q.seats_in_use == 0) {
+        while self.queues.len() > desired
+            && self
+                .queues
+                .last()
+                .is_some_and(|q| !q.is_active() && q.seats_in_use == 0)
+        {
             self.queues.pop();
         }
     }
@@ -208,7 +217,8 @@ impl QueueSet {
         self.last_sync = self.last_sync.max(now);
         if self.active_queues > 0 && dt > 0.0 {
             let demand = self.seat_demand() as f64;
-            let ratio = demand.min(f64::from(self.concurrency_limit)) / f64::from(self.active_queues);
+            let ratio =
+                demand.min(f64::from(self.concurrency_limit)) / f64::from(self.active_queues);
             self.current_r += dt * ratio;
         }
     }
@@ -328,7 +338,11 @@ impl QueueSet {
     /// Removes a waiting request (time-out or cancel). False if it is no
     /// longer waiting, i.e. it has been dispatched.
     pub fn remove_waiting(&mut self, q: usize, id: u64, reason: RejectReason) -> bool {
-        let Some(pos) = self.queues.get(q).and_then(|queue| queue.waiting.iter().position(|r| r.id == id)) else {
+        let Some(pos) = self
+            .queues
+            .get(q)
+            .and_then(|queue| queue.waiting.iter().position(|r| r.id == id))
+        else {
             return false;
         };
         let _ = self.take_waiting(q, pos);
@@ -347,12 +361,16 @@ impl QueueSet {
         let mut n = 0;
         while self.waiting > 0 {
             let Some(q) = self.pick_queue() else { break };
-            let Some(head) = self.queues[q].waiting.front() else { break };
+            let Some(head) = self.queues[q].waiting.front() else {
+                break;
+            };
             if !self.can_accommodate(head.work.max_seats()) {
                 // The fair choice blocks the level until it fits.
                 break;
             }
-            let Some(req) = self.take_waiting(q, 0) else { break };
+            let Some(req) = self.take_waiting(q, 0) else {
+                break;
+            };
             self.robin = q;
             let work = req.work;
             self.start(Some(q), &work);
@@ -401,16 +419,23 @@ impl QueueSet {
     /// the additional latency (returned for the caller to schedule).
     pub fn finish(&mut self, now: Instant, exec: &Execution) -> Option<(u32, Duration)> {
         let work = exec.work;
-        let hold = if work.final_seats > 0 && !work.additional_latency.is_zero() { work.final_seats } else { 0 };
+        let hold = if work.final_seats > 0 && !work.additional_latency.is_zero() {
+            work.final_seats
+        } else {
+            0
+        };
         let release = work.max_seats() - hold;
         self.seats_in_use -= release;
         self.executing -= 1;
         if let Some(q) = exec.queue {
-            let actual = now.saturating_duration_since(exec.dispatched_at).as_secs_f64();
+            let actual = now
+                .saturating_duration_since(exec.dispatched_at)
+                .as_secs_f64();
             let queue = &mut self.queues[q];
             queue.seats_in_use -= release;
             queue.executing -= 1;
-            queue.next_dispatch_r -= f64::from(work.initial_seats) * (ESTIMATED_SERVICE_DURATION.as_secs_f64() - actual);
+            queue.next_dispatch_r -=
+                f64::from(work.initial_seats) * (ESTIMATED_SERVICE_DURATION.as_secs_f64() - actual);
             if let Some(head) = queue.waiting.front() {
                 // A queue never gets credit from before its head arrived.
                 queue.next_dispatch_r = queue.next_dispatch_r.max(head.arrival_r);
@@ -446,7 +471,10 @@ mod tests {
         (
             WaitingRequest {
                 id,
-                work: WorkEstimate { initial_seats: seats, ..WorkEstimate::default() },
+                work: WorkEstimate {
+                    initial_seats: seats,
+                    ..WorkEstimate::default()
+                },
                 arrive: Instant::now(),
                 arrive_wall: SystemTime::UNIX_EPOCH,
                 arrival_r: 0.0,
@@ -503,7 +531,11 @@ mod tests {
         assert_eq!(qs.dispatch(now), 1);
         assert!(narrow[0].try_recv().is_ok());
         assert_eq!((qs.seats_in_use, qs.waiting), (1, 3));
-        let exec = Execution { queue: Some(0), work: WorkEstimate::default(), dispatched_at: now };
+        let exec = Execution {
+            queue: Some(0),
+            work: WorkEstimate::default(),
+            dispatched_at: now,
+        };
         qs.finish(now + ESTIMATED_SERVICE_DURATION, &exec);
         assert_eq!(qs.dispatch(now), 1);
         assert!(wide.try_recv().is_ok());
@@ -516,7 +548,10 @@ mod tests {
         let now = Instant::now();
         let mut qs = QueueSet::new(now);
         qs.configure(None, 2);
-        let wide = WorkEstimate { initial_seats: 5, ..WorkEstimate::default() };
+        let wide = WorkEstimate {
+            initial_seats: 5,
+            ..WorkEstimate::default()
+        };
         assert!(qs.try_start_now(None, &wide));
         assert!(!qs.can_accommodate(1));
         let mut zero = QueueSet::new(now);
@@ -529,12 +564,20 @@ mod tests {
         let now = Instant::now();
         let mut qs = QueueSet::new(now);
         qs.configure(Some((1, 1, 10)), 10);
-        let work = WorkEstimate { initial_seats: 1, final_seats: 3, additional_latency: Duration::from_millis(5) };
+        let work = WorkEstimate {
+            initial_seats: 1,
+            final_seats: 3,
+            additional_latency: Duration::from_millis(5),
+        };
         assert!(qs.try_start_now(Some(0), &work));
         assert_eq!(qs.seats_in_use, 3);
         let r_after_start = qs.queues()[0].next_dispatch_r;
         assert!((r_after_start - (0.003 + 0.015)).abs() < 1e-12);
-        let exec = Execution { queue: Some(0), work, dispatched_at: now };
+        let exec = Execution {
+            queue: Some(0),
+            work,
+            dispatched_at: now,
+        };
         let later = now + Duration::from_millis(13);
         let hold = qs.finish(later, &exec);
         assert_eq!(hold, Some((3, Duration::from_millis(5))));
@@ -570,7 +613,11 @@ mod tests {
         assert!(qs.is_queue_full(0));
         assert!(!qs.is_queue_full(1));
         drop(rx);
-        let exec = Execution { queue: Some(0), work: WorkEstimate::default(), dispatched_at: now };
+        let exec = Execution {
+            queue: Some(0),
+            work: WorkEstimate::default(),
+            dispatched_at: now,
+        };
         qs.finish(now, &exec);
         // The dropped waiter's seats come straight back.
         assert_eq!(qs.dispatch(now), 0);

@@ -8,7 +8,7 @@ pub const MAX_RETRY_AFTER: u64 = 32;
 #[derive(Clone, Debug)]
 pub struct RetryAfter {
     retry_after: u64,
-    last_update: u64,
+    last_update: Option<u64>,
     /// When the adaptation was last evaluated.
     last_eval: u64,
     /// (second, drops in that second), oldest first, covering at most
@@ -18,7 +18,12 @@ pub struct RetryAfter {
 
 impl Default for RetryAfter {
     fn default() -> Self {
-        RetryAfter { retry_after: 1, last_update: 0, last_eval: 0, history: VecDeque::new() }
+        RetryAfter {
+            retry_after: 1,
+            last_update: None,
+            last_eval: 0,
+            history: VecDeque::new(),
+        }
     }
 }
 
@@ -43,7 +48,11 @@ impl RetryAfter {
     fn update(&mut self, now: u64) {
         let elapsed = now.saturating_sub(self.last_eval);
         self.last_eval = self.last_eval.max(now);
-        while self.history.front().is_some_and(|(s, _)| now.saturating_sub(*s) > MAX_RETRY_AFTER) {
+        while self
+            .history
+            .front()
+            .is_some_and(|(s, _)| now.saturating_sub(*s) > MAX_RETRY_AFTER)
+        {
             self.history.pop_front();
         }
         let window = self.retry_after;
@@ -56,9 +65,13 @@ impl RetryAfter {
             .sum();
         // Double when ≥3N drops happened in the last N seconds, at most once
         // per N seconds so that one burst cannot escalate straight to the cap.
-        if now.saturating_sub(self.last_update) >= window && drops >= 3 * window {
+        if self
+            .last_update
+            .is_none_or(|t| now.saturating_sub(t) >= window)
+            && drops >= 3 * window
+        {
             self.retry_after = (window * 2).min(MAX_RETRY_AFTER);
-            self.last_update = now;
+            self.last_update = Some(now);
             return;
         }
         // Back off by one per second elapsed while the drop rate is under 1/s.
@@ -94,7 +107,12 @@ mod tests {
         // Quiet afterwards: one step down per second.
         let after: Vec<u64> = (41..=80).map(|s| r.get(s)).collect();
         // The last 32 s of the flood are still within the window at first.
-        let tail: Vec<u64> = after.iter().copied().skip_while(|&v| v == 32).take(5).collect();
+        let tail: Vec<u64> = after
+            .iter()
+            .copied()
+            .skip_while(|&v| v == 32)
+            .take(5)
+            .collect();
         assert_eq!(tail, vec![31, 30, 29, 28, 27]);
         assert_eq!(r.get(200), 1);
     }

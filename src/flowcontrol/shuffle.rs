@@ -11,7 +11,11 @@ pub enum DealerError {
     #[error("deck size {0} must be positive")]
     EmptyDeck(usize),
     #[error("hand size {hand} must be in 1..={max} and not exceed deck size {deck}")]
-    BadHand { hand: usize, deck: usize, max: usize },
+    BadHand {
+        hand: usize,
+        deck: usize,
+        max: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,9 +30,16 @@ impl Dealer {
             return Err(DealerError::EmptyDeck(deck_size));
         }
         if hand_size == 0 || hand_size > deck_size || hand_size > MAX_HAND_SIZE {
-            return Err(DealerError::BadHand { hand: hand_size, deck: deck_size, max: MAX_HAND_SIZE });
+            return Err(DealerError::BadHand {
+                hand: hand_size,
+                deck: deck_size,
+                max: MAX_HAND_SIZE,
+            });
         }
-        Ok(Dealer { deck_size, hand_size })
+        Ok(Dealer {
+            deck_size,
+            hand_size,
+        })
     }
 
     pub fn deck_size(&self) -> usize {
@@ -46,7 +57,7 @@ impl Dealer {
     /// per deck·(deck−1)·… hash values: uniform for a uniform hash.
     pub fn deal<'a>(&self, mut hash: u64, hand: &'a mut [usize; MAX_HAND_SIZE]) -> &'a [usize] {
         let mut sorted = [0usize; MAX_HAND_SIZE];
-        for i in 0..self.hand_size {
+        for (i, slot) in hand.iter_mut().enumerate().take(self.hand_size) {
             let radix = (self.deck_size - i) as u64;
             let mut card = (hash % radix) as usize;
             hash /= radix;
@@ -59,7 +70,7 @@ impl Dealer {
             // Keep `sorted` ascending by inserting at `pos`.
             sorted.copy_within(pos..i, pos + 1);
             sorted[pos] = card;
-            hand[i] = card;
+            *slot = card;
         }
         &hand[..self.hand_size]
     }
@@ -152,7 +163,9 @@ mod tests {
             let mut r = Vec::with_capacity(n);
             let mut carry = 0u64;
             for i in 0..n {
-                let t = u64::from(*self.0.get(i).unwrap_or(&0)) + u64::from(*o.0.get(i).unwrap_or(&0)) + carry;
+                let t = u64::from(*self.0.get(i).unwrap_or(&0))
+                    + u64::from(*o.0.get(i).unwrap_or(&0))
+                    + carry;
                 r.push(t as u32);
                 carry = t >> 32;
             }
@@ -220,7 +233,8 @@ mod tests {
         let mut pos = BigUint::from_u128(0);
         let mut neg = BigUint::from_u128(0);
         for j in 0..=h {
-            let term = BigUint::from_u128(binom(h, j)).mul(&BigUint::from_u128(binom(q - j, h)).pow(e));
+            let term =
+                BigUint::from_u128(binom(h, j)).mul(&BigUint::from_u128(binom(q - j, h)).pow(e));
             if j % 2 == 0 {
                 pos = pos.add(&term);
             } else {
@@ -253,7 +267,11 @@ mod tests {
                 let got = exact_crush_probability(h, q, e);
                 let rel = (got - ps[k]).abs() / ps[k];
                 // The table has 3-4 significant digits.
-                assert!(rel < 6e-3, "h={h} q={q} e={e}: exact {got:e}, table {:e}", ps[k]);
+                assert!(
+                    rel < 6e-3,
+                    "h={h} q={q} e={e}: exact {got:e}, table {:e}",
+                    ps[k]
+                );
             }
         }
     }
@@ -281,13 +299,20 @@ mod tests {
                             covered[c] = t;
                         }
                     }
-                    if dealer.deal(rng.random(), &mut mouse).iter().all(|&c| covered[c] == t) {
+                    if dealer
+                        .deal(rng.random(), &mut mouse)
+                        .iter()
+                        .all(|&c| covered[c] == t)
+                    {
                         crushed += 1;
                     }
                 }
                 let est = crushed as f64 / trials as f64;
                 let sigma = (p * (1.0 - p) / trials as f64).sqrt();
-                assert!((est - p).abs() < 5.0 * sigma, "h={h} q={q} e={e}: simulated {est}, table {p} (σ {sigma})");
+                assert!(
+                    (est - p).abs() < 5.0 * sigma,
+                    "h={h} q={q} e={e}: simulated {est}, table {p} (σ {sigma})"
+                );
                 checked += 1;
             }
         }
