@@ -1,3 +1,10 @@
 //! kshard: a Kubernetes API server shard for CRD-defined resource groups.
+//! A request flows `server` → `api` → `registry` → `storage`; `watch` follows
+//! the store's change feed (see DESIGN.md).
 
+pub mod api;
+pub mod registry;
+pub mod server;
+pub mod status;
 pub mod storage;
+pub mod watch;

@@ -1,1 +1,105 @@
-fn main() {}
+//! The `kshard` command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "kshard",
+    version,
+    about = "A Kubernetes API server shard for CRD-defined resource groups"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the API.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Where the embedded store, certificates and kubeconfig live.
+    #[arg(long, default_value = "./kshard-data")]
+    data_dir: PathBuf,
+    /// HTTPS listen address.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: SocketAddr,
+    /// Directory (or file) of CustomResourceDefinition manifests to serve; repeatable.
+    #[arg(long = "crds", default_value = "crds/examples")]
+    crds: Vec<PathBuf>,
+    /// Plain-HTTP listen address for local debugging (no TLS, no authentication).
+    #[arg(long)]
+    insecure_listen: Option<SocketAddr>,
+    /// How often history is compacted (to the revision current one interval earlier).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    compaction_interval: Duration,
+    /// How often watchers that allow bookmarks get one.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    bookmark_interval: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len()),
+    );
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Serve(a) => {
+                let cfg = kshard::server::ServeConfig {
+                    data_dir: a.data_dir,
+                    listen: a.listen,
+                    crds: a.crds,
+                    insecure_listen: a.insecure_listen,
+                    compaction_interval: a.compaction_interval,
+                    bookmark_interval: a.bookmark_interval,
+                };
+                let running = kshard::server::start(cfg)
+                    .await
+                    .context("starting kshard")?;
+                println!(
+                    "kshard is serving on https://{}\n  kubectl --kubeconfig {} get widgets",
+                    running.addr,
+                    running.kubeconfig.display()
+                );
+                tokio::signal::ctrl_c()
+                    .await
+                    .context("waiting for ctrl-c")?;
+                running.shutdown();
+                Ok(())
+            }
+        }
+    })
+}

@@ -217,8 +217,8 @@ impl Store {
         self.check_not_compacted(revision)?;
         let engine = self.engine.clone();
         let prefix = prefix.to_string();
-        let page = blocking(move || list_at(&*engine, &prefix, revision, after, limit, &*filter))
-            .await?;
+        let page =
+            blocking(move || list_at(&*engine, &prefix, revision, after, limit, &*filter)).await?;
         // Compaction may have raced with the scan: a result below it is not trustworthy.
         self.check_not_compacted(revision)?;
         Ok(page)
@@ -403,10 +403,14 @@ fn compact_engine(engine: &dyn Engine, to: Revision) -> Result<(), StorageError>
         if let Some(g) = group.take() {
             settle(g, &mut doomed, &mut dead_latest);
         }
-        r.scan(&keys::log(0), &keys::log(to.saturating_add(1)), &mut |k, _| {
-            doomed.push(k.to_vec());
-            ControlFlow::Continue(())
-        })?;
+        r.scan(
+            &keys::log(0),
+            &keys::log(to.saturating_add(1)),
+            &mut |k, _| {
+                doomed.push(k.to_vec());
+                ControlFlow::Continue(())
+            },
+        )?;
     }
     for chunk in doomed.chunks(1000) {
         engine.write(&mut |txn| {

@@ -97,9 +97,15 @@ async fn list_at_revision_sees_history_and_pages() {
         })
         .await
         .expect("update");
-    let at4 = store.list("g/r/", 4, None, None, all()).await.expect("list");
+    let at4 = store
+        .list("g/r/", 4, None, None, all())
+        .await
+        .expect("list");
     assert_eq!(at4.items.len(), 4);
-    let now = store.list("g/r/", 6, None, None, all()).await.expect("list");
+    let now = store
+        .list("g/r/", 6, None, None, all())
+        .await
+        .expect("list");
     let names: Vec<_> = now.items.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, ["g/r/ns/a", "g/r/ns/c", "g/r/ns/d"]);
     let page1 = store
@@ -147,7 +153,10 @@ async fn compaction_refuses_old_revisions_but_keeps_current_state() {
             compacted: 6
         })
     ));
-    let now = store.list("g/r/", 6, None, None, all()).await.expect("list");
+    let now = store
+        .list("g/r/", 6, None, None, all())
+        .await
+        .expect("list");
     assert_eq!(now.items.len(), 4);
     // The deleted object can be created again after its tombstone is gone.
     store

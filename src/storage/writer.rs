@@ -182,9 +182,8 @@ fn apply(txn: &mut dyn WriteTxn, write: &Write, rev: Revision) -> Result<Event, 
     };
     let mut object = object;
     set_resource_version(&mut object, rev)?;
-    let json = Bytes::from(
-        serde_json::to_vec(&object).map_err(|e| StorageError::Invalid(e.to_string()))?,
-    );
+    let json =
+        Bytes::from(serde_json::to_vec(&object).map_err(|e| StorageError::Invalid(e.to_string()))?);
     let deleted = kind == EventType::Deleted;
     txn.put(&keys::latest(key), &keys::encode_latest(rev, deleted))?;
     // A deletion leaves an empty tombstone version so lists at later revisions skip it.

@@ -1,0 +1,199 @@
+//! The HTTP surface: routing, request info, query options, content
+//! negotiation, discovery, OpenAPI, and the resource and watch handlers.
+
+pub mod discovery;
+pub mod negotiate;
+pub mod openapi;
+pub mod options;
+pub mod request;
+pub mod resource;
+pub mod response;
+pub mod watch;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use axum::Router;
+use http::{header, HeaderMap, HeaderValue, StatusCode};
+use serde_json::{json, Value};
+
+use crate::registry::Registry;
+use crate::status::ApiError;
+use request::{route, Health, Route};
+use response::{bytes_response, error_response, json_response};
+
+/// Largest request body accepted (kube's limit for JSON is 3 MiB).
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+pub struct ApiState {
+    pub registry: Arc<Registry>,
+    pub ready: AtomicBool,
+    pub bookmark_interval: Duration,
+}
+
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new().fallback(handle).with_state(state)
+}
+
+async fn handle(State(state): State<Arc<ApiState>>, req: Request) -> Response {
+    let audit_id = uuid::Uuid::new_v4().to_string();
+    let mut resp = serve(&state, req).await;
+    if let Ok(v) = HeaderValue::from_str(&audit_id) {
+        resp.headers_mut().insert("audit-id", v);
+    }
+    resp
+}
+
+async fn serve(state: &ApiState, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let path = percent_decode(parts.uri.path());
+    let query = parts.uri.query().unwrap_or("").to_string();
+    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(_) => {
+            let mut e = ApiError::bad_request("the request body is too large");
+            e.code = 413;
+            e.reason = "RequestEntityTooLarge";
+            return error_response(&e);
+        }
+    };
+    let accept = parts
+        .headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let catalog = &state.registry.catalog;
+    match route(&parts.method, &path, &query) {
+        Route::Resource(r) => {
+            resource::handle(
+                state,
+                resource::Call {
+                    req: r,
+                    headers: &parts.headers,
+                    query: &query,
+                    body,
+                },
+            )
+            .await
+        }
+        Route::LegacyRoot => discovery_doc(
+            &parts.headers,
+            accept.as_deref(),
+            || discovery::legacy_root(),
+            |v| discovery::aggregated(catalog, v, true),
+        ),
+        Route::Apis => discovery_doc(
+            &parts.headers,
+            accept.as_deref(),
+            || discovery::apis(catalog),
+            |v| discovery::aggregated(catalog, v, false),
+        ),
+        Route::LegacyV1 => error_response(&ApiError::not_found_path()),
+        Route::Group(g) => match discovery::group(catalog, &g) {
+            Some(doc) => json_response(StatusCode::OK, &doc),
+            None => error_response(&ApiError::not_found_path()),
+        },
+        Route::GroupVersion(g, v) => match discovery::group_version_resources(catalog, &g, &v) {
+            Some(doc) => json_response(StatusCode::OK, &doc),
+            None => error_response(&ApiError::not_found_path()),
+        },
+        Route::Version => json_response(StatusCode::OK, &version_info()),
+        Route::Health(h) => health(state, h),
+        Route::OpenApiV2 => etagged(&parts.headers, &openapi::v2(catalog), "application/json"),
+        Route::OpenApiV3Root => etagged(
+            &parts.headers,
+            &openapi::v3_root(catalog),
+            "application/json",
+        ),
+        Route::OpenApiV3GroupVersion(g, v) => match openapi::v3_group_version(catalog, &g, &v) {
+            Some(doc) => etagged(&parts.headers, &doc, "application/json"),
+            None => error_response(&ApiError::not_found_path()),
+        },
+        Route::Metrics => bytes_response(StatusCode::OK, "text/plain; version=0.0.4", ""),
+        Route::NotFound => error_response(&ApiError::not_found_path()),
+    }
+}
+
+fn percent_decode(path: &str) -> String {
+    percent_encoding::percent_decode_str(path)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+pub fn version_info() -> Value {
+    json!({
+        "major": "1",
+        "minor": "33",
+        "gitVersion": concat!("v1.33.0-kshard.", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+    })
+}
+
+fn health(state: &ApiState, h: Health) -> Response {
+    let ok = match h {
+        Health::Livez | Health::Healthz => true,
+        Health::Readyz => state.ready.load(Ordering::Acquire),
+    };
+    if ok {
+        bytes_response(StatusCode::OK, "text/plain; charset=utf-8", "ok")
+    } else {
+        bytes_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            "[-]storage-ready failed: not ready\nreadyz check failed",
+        )
+    }
+}
+
+fn etagged(headers: &HeaderMap, doc: &Value, content_type: &str) -> Response {
+    let body = serde_json::to_vec(doc).unwrap_or_default();
+    let etag = discovery::etag(&body);
+    let not_modified = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == etag);
+    let mut r = if not_modified {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        bytes_response(StatusCode::OK, content_type, body)
+    };
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        r.headers_mut().insert(header::ETAG, v);
+    }
+    r.headers_mut()
+        .insert(header::VARY, HeaderValue::from_static("Accept"));
+    r
+}
+
+fn discovery_doc(
+    headers: &HeaderMap,
+    accept: Option<&str>,
+    legacy: impl FnOnce() -> Value,
+    aggregated: impl FnOnce(&str) -> Value,
+) -> Response {
+    match discovery::wants_aggregated(accept) {
+        Some(v) => {
+            let ct = if v == "v2" {
+                discovery::AGGREGATED_V2
+            } else {
+                discovery::AGGREGATED_V2BETA1
+            };
+            let mut r = etagged(headers, &aggregated(v), ct);
+            r.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
+            r
+        }
+        None => json_response(StatusCode::OK, &legacy()),
+    }
+}

@@ -1,0 +1,145 @@
+//! Content negotiation for responses: JSON, YAML, Table and
+//! PartialObjectMetadata, honouring q-values and falling back along the
+//! client's list (protobuf is never served for custom resources).
+
+use crate::status::ApiError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    Json,
+    Yaml,
+    /// `meta.k8s.io/<version>` Table.
+    Table(String),
+    /// `meta.k8s.io/<version>` PartialObjectMetadata(List).
+    PartialMeta(String),
+}
+
+pub const ACCEPTED: &[&str] = &[
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+];
+
+struct Range {
+    media: String,
+    as_: String,
+    g: String,
+    v: String,
+    q: f32,
+}
+
+fn parse(accept: &str) -> Vec<Range> {
+    let mut out: Vec<Range> = accept
+        .split(',')
+        .filter_map(|part| {
+            let mut it = part.split(';').map(str::trim);
+            let media = it.next()?.to_ascii_lowercase();
+            if media.is_empty() {
+                return None;
+            }
+            let mut r = Range {
+                media,
+                as_: String::new(),
+                g: String::new(),
+                v: String::new(),
+                q: 1.0,
+            };
+            for p in it {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                let v = v.trim_matches('"').to_string();
+                match k.trim() {
+                    "as" => r.as_ = v,
+                    "g" => r.g = v,
+                    "v" => r.v = v,
+                    "q" => r.q = v.parse().unwrap_or(0.0),
+                    _ => {}
+                }
+            }
+            Some(r)
+        })
+        .collect();
+    // Stable: equal q keeps the client's order.
+    out.sort_by(|a, b| b.q.partial_cmp(&a.q).unwrap_or(std::cmp::Ordering::Equal));
+    out
+}
+
+/// Picks the response form. `allow_meta` is false where Table/PartialObjectMetadata
+/// make no sense (discovery, Status-only endpoints).
+pub fn negotiate(accept: Option<&str>, allow_meta: bool) -> Result<Output, ApiError> {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Ok(Output::Json);
+    };
+    let mut asked_meta_only = true;
+    for r in parse(accept) {
+        if r.q <= 0.0 {
+            continue;
+        }
+        let json_like = matches!(
+            r.media.as_str(),
+            "application/json" | "*/*" | "application/*"
+        );
+        let yaml = r.media == "application/yaml";
+        if !(json_like || yaml) {
+            asked_meta_only = false;
+            continue;
+        }
+        if r.as_.is_empty() {
+            return Ok(if yaml { Output::Yaml } else { Output::Json });
+        }
+        if !allow_meta || r.g != "meta.k8s.io" || !(r.v == "v1" || r.v == "v1beta1") {
+            continue;
+        }
+        let version = format!("meta.k8s.io/{}", r.v);
+        match r.as_.as_str() {
+            "Table" => return Ok(Output::Table(version)),
+            "PartialObjectMetadata" | "PartialObjectMetadataList" => {
+                return Ok(Output::PartialMeta(version))
+            }
+            _ => {}
+        }
+    }
+    let _ = asked_meta_only;
+    Err(ApiError::not_acceptable(ACCEPTED))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_first_servable_type() {
+        let kubectl = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+        assert_eq!(
+            negotiate(Some(kubectl), true),
+            Ok(Output::Table("meta.k8s.io/v1".into()))
+        );
+        assert_eq!(negotiate(Some(kubectl), false), Ok(Output::Json));
+        assert_eq!(negotiate(None, true), Ok(Output::Json));
+        assert_eq!(
+            negotiate(
+                Some("application/vnd.kubernetes.protobuf, application/json"),
+                true
+            ),
+            Ok(Output::Json)
+        );
+        assert_eq!(
+            negotiate(Some("application/vnd.kubernetes.protobuf"), true).map_err(|e| e.code),
+            Err(406)
+        );
+        assert_eq!(
+            negotiate(Some("application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io;q=0.5,application/yaml"), true),
+            Ok(Output::Yaml)
+        );
+        assert_eq!(
+            negotiate(
+                Some("application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io"),
+                true
+            ),
+            Ok(Output::PartialMeta("meta.k8s.io/v1".into()))
+        );
+        assert_eq!(
+            negotiate(Some("application/json;as=Widget;g=x;v=v1"), true).map_err(|e| e.code),
+            Err(406)
+        );
+    }
+}

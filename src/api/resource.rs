@@ -1,0 +1,284 @@
+//! Handlers for resource paths: thin glue from a parsed request to the
+//! registry and back to a negotiated response.
+
+use std::sync::Arc;
+
+use axum::response::Response;
+use bytes::Bytes;
+use http::{header, HeaderMap, StatusCode};
+use serde_json::Value;
+
+use super::negotiate::negotiate;
+use super::options::{delete_options, dry_run, ListOptions, Query};
+use super::request::{ResourceRequest, Verb};
+use super::response::{self, error_response, ListMeta};
+use super::ApiState;
+use crate::registry::patch::{self, PatchType};
+use crate::registry::scale::{apply_scale, to_scale};
+use crate::registry::table::IncludeObject;
+use crate::registry::{DeleteOutcome, Item, ReadAt, Selectors, Subresource, Target};
+use crate::status::ApiError;
+
+const BODY_TYPES: &[&str] = &[
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+];
+const PATCH_TYPES: &[&str] = &[
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/apply-patch+yaml",
+];
+
+pub struct Call<'a> {
+    pub req: ResourceRequest,
+    pub headers: &'a HeaderMap,
+    pub query: &'a str,
+    pub body: Bytes,
+}
+
+fn content_type(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+}
+
+/// Decodes a request body (JSON or YAML) into an object.
+pub fn decode_body(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<Value, ApiError> {
+    let ct = content_type(headers);
+    let media = ct.split(';').next().unwrap_or("").trim();
+    let value: Value = match media {
+        "" | "application/json" | "*/*" => serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e}"))
+        })?,
+        "application/yaml" => {
+            let text = std::str::from_utf8(body)
+                .map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
+            serde_saphyr::from_str(text)
+                .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))?
+        }
+        _ => return Err(ApiError::unsupported_media_type(BODY_TYPES)),
+    };
+    Ok(value)
+}
+
+pub async fn handle(state: &ApiState, call: Call<'_>) -> Response {
+    match dispatch(state, call).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError> {
+    let req = &call.req;
+    let not_found = ApiError::not_found_path;
+    let rt = state
+        .registry
+        .catalog
+        .find(&req.group, &req.version, &req.resource)
+        .cloned()
+        .ok_or_else(not_found)?;
+    let verb = req
+        .verb
+        .ok_or_else(|| ApiError::method_not_supported(&rt.group, &rt.plural, "this method"))?;
+    if !rt.namespaced && req.namespace.is_some() {
+        return Err(not_found());
+    }
+    let all_namespaces = rt.namespaced && req.namespace.is_none();
+    if all_namespaces && !matches!(verb, Verb::List | Verb::Watch) {
+        return Err(not_found());
+    }
+    let t = Target {
+        rt: rt.clone(),
+        version: req.version.clone(),
+        namespace: req.namespace.clone().unwrap_or_default(),
+    };
+    let sub = match req.subresource.as_deref() {
+        None => None,
+        Some("status") if t.has_status() => Some("status"),
+        Some("scale") if t.version_info().is_some_and(|v| v.scale.is_some()) => Some("scale"),
+        Some(_) => {
+            return Err(ApiError::not_found(
+                &rt.group,
+                &rt.plural,
+                req.name.as_deref().unwrap_or(""),
+            ))
+        }
+    };
+    if sub.is_some() && !matches!(verb, Verb::Get | Verb::Update | Verb::Patch) {
+        return Err(ApiError::method_not_supported(
+            &rt.group,
+            &format!("{}/{}", rt.plural, sub.unwrap_or("")),
+            verb.as_str(),
+        ));
+    }
+    if let Some(name) = &req.name {
+        state.registry.check_url_name(name)?;
+    }
+    let q = Query::parse(call.query);
+    let accept = call
+        .headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let include = IncludeObject::parse(q.get("includeObject").unwrap_or(""))
+        .map_err(ApiError::bad_request)?;
+    let name = req.name.clone().unwrap_or_default();
+    let reg = &state.registry;
+
+    match verb {
+        Verb::Watch => {
+            let opts = ListOptions::parse(&q, req.legacy_watch)?;
+            super::watch::serve(state, &t, req.name.as_deref(), opts, accept).await
+        }
+        Verb::List => {
+            let out = negotiate(accept, true)?;
+            let opts = ListOptions::parse(&q, false)?;
+            let at = opts.read_at()?;
+            let sel = Selectors::parse(&t, &opts.label_selector, &opts.field_selector)?;
+            let result = reg.list(&t, &sel, &at, opts.limit).await?;
+            Ok(response::list(
+                &t,
+                result.items,
+                ListMeta {
+                    resource_version: result.revision.to_string(),
+                    continue_token: result.continue_token,
+                    remaining: result.remaining,
+                },
+                &out,
+                include,
+            ))
+        }
+        Verb::Get => {
+            let opts = ListOptions::parse(&q, false)?;
+            let at = match opts.resource_version.as_str() {
+                "" => ReadAt::Consistent,
+                "0" => ReadAt::Any,
+                rv => ReadAt::NotOlderThan(super::options::parse_revision(rv)?),
+            };
+            let item = reg.get(&t, &name, &at).await?;
+            if sub == Some("scale") {
+                return Ok(scale_response(&t, &item, StatusCode::OK));
+            }
+            let out = negotiate(accept, true)?;
+            Ok(response::object(StatusCode::OK, &t, &item, &out, include))
+        }
+        Verb::Create => {
+            let out = negotiate(accept, true)?;
+            let obj = decode_body(call.headers, &call.body, &rt.kind)?;
+            let item = reg.create(&t, obj, dry_run(&q)?).await?;
+            Ok(response::object(
+                StatusCode::CREATED,
+                &t,
+                &item,
+                &out,
+                include,
+            ))
+        }
+        Verb::Update => {
+            let out = negotiate(accept, true)?;
+            let dry = dry_run(&q)?;
+            let obj = decode_body(call.headers, &call.body, &rt.kind)?;
+            if sub == Some("scale") {
+                let spec = scale_spec(&t)?;
+                let item = reg
+                    .update_with(&t, &name, Subresource::Main, dry, |cur| {
+                        apply_scale(&spec, cur, &obj, &t.rt.kind, &t.rt.group)
+                    })
+                    .await?;
+                return Ok(scale_response(&t, &item, StatusCode::OK));
+            }
+            let sr = if sub == Some("status") {
+                Subresource::Status
+            } else {
+                Subresource::Main
+            };
+            let item = reg.update(&t, &name, obj, sr, dry).await?;
+            Ok(response::object(StatusCode::OK, &t, &item, &out, include))
+        }
+        Verb::Patch => {
+            let out = negotiate(accept, true)?;
+            let dry = dry_run(&q)?;
+            let ct = content_type(call.headers);
+            let kind = PatchType::from_content_type(ct)
+                .ok_or_else(|| ApiError::unsupported_media_type(PATCH_TYPES))?;
+            let body = call.body.clone();
+            if sub == Some("scale") {
+                let spec = scale_spec(&t)?;
+                let item = reg
+                    .update_with(&t, &name, Subresource::Main, dry, |cur| {
+                        let scale = patch::apply(kind, &to_scale(&spec, cur), &body)?;
+                        apply_scale(&spec, cur, &scale, &t.rt.kind, &t.rt.group)
+                    })
+                    .await?;
+                return Ok(scale_response(&t, &item, StatusCode::OK));
+            }
+            let sr = if sub == Some("status") {
+                Subresource::Status
+            } else {
+                Subresource::Main
+            };
+            let item = reg
+                .update_with(&t, &name, sr, dry, |cur| patch::apply(kind, cur, &body))
+                .await?;
+            Ok(response::object(StatusCode::OK, &t, &item, &out, include))
+        }
+        Verb::Delete => {
+            let out = negotiate(accept, true)?;
+            let opts = delete_options(&q, &call.body)?;
+            match reg.delete(&t, &name, &opts).await? {
+                DeleteOutcome::Pending(item) => {
+                    Ok(response::object(StatusCode::OK, &t, &item, &out, include))
+                }
+                DeleteOutcome::Deleted(item) => {
+                    let uid = item
+                        .value
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    Ok(response::json_response(
+                        StatusCode::OK,
+                        &serde_json::json!({
+                            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                            "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": uid},
+                        }),
+                    ))
+                }
+            }
+        }
+        Verb::DeleteCollection => {
+            let out = negotiate(accept, true)?;
+            let lopts = ListOptions::parse(&q, false)?;
+            lopts.read_at()?;
+            let sel = Selectors::parse(&t, &lopts.label_selector, &lopts.field_selector)?;
+            let opts = delete_options(&q, &call.body)?;
+            let items: Vec<Item> = reg.delete_collection(&t, &sel, &opts).await?;
+            Ok(response::list(
+                &t,
+                items,
+                ListMeta {
+                    resource_version: reg.store.revision().to_string(),
+                    continue_token: None,
+                    remaining: None,
+                },
+                &out,
+                include,
+            ))
+        }
+    }
+}
+
+fn scale_spec(t: &Target) -> Result<crate::registry::catalog::ScaleSpec, ApiError> {
+    t.version_info()
+        .and_then(|v| v.scale.clone())
+        .ok_or_else(ApiError::not_found_path)
+}
+
+fn scale_response(t: &Target, item: &Item, code: StatusCode) -> Response {
+    match scale_spec(t) {
+        Ok(spec) => response::json_response(code, &to_scale(&spec, &item.value)),
+        Err(e) => error_response(&e),
+    }
+}
+
+pub type Shared = Arc<ApiState>;

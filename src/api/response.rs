@@ -1,0 +1,190 @@
+//! Building responses: Status errors, objects and lists in the negotiated
+//! form. Lists stream the cached object bytes instead of re-encoding them.
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{header, HeaderValue, StatusCode};
+use serde_json::{json, Value};
+
+use super::negotiate::Output;
+use crate::registry::table::{partial_metadata, table, Columns, IncludeObject};
+use crate::registry::Item;
+use crate::registry::{convert_json, Target};
+use crate::status::ApiError;
+
+pub const JSON: &str = "application/json";
+
+pub fn bytes_response(code: StatusCode, content_type: &str, body: impl Into<Body>) -> Response {
+    let mut r = Response::new(body.into());
+    *r.status_mut() = code;
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+pub fn json_response(code: StatusCode, value: &Value) -> Response {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    bytes_response(code, JSON, body)
+}
+
+pub fn error_response(e: &ApiError) -> Response {
+    let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = json_response(code, &e.to_json());
+    if let Some(n) = e.retry_after() {
+        if let Ok(v) = HeaderValue::from_str(&n.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    r
+}
+
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_response(&self)
+    }
+}
+
+fn yaml_response(code: StatusCode, value: &Value) -> Response {
+    match serde_saphyr::to_string(value) {
+        Ok(s) => bytes_response(code, "application/yaml", s),
+        Err(e) => error_response(&ApiError::internal(e)),
+    }
+}
+
+/// One object in the negotiated form.
+pub fn object(
+    code: StatusCode,
+    t: &Target,
+    item: &Item,
+    out: &Output,
+    include: IncludeObject,
+) -> Response {
+    let api_version = t.api_version();
+    match out {
+        Output::Json => bytes_response(
+            code,
+            JSON,
+            convert_json(&item.json, &item.value, &api_version),
+        ),
+        Output::Yaml => yaml_response(
+            code,
+            &crate::registry::convert_value(&item.value, &api_version),
+        ),
+        Output::Table(v) => {
+            let cols = Columns::for_target(t);
+            let obj = crate::registry::convert_value(&item.value, &api_version);
+            let mut doc = table(
+                Some(&cols),
+                vec![cols.row(&obj, include)],
+                json!({
+                    "resourceVersion": item.value.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)
+                }),
+            );
+            doc["apiVersion"] = json!(v);
+            json_response(code, &doc)
+        }
+        Output::PartialMeta(v) => {
+            let mut doc = partial_metadata(&item.value);
+            doc["apiVersion"] = json!(v);
+            json_response(code, &doc)
+        }
+    }
+}
+
+pub struct ListMeta {
+    pub resource_version: String,
+    pub continue_token: Option<String>,
+    pub remaining: Option<u64>,
+}
+
+impl ListMeta {
+    pub fn to_json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        m.insert("resourceVersion".into(), json!(self.resource_version));
+        if let Some(c) = &self.continue_token {
+            m.insert("continue".into(), json!(c));
+        }
+        if let Some(n) = self.remaining {
+            m.insert("remainingItemCount".into(), json!(n));
+        }
+        Value::Object(m)
+    }
+}
+
+/// A list in the negotiated form; JSON lists stream the items' stored bytes.
+pub fn list(
+    t: &Target,
+    items: Vec<Item>,
+    meta: ListMeta,
+    out: &Output,
+    include: IncludeObject,
+) -> Response {
+    let api_version = t.api_version();
+    match out {
+        Output::Json => {
+            let head = serde_json::to_vec(&json!({
+                "apiVersion": api_version,
+                "kind": t.rt.list_kind,
+                "metadata": meta.to_json(),
+            }))
+            .unwrap_or_default();
+            // `{...,"metadata":{...}}` → `{...,"metadata":{...},"items":[` ... `]}`
+            let mut prefix = head;
+            prefix.pop();
+            prefix.extend_from_slice(b",\"items\":[");
+            let mut chunks: Vec<Bytes> = Vec::with_capacity(items.len() * 2 + 2);
+            chunks.push(Bytes::from(prefix));
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    chunks.push(Bytes::from_static(b","));
+                }
+                chunks.push(convert_json(&item.json, &item.value, &api_version));
+            }
+            chunks.push(Bytes::from_static(b"]}"));
+            let stream =
+                futures::stream::iter(chunks.into_iter().map(Ok::<_, std::convert::Infallible>));
+            bytes_response(StatusCode::OK, JSON, Body::from_stream(stream))
+        }
+        Output::Yaml => {
+            let values: Vec<Value> = items
+                .iter()
+                .map(|i| crate::registry::convert_value(&i.value, &api_version))
+                .collect();
+            yaml_response(
+                StatusCode::OK,
+                &json!({"apiVersion": api_version, "kind": t.rt.list_kind, "metadata": meta.to_json(), "items": values}),
+            )
+        }
+        Output::Table(v) => {
+            let cols = Columns::for_target(t);
+            let rows: Vec<Value> = items
+                .iter()
+                .map(|i| {
+                    cols.row(
+                        &crate::registry::convert_value(&i.value, &api_version),
+                        include,
+                    )
+                })
+                .collect();
+            let mut doc = table(Some(&cols), rows, meta.to_json());
+            doc["apiVersion"] = json!(v);
+            json_response(StatusCode::OK, &doc)
+        }
+        Output::PartialMeta(v) => {
+            let metas: Vec<Value> = items
+                .iter()
+                .map(|i| {
+                    let mut m = partial_metadata(&i.value);
+                    m["apiVersion"] = json!(v);
+                    m
+                })
+                .collect();
+            json_response(
+                StatusCode::OK,
+                &json!({"kind": "PartialObjectMetadataList", "apiVersion": v, "metadata": meta.to_json(), "items": metas}),
+            )
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The HTTP side of watch: start the subscription the options ask for, then
+//! stream frames (shared bytes on the fast path), bookmarks and the timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::negotiate::{negotiate, Output};
+use super::options::{ListOptions, WatchStart};
+use super::response::{bytes_response, JSON};
+use super::ApiState;
+use crate::registry::read::WAIT_FOR_REVISION;
+use crate::registry::table::{partial_metadata, table, Columns, IncludeObject};
+use crate::registry::{convert_json, Selectors, Target};
+use crate::status::ApiError;
+use crate::storage::EventType;
+use crate::watch::{frame, Filter, Start, Subscription, WatchError, WatchEvent};
+
+/// Frames buffered between the event loop and the socket.
+const OUT_BUFFER: usize = 256;
+
+pub async fn serve(
+    state: &ApiState,
+    t: &Target,
+    name: Option<&str>,
+    opts: ListOptions,
+    accept: Option<&str>,
+) -> Result<Response, ApiError> {
+    let out = negotiate(accept, true)?;
+    let (start, end_bookmark) = opts.watch_start()?;
+    let sel = Selectors::parse(t, &opts.label_selector, &opts.field_selector)?;
+    if let (Some(n), Some(want)) = (name, sel.fields.required_value("metadata.name")) {
+        if n != want {
+            return Err(ApiError::bad_request(
+                "fieldSelector metadata.name doesn't match requested name",
+            ));
+        }
+    }
+    let include = IncludeObject::parse("").unwrap_or_default();
+    let reg = &state.registry;
+    let filter = reg.filter(t, name, &sel);
+    let resource = t.rt.id();
+    let subscribe = |start: Start| reg.cache.watch(&resource, start, filter.clone());
+    let sub = match start {
+        WatchStart::InitialConsistent => {
+            reg.cache
+                .wait_for(reg.store.revision(), WAIT_FOR_REVISION)
+                .await
+                .map_err(too_large)?;
+            subscribe(Start::InitialState)
+        }
+        WatchStart::InitialNotOlderThan(rev) => {
+            reg.cache
+                .wait_for(rev, WAIT_FOR_REVISION)
+                .await
+                .map_err(too_large)?;
+            subscribe(Start::InitialState)
+        }
+        WatchStart::After(rev) => subscribe(Start::After(rev)),
+        WatchStart::Now => subscribe(Start::After(reg.cache.revision())),
+    };
+    let timeout = Duration::from_secs(opts.timeout_seconds.unwrap_or_else(|| {
+        // kube: minRequestTimeout × [1, 2): spreads reconnects.
+        1800 + u64::from(uuid::Uuid::new_v4().as_bytes()[0]) * 1800 / 256
+    }));
+    let (tx, rx) = mpsc::channel::<Bytes>(OUT_BUFFER);
+    let stream = Stream {
+        t: t.clone(),
+        out,
+        include,
+        filter,
+        allow_bookmarks: opts.allow_watch_bookmarks,
+        end_bookmark,
+        bookmark_every: state.bookmark_interval,
+        headers_sent: false,
+        cache: reg.cache.clone(),
+    };
+    match sub {
+        Ok(sub) => {
+            tokio::spawn(stream.run(sub, tx, timeout));
+        }
+        Err(WatchError::TooOld { requested, oldest }) => {
+            let status =
+                ApiError::expired(format!("too old resource version: {requested} ({oldest})"));
+            let _ = tx.try_send(frame(
+                "ERROR",
+                &serde_json::to_vec(&status.to_json()).unwrap_or_default(),
+            ));
+        }
+        Err(e) => return Err(too_large(e)),
+    }
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map_ok());
+    Ok(bytes_response(StatusCode::OK, JSON, body))
+}
+
+fn too_large(e: WatchError) -> ApiError {
+    match e {
+        WatchError::TooLarge { requested, current } => {
+            ApiError::too_large_resource_version(requested, current)
+        }
+        other => ApiError::internal(other),
+    }
+}
+
+trait MapOk {
+    fn map_ok(
+        self,
+    ) -> futures::stream::Map<Self, fn(Bytes) -> Result<Bytes, std::convert::Infallible>>
+    where
+        Self: Sized;
+}
+
+impl<S: futures::Stream<Item = Bytes>> MapOk for S {
+    fn map_ok(
+        self,
+    ) -> futures::stream::Map<Self, fn(Bytes) -> Result<Bytes, std::convert::Infallible>> {
+        futures::StreamExt::map(self, Ok)
+    }
+}
+
+struct Stream {
+    t: Target,
+    out: Output,
+    include: IncludeObject,
+    filter: Filter,
+    allow_bookmarks: bool,
+    end_bookmark: bool,
+    bookmark_every: Duration,
+    headers_sent: bool,
+    cache: Arc<crate::watch::Cache>,
+}
+
+impl Stream {
+    async fn run(mut self, mut sub: Subscription, tx: mpsc::Sender<Bytes>, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for ev in std::mem::take(&mut sub.initial) {
+            if let Some(f) = self.encode(&ev) {
+                if tx.send(f).await.is_err() {
+                    return;
+                }
+            }
+        }
+        if self.end_bookmark {
+            let f = self.bookmark(sub.revision, true);
+            if tx.send(f).await.is_err() {
+                return;
+            }
+        }
+        let mut last_sent = sub.revision;
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.bookmark_every,
+            self.bookmark_every,
+        );
+        loop {
+            tokio::select! {
+                ev = sub.rx.recv() => {
+                    let Some(ev) = ev else { return };
+                    last_sent = last_sent.max(ev.revision);
+                    if let Some(f) = self.encode(&ev) {
+                        if tx.send(f).await.is_err() { return; }
+                    }
+                }
+                _ = tick.tick(), if self.allow_bookmarks => {
+                    // Everything up to the cache revision is already queued for us: drain, then mark.
+                    let rev = self.cache.revision();
+                    while let Ok(ev) = sub.rx.try_recv() {
+                        last_sent = last_sent.max(ev.revision);
+                        if let Some(f) = self.encode(&ev) {
+                            if tx.send(f).await.is_err() { return; }
+                        }
+                    }
+                    let rev = rev.max(last_sent);
+                    last_sent = rev;
+                    if tx.send(self.bookmark(rev, false)).await.is_err() { return; }
+                }
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tx.closed() => return,
+            }
+        }
+    }
+
+    /// The frame for one event as this watcher sees it (selector transitions applied).
+    fn encode(&mut self, ev: &WatchEvent) -> Option<Bytes> {
+        let cur = self.filter.matches(&ev.object);
+        let prev = ev.prev.as_ref().is_some_and(|p| self.filter.matches(p));
+        let (kind, obj_json, obj_value): (&str, Bytes, Value) = match ev.kind {
+            EventType::Added if cur => ("ADDED", ev.object.json.clone(), Value::Null),
+            EventType::Deleted if cur => ("DELETED", ev.object.json.clone(), Value::Null),
+            EventType::Modified if cur && prev => ("MODIFIED", ev.object.json.clone(), Value::Null),
+            EventType::Modified if cur => ("ADDED", ev.object.json.clone(), Value::Null),
+            EventType::Modified if prev => {
+                // Left the selector: the old state, at the event's revision.
+                let mut v = (*ev.prev.as_ref()?.value).clone();
+                v["metadata"]["resourceVersion"] = json!(ev.revision.to_string());
+                ("DELETED", Bytes::from(serde_json::to_vec(&v).ok()?), v)
+            }
+            _ => return None,
+        };
+        let api_version = self.t.api_version();
+        let value = if obj_value.is_null() {
+            ev.object.value.as_ref().clone()
+        } else {
+            obj_value
+        };
+        match &self.out {
+            Output::Json | Output::Yaml => {
+                let same_version =
+                    value.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str());
+                if same_version && kind == ev.kind.as_str() {
+                    Some(ev.json_frame())
+                } else {
+                    Some(frame(kind, &convert_json(&obj_json, &value, &api_version)))
+                }
+            }
+            Output::Table(v) => {
+                let cols = Columns::for_target(&self.t);
+                let obj = crate::registry::convert_value(&value, &api_version);
+                let headers = (!self.headers_sent).then_some(&cols);
+                self.headers_sent = true;
+                let mut doc = table(
+                    headers,
+                    vec![cols.row(&obj, self.include)],
+                    json!({
+                        "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)
+                    }),
+                );
+                doc["apiVersion"] = json!(v);
+                Some(frame(kind, &serde_json::to_vec(&doc).ok()?))
+            }
+            Output::PartialMeta(v) => {
+                let mut m = partial_metadata(&value);
+                m["apiVersion"] = json!(v);
+                Some(frame(kind, &serde_json::to_vec(&m).ok()?))
+            }
+        }
+    }
+
+    fn bookmark(&self, rev: u64, initial_events_end: bool) -> Bytes {
+        let mut metadata = json!({"resourceVersion": rev.to_string()});
+        if initial_events_end {
+            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        let obj = match &self.out {
+            Output::Json | Output::Yaml => json!({
+                "apiVersion": self.t.api_version(), "kind": self.t.rt.kind, "metadata": metadata,
+            }),
+            Output::PartialMeta(v) => json!({
+                "apiVersion": v, "kind": "PartialObjectMetadata", "metadata": metadata,
+            }),
+            Output::Table(v) => json!({
+                "apiVersion": v, "kind": "Table", "metadata": {"resourceVersion": rev.to_string()},
+                "rows": [{"cells": [], "object": {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": metadata}}],
+            }),
+        };
+        frame("BOOKMARK", &serde_json::to_vec(&obj).unwrap_or_default())
+    }
+}

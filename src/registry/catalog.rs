@@ -1,0 +1,460 @@
+//! The resource catalog: what is served, loaded from ordinary
+//! `apiextensions.k8s.io/v1` CustomResourceDefinition manifests.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionVersion,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("{file}: {reason}")]
+    File { file: PathBuf, reason: String },
+    #[error("{file}: document {index}: {reason}")]
+    Document {
+        file: PathBuf,
+        index: usize,
+        reason: String,
+    },
+    #[error("{file}: document {index}: {name} is already defined in {other}")]
+    Duplicate {
+        file: PathBuf,
+        index: usize,
+        name: String,
+        other: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct PrinterColumn {
+    pub name: String,
+    pub type_: String,
+    pub format: String,
+    pub description: String,
+    pub priority: i32,
+    pub json_path: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct ScaleSpec {
+    pub spec_replicas_path: String,
+    pub status_replicas_path: String,
+    pub label_selector_path: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Version {
+    pub name: String,
+    pub served: bool,
+    pub storage: bool,
+    pub status_subresource: bool,
+    pub scale: Option<ScaleSpec>,
+    pub printer_columns: Vec<PrinterColumn>,
+    /// JSONPaths (`.spec.color`) usable in field selectors, besides name and namespace.
+    pub selectable_fields: Vec<String>,
+    pub schema: Option<Value>,
+}
+
+/// One served resource type (one CRD).
+#[derive(Debug, Clone)]
+pub struct ResourceType {
+    pub group: String,
+    pub plural: String,
+    pub singular: String,
+    pub kind: String,
+    pub list_kind: String,
+    pub short_names: Vec<String>,
+    pub categories: Vec<String>,
+    pub namespaced: bool,
+    pub versions: Vec<Version>,
+    pub storage_version: String,
+    pub source: String,
+}
+
+impl ResourceType {
+    /// `group/plural`: the resource part of every storage key.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.group, self.plural)
+    }
+    /// `widgets.demo.kshard.dev`
+    pub fn qualified_name(&self) -> String {
+        format!("{}.{}", self.plural, self.group)
+    }
+    pub fn version(&self, name: &str) -> Option<&Version> {
+        self.versions.iter().find(|v| v.name == name && v.served)
+    }
+    pub fn served_versions(&self) -> impl Iterator<Item = &Version> {
+        self.versions.iter().filter(|v| v.served)
+    }
+    pub fn storage_key(&self, namespace: &str, name: &str) -> String {
+        format!("{}/{}/{}/{}", self.group, self.plural, namespace, name)
+    }
+    /// Base64 of the first 8 bytes of sha256("group/storageVersion/Kind"), as kube computes it.
+    pub fn storage_version_hash(&self) -> String {
+        use base64::Engine as _;
+        let digest = Sha256::digest(format!(
+            "{}/{}/{}",
+            self.group, self.storage_version, self.kind
+        ));
+        base64::engine::general_purpose::STANDARD.encode(&digest[..8])
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub resources: Vec<Arc<ResourceType>>,
+}
+
+/// A served group with its versions, highest priority first.
+pub struct Group {
+    pub name: String,
+    pub versions: Vec<String>,
+}
+
+impl Catalog {
+    /// Loads every `*.yaml`/`*.yml`/`*.json` file under each directory (or file).
+    /// Any problem fails the whole load: half a catalog is never served.
+    pub fn load(paths: &[PathBuf]) -> Result<Self, CatalogError> {
+        let mut files = Vec::new();
+        for p in paths {
+            collect_files(p, &mut files)?;
+        }
+        files.sort();
+        let mut catalog = Catalog::default();
+        for file in files {
+            let text = std::fs::read_to_string(&file).map_err(|e| CatalogError::File {
+                file: file.clone(),
+                reason: e.to_string(),
+            })?;
+            catalog.add_manifests(&file, &text)?;
+        }
+        Ok(catalog)
+    }
+
+    pub fn add_manifests(&mut self, file: &Path, text: &str) -> Result<(), CatalogError> {
+        let docs: Vec<Value> =
+            serde_saphyr::from_multiple(text).map_err(|e| CatalogError::File {
+                file: file.to_path_buf(),
+                reason: format!("invalid YAML: {e}"),
+            })?;
+        for (index, doc) in docs.into_iter().enumerate() {
+            if doc.is_null() {
+                continue;
+            }
+            let doc_err = |reason: String| CatalogError::Document {
+                file: file.to_path_buf(),
+                index,
+                reason,
+            };
+            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
+            let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+            if kind != "CustomResourceDefinition" || api_version != "apiextensions.k8s.io/v1" {
+                return Err(doc_err(format!(
+                    "expected apiextensions.k8s.io/v1 CustomResourceDefinition, found {api_version:?} {kind:?}"
+                )));
+            }
+            let crd: CustomResourceDefinition =
+                serde_json::from_value(doc).map_err(|e| doc_err(e.to_string()))?;
+            let rt = resource_from_crd(&crd, &file.display().to_string()).map_err(doc_err)?;
+            if let Some(other) = self
+                .resources
+                .iter()
+                .find(|r| r.group == rt.group && r.plural == rt.plural)
+            {
+                return Err(CatalogError::Duplicate {
+                    file: file.to_path_buf(),
+                    index,
+                    name: rt.qualified_name(),
+                    other: other.source.clone(),
+                });
+            }
+            self.resources.push(Arc::new(rt));
+        }
+        Ok(())
+    }
+
+    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&Arc<ResourceType>> {
+        self.resources
+            .iter()
+            .find(|r| r.group == group && r.plural == plural && r.version(version).is_some())
+    }
+
+    pub fn find_by_kind(&self, group: &str, kind: &str) -> Option<&Arc<ResourceType>> {
+        self.resources
+            .iter()
+            .find(|r| r.group == group && r.kind == kind)
+    }
+
+    /// Groups with their served versions in kube's priority order.
+    pub fn groups(&self) -> Vec<Group> {
+        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in &self.resources {
+            let versions = groups.entry(r.group.clone()).or_default();
+            for v in r.served_versions() {
+                if !versions.contains(&v.name) {
+                    versions.push(v.name.clone());
+                }
+            }
+        }
+        groups
+            .into_iter()
+            .map(|(name, mut versions)| {
+                versions.sort_by(|a, b| compare_versions(b, a).then_with(|| a.cmp(b)));
+                Group { name, versions }
+            })
+            .collect()
+    }
+
+    pub fn resources_in(&self, group: &str, version: &str) -> Vec<&Arc<ResourceType>> {
+        let mut v: Vec<_> = self
+            .resources
+            .iter()
+            .filter(|r| r.group == group && r.version(version).is_some())
+            .collect();
+        v.sort_by(|a, b| a.plural.cmp(&b.plural));
+        v
+    }
+}
+
+fn collect_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), CatalogError> {
+    let meta = std::fs::metadata(path).map_err(|e| CatalogError::File {
+        file: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    if meta.is_file() {
+        out.push(path.to_path_buf());
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| CatalogError::File {
+        file: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    for entry in entries.flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            collect_files(&p, out)?;
+        } else if matches!(
+            p.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<ResourceType, String> {
+    let spec = &crd.spec;
+    let names = &spec.names;
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    if spec.group.is_empty() || !spec.group.contains('.') {
+        return Err(format!(
+            "spec.group {:?} must be a DNS subdomain with at least one dot",
+            spec.group
+        ));
+    }
+    if names.plural.is_empty() || names.kind.is_empty() {
+        return Err("spec.names.plural and spec.names.kind are required".into());
+    }
+    if name != format!("{}.{}", names.plural, spec.group) {
+        return Err(format!(
+            "metadata.name {name:?} must be spec.names.plural + \".\" + spec.group ({}.{})",
+            names.plural, spec.group
+        ));
+    }
+    let namespaced = match spec.scope.as_str() {
+        "Namespaced" => true,
+        "Cluster" => false,
+        other => {
+            return Err(format!(
+                "spec.scope {other:?} must be Namespaced or Cluster"
+            ))
+        }
+    };
+    if spec.versions.is_empty() {
+        return Err("spec.versions must not be empty".into());
+    }
+    let storage: Vec<_> = spec.versions.iter().filter(|v| v.storage).collect();
+    if storage.len() != 1 {
+        return Err(format!(
+            "exactly one version must be the storage version, found {}",
+            storage.len()
+        ));
+    }
+    if let Some(conv) = &spec.conversion {
+        if conv.strategy != "None" {
+            return Err(format!(
+                "spec.conversion.strategy {:?} is not supported (only None)",
+                conv.strategy
+            ));
+        }
+    }
+    let versions = spec
+        .versions
+        .iter()
+        .map(version_from_crd)
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(ResourceType {
+        group: spec.group.clone(),
+        plural: names.plural.clone(),
+        singular: names
+            .singular
+            .clone()
+            .unwrap_or_else(|| names.kind.to_lowercase()),
+        kind: names.kind.clone(),
+        list_kind: names
+            .list_kind
+            .clone()
+            .unwrap_or_else(|| format!("{}List", names.kind)),
+        short_names: names.short_names.clone().unwrap_or_default(),
+        categories: names.categories.clone().unwrap_or_default(),
+        namespaced,
+        storage_version: storage[0].name.clone(),
+        versions,
+        source: source.to_string(),
+    })
+}
+
+fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, String> {
+    let sub = v.subresources.as_ref();
+    let scale = sub.and_then(|s| s.scale.as_ref()).map(|s| ScaleSpec {
+        spec_replicas_path: s.spec_replicas_path.clone(),
+        status_replicas_path: s.status_replicas_path.clone(),
+        label_selector_path: s.label_selector_path.clone(),
+    });
+    let printer_columns = v
+        .additional_printer_columns
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| PrinterColumn {
+            name: c.name.clone(),
+            type_: c.type_.clone(),
+            format: c.format.clone().unwrap_or_default(),
+            description: c.description.clone().unwrap_or_else(|| {
+                format!(
+                    "Custom resource definition column (in JSONPath format): {}",
+                    c.json_path
+                )
+            }),
+            priority: c.priority.unwrap_or(0),
+            json_path: c.json_path.clone(),
+        })
+        .collect();
+    let selectable_fields = v
+        .selectable_fields
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|f| f.json_path.clone())
+        .collect();
+    let schema = v
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .map(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
+        .transpose()?;
+    Ok(Version {
+        name: v.name.clone(),
+        served: v.served,
+        storage: v.storage,
+        status_subresource: sub.and_then(|s| s.status.as_ref()).is_some(),
+        scale,
+        printer_columns,
+        selectable_fields,
+        schema,
+    })
+}
+
+/// Kube's version priority: GA > beta > alpha, higher numbers first; others last by name.
+pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    fn parse(v: &str) -> Option<(u32, u8, u32)> {
+        let rest = v.strip_prefix('v')?;
+        let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        let major: u32 = digits.parse().ok()?;
+        let tail = &rest[digits.len()..];
+        if tail.is_empty() {
+            return Some((major, 2, 0));
+        }
+        let (level, num) = if let Some(n) = tail.strip_prefix("beta") {
+            (1, n)
+        } else if let Some(n) = tail.strip_prefix("alpha") {
+            (0, n)
+        } else {
+            return None;
+        };
+        Some((major, level, num.parse().ok()?))
+    }
+    match (parse(a), parse(b)) {
+        (Some((ma, la, na)), Some((mb, lb, nb))) => la.cmp(&lb).then(ma.cmp(&mb)).then(na.cmp(&nb)),
+        (Some(_), None) => std::cmp::Ordering::Greater,
+        (None, Some(_)) => std::cmp::Ordering::Less,
+        (None, None) => b.cmp(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WIDGET: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.demo.kshard.dev
+spec:
+  group: demo.kshard.dev
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget, shortNames: [wd]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas}
+  - name: v1beta1
+    served: true
+    storage: false
+"#;
+
+    #[test]
+    fn loads_multi_version_crd() {
+        let mut c = Catalog::default();
+        c.add_manifests(Path::new("w.yaml"), WIDGET).expect("load");
+        let rt = c
+            .find("demo.kshard.dev", "v1beta1", "widgets")
+            .expect("found");
+        assert_eq!(rt.list_kind, "WidgetList");
+        assert_eq!(rt.storage_version, "v1");
+        assert!(rt.version("v1").expect("v1").status_subresource);
+        assert_eq!(rt.storage_version_hash().len(), 12);
+        let groups = c.groups();
+        assert_eq!(groups[0].versions, ["v1", "v1beta1"]);
+    }
+
+    #[test]
+    fn malformed_document_is_reported_with_index() {
+        let text = format!("{WIDGET}\n---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: x}}\nspec: {{group: nodot, names: {{plural: x, kind: X}}, scope: Namespaced, versions: []}}\n");
+        let err = Catalog::default()
+            .add_manifests(Path::new("bad.yaml"), &text)
+            .expect_err("must fail");
+        let msg = err.to_string();
+        assert!(msg.starts_with("bad.yaml: document 1:"), "{msg}");
+        assert!(msg.contains("spec.group"), "{msg}");
+    }
+
+    #[test]
+    fn version_priority_is_kube_order() {
+        let mut v = vec!["v1alpha1", "v1", "v2beta1", "v1beta2", "v2", "foo"];
+        v.sort_by(|a, b| compare_versions(b, a));
+        assert_eq!(v, ["v2", "v1", "v2beta1", "v1beta2", "v1alpha1", "foo"]);
+    }
+}

@@ -1,0 +1,300 @@
+//! Garbage collection among this server's objects: ownerReferences with
+//! background, foreground (`foregroundDeletion`) and orphan (`orphan`) cascading.
+//! It keeps its own owner graph from the store's change feed, like kube's
+//! garbage collector keeps one from informers.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::write::{finalizers, is_deleting, FINALIZER_FOREGROUND, FINALIZER_ORPHAN};
+use super::{DeleteOptions, Propagation, Registry, Subresource, Target};
+use crate::storage::{EventType, StorageError};
+use crate::watch::split_key;
+
+struct Node {
+    resource: String,
+    key: String,
+    /// uids of owners whose kind this server serves (others are never collected).
+    owners: Vec<String>,
+    deleting: bool,
+    finalizers: Vec<String>,
+}
+
+#[derive(Default)]
+struct Graph {
+    nodes: HashMap<String, Node>,
+    dependents: HashMap<String, HashSet<String>>,
+    uid_by_key: HashMap<String, String>,
+}
+
+impl Graph {
+    fn remove(&mut self, uid: &str) -> Option<Node> {
+        let node = self.nodes.remove(uid)?;
+        for o in &node.owners {
+            if let Some(d) = self.dependents.get_mut(o) {
+                d.remove(uid);
+                if d.is_empty() {
+                    self.dependents.remove(o);
+                }
+            }
+        }
+        Some(node)
+    }
+
+    fn upsert(&mut self, uid: String, node: Node) {
+        self.remove(&uid);
+        for o in &node.owners {
+            self.dependents
+                .entry(o.clone())
+                .or_default()
+                .insert(uid.clone());
+        }
+        self.nodes.insert(uid, node);
+    }
+
+    fn dependents_of(&self, uid: &str) -> Vec<String> {
+        self.dependents
+            .get(uid)
+            .map(|d| {
+                d.iter()
+                    .filter(|u| self.nodes.contains_key(*u))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+enum Action {
+    Delete {
+        uid: String,
+    },
+    DropFinalizer {
+        uid: String,
+        finalizer: &'static str,
+    },
+    Orphan {
+        dependent: String,
+        owner: String,
+    },
+}
+
+pub fn spawn(registry: Arc<Registry>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = run(registry).await {
+            tracing::error!(error = %e, "garbage collector stopped");
+        }
+    })
+}
+
+async fn run(registry: Arc<Registry>) -> Result<(), StorageError> {
+    let (rev, mut feed) = registry.store.subscribe();
+    let page = registry
+        .store
+        .list("", rev, None, None, Arc::new(|_| true))
+        .await?;
+    let mut graph = Graph::default();
+    let mut dirty: HashSet<String> = HashSet::new();
+    for (key, json) in page.items {
+        if let Ok(v) = serde_json::from_slice::<Value>(&json) {
+            if let Some(uid) = observe(&registry, &mut graph, &key, &v) {
+                dirty.insert(uid);
+            }
+        }
+    }
+    loop {
+        let actions = plan(&graph, std::mem::take(&mut dirty));
+        for a in actions {
+            execute(&registry, &graph, a).await;
+        }
+        let Some(batch) = feed.recv().await else {
+            return Ok(());
+        };
+        for ev in &batch.events {
+            let uid = ev
+                .object
+                .pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            if ev.kind == EventType::Deleted {
+                if let Some(node) = graph.remove(&uid) {
+                    graph
+                        .uid_by_key
+                        .remove(&format!("{}/{}", node.resource, node.key));
+                    // Owners waiting in the foreground, and dependents that may be orphaned now.
+                    dirty.extend(node.owners);
+                }
+                dirty.extend(graph.dependents_of(&uid));
+            } else if let Some(uid) = observe(&registry, &mut graph, &ev.key, &ev.object) {
+                let owners = graph
+                    .nodes
+                    .get(&uid)
+                    .map(|n| n.owners.clone())
+                    .unwrap_or_default();
+                dirty.extend(owners);
+                dirty.insert(uid);
+            }
+        }
+    }
+}
+
+/// Records an object in the graph; returns its uid.
+fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Option<String> {
+    let (resource, sub) = split_key(key)?;
+    let uid = v
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)?
+        .to_string();
+    let owners = v
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|refs| {
+            refs.iter()
+                .filter(|r| {
+                    let api_version = r.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+                    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+                    let kind = r.get("kind").and_then(Value::as_str).unwrap_or("");
+                    registry.catalog.find_by_kind(group, kind).is_some()
+                })
+                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    graph.uid_by_key.insert(key.to_string(), uid.clone());
+    graph.upsert(
+        uid.clone(),
+        Node {
+            resource: resource.to_string(),
+            key: sub.to_string(),
+            owners,
+            deleting: is_deleting(v),
+            finalizers: finalizers(v),
+        },
+    );
+    Some(uid)
+}
+
+fn plan(graph: &Graph, dirty: HashSet<String>) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for uid in dirty {
+        let Some(node) = graph.nodes.get(&uid) else {
+            continue;
+        };
+        if node.deleting && node.finalizers.iter().any(|f| f == FINALIZER_FOREGROUND) {
+            let deps = graph.dependents_of(&uid);
+            if deps.is_empty() {
+                actions.push(Action::DropFinalizer {
+                    uid: uid.clone(),
+                    finalizer: FINALIZER_FOREGROUND,
+                });
+            } else {
+                for d in deps {
+                    if graph.nodes.get(&d).is_some_and(|n| !n.deleting) {
+                        actions.push(Action::Delete { uid: d });
+                    }
+                }
+            }
+        }
+        if node.deleting && node.finalizers.iter().any(|f| f == FINALIZER_ORPHAN) {
+            for d in graph.dependents_of(&uid) {
+                actions.push(Action::Orphan {
+                    dependent: d,
+                    owner: uid.clone(),
+                });
+            }
+            actions.push(Action::DropFinalizer {
+                uid: uid.clone(),
+                finalizer: FINALIZER_ORPHAN,
+            });
+        }
+        if !node.owners.is_empty()
+            && !node.deleting
+            && node.owners.iter().all(|o| !graph.nodes.contains_key(o))
+        {
+            actions.push(Action::Delete { uid: uid.clone() });
+        }
+    }
+    actions
+}
+
+fn target_of(registry: &Registry, node: &Node) -> Option<(Target, String)> {
+    let rt = registry
+        .catalog
+        .resources
+        .iter()
+        .find(|r| r.id() == node.resource)?
+        .clone();
+    let (ns, name) = node.key.split_once('/')?;
+    Some((
+        Target {
+            version: rt.storage_version.clone(),
+            namespace: ns.to_string(),
+            rt,
+        },
+        name.to_string(),
+    ))
+}
+
+async fn execute(registry: &Registry, graph: &Graph, action: Action) {
+    let result = match &action {
+        Action::Delete { uid } => {
+            let Some((t, name)) = graph.nodes.get(uid).and_then(|n| target_of(registry, n)) else {
+                return;
+            };
+            let opts = DeleteOptions {
+                precondition_uid: Some(uid.clone()),
+                propagation: Some(Propagation::Background),
+                ..Default::default()
+            };
+            registry.delete(&t, &name, &opts).await.map(|_| ())
+        }
+        Action::DropFinalizer { uid, finalizer } => {
+            let Some((t, name)) = graph.nodes.get(uid).and_then(|n| target_of(registry, n)) else {
+                return;
+            };
+            registry
+                .update_with(&t, &name, Subresource::Main, false, |cur| {
+                    let mut v = cur.clone();
+                    if let Some(list) = v
+                        .pointer_mut("/metadata/finalizers")
+                        .and_then(Value::as_array_mut)
+                    {
+                        list.retain(|f| f.as_str() != Some(finalizer));
+                    }
+                    Ok(v)
+                })
+                .await
+                .map(|_| ())
+        }
+        Action::Orphan { dependent, owner } => {
+            let Some((t, name)) = graph
+                .nodes
+                .get(dependent)
+                .and_then(|n| target_of(registry, n))
+            else {
+                return;
+            };
+            registry
+                .update_with(&t, &name, Subresource::Main, false, |cur| {
+                    let mut v = cur.clone();
+                    if let Some(refs) = v
+                        .pointer_mut("/metadata/ownerReferences")
+                        .and_then(Value::as_array_mut)
+                    {
+                        refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(owner));
+                    }
+                    Ok(v)
+                })
+                .await
+                .map(|_| ())
+        }
+    };
+    if let Err(e) = result {
+        if e.code != 404 && e.code != 409 {
+            tracing::warn!(error = %e, "garbage collection step failed");
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! ObjectMeta validation with kube's rules and messages.
+
+use serde_json::Value;
+
+use crate::status::{quote, FieldError, FieldErrorKind};
+
+const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const QUALIFIED_NAME_MSG: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+const LABEL_KEY_SLASHES_MSG: &str = "a valid label key must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
+const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+const ANNOTATIONS_MAX: usize = 256 * 1024;
+
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.split('.').all(is_dns_label)
+}
+
+/// Messages for a DNS-1123 subdomain (object names).
+pub fn dns_subdomain_errors(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if s.len() > 253 {
+        out.push("must be no more than 253 characters".to_string());
+    }
+    if !is_dns_subdomain(s) {
+        out.push(DNS1123_SUBDOMAIN_MSG.to_string());
+    }
+    out
+}
+
+/// Messages for a DNS-1123 label (namespace names).
+pub fn dns_label_errors(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if s.len() > 63 {
+        out.push("must be no more than 63 characters".to_string());
+    }
+    if !is_dns_label(s) {
+        if s.contains('.') {
+            out.push("must not contain dots".to_string());
+        }
+        out.push(DNS1123_LABEL_MSG.to_string());
+    }
+    out
+}
+
+fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// Validates a label key (qualified name); `Err` carries kube's message.
+pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let parts: Vec<&str> = key.split('/').collect();
+    let (prefix, name) = match parts.as_slice() {
+        [name] => (None, *name),
+        [prefix, name] => (Some(*prefix), *name),
+        _ => return Err(LABEL_KEY_SLASHES_MSG.into()),
+    };
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            return Err("prefix part must be non-empty".into());
+        }
+        if let Some(m) = dns_subdomain_errors(prefix).first() {
+            return Err(format!("prefix part {m}"));
+        }
+    }
+    if name.is_empty() {
+        return Err("name part must be non-empty".into());
+    }
+    if name.len() > 63 {
+        return Err("name part must be no more than 63 bytes".into());
+    }
+    if !is_qualified_name_part(name) {
+        return Err(QUALIFIED_NAME_MSG.into());
+    }
+    Ok(())
+}
+
+pub fn validate_label_value(v: &str) -> Result<(), String> {
+    if v.len() > 63 {
+        return Err("must be no more than 63 bytes".into());
+    }
+    if !v.is_empty() && !is_qualified_name_part(v) {
+        return Err(LABEL_VALUE_MSG.into());
+    }
+    Ok(())
+}
+
+/// Path segment rules every name must meet (URL names included).
+pub fn path_segment_errors(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if name == "." || name == ".." {
+        out.push(format!("may not be '{name}'"));
+    }
+    if name.contains('/') {
+        out.push("may not contain '/'".into());
+    }
+    if name.contains('%') {
+        out.push("may not contain '%'".into());
+    }
+    out
+}
+
+/// Validates `metadata` of an object about to be stored.
+pub fn validate_object_meta(
+    meta: &serde_json::Map<String, Value>,
+    namespaced: bool,
+) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let name = meta.get("name").and_then(Value::as_str).unwrap_or("");
+    let generate = meta
+        .get("generateName")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if name.is_empty() {
+        if generate.is_empty() {
+            errs.push(FieldError::required(
+                "metadata.name",
+                "name or generateName is required",
+            ));
+        }
+    } else {
+        for m in dns_subdomain_errors(name) {
+            errs.push(FieldError::invalid("metadata.name", name, m));
+        }
+    }
+    if !generate.is_empty() {
+        // A trailing '-' is normal for a prefix: mask it before checking.
+        let mut masked: String = generate.to_string();
+        if masked.len() >= 2 {
+            masked.truncate(masked.len() - 2);
+            masked.push_str("aa");
+        }
+        for m in dns_subdomain_errors(&masked) {
+            errs.push(FieldError::invalid("metadata.generateName", generate, m));
+        }
+    }
+    let ns = meta.get("namespace").and_then(Value::as_str).unwrap_or("");
+    if namespaced {
+        if ns.is_empty() {
+            errs.push(FieldError::required("metadata.namespace", ""));
+        } else {
+            for m in dns_label_errors(ns) {
+                errs.push(FieldError::invalid("metadata.namespace", ns, m));
+            }
+        }
+    } else if !ns.is_empty() {
+        errs.push(FieldError::forbidden(
+            "metadata.namespace",
+            "not allowed on this type",
+        ));
+    }
+    match meta.get("labels") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(labels)) => {
+            for (k, v) in labels {
+                if let Err(m) = validate_label_key(k) {
+                    errs.push(FieldError::invalid("metadata.labels", k, m));
+                }
+                match v {
+                    Value::String(v) => {
+                        if let Err(m) = validate_label_value(v) {
+                            errs.push(FieldError::invalid("metadata.labels", v, m));
+                        }
+                    }
+                    _ => errs.push(FieldError::new(
+                        FieldErrorKind::TypeInvalid,
+                        format!("metadata.labels.{k}"),
+                        Some(v.to_string()),
+                        "must be a string",
+                    )),
+                }
+            }
+        }
+        Some(_) => errs.push(FieldError::new(
+            FieldErrorKind::TypeInvalid,
+            "metadata.labels",
+            None,
+            "must be a map of strings",
+        )),
+    }
+    match meta.get("annotations") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(ann)) => {
+            let mut total = 0usize;
+            for (k, v) in ann {
+                if let Err(m) = validate_label_key(&k.to_lowercase()) {
+                    errs.push(FieldError::invalid("metadata.annotations", k, m));
+                }
+                total += k.len() + v.as_str().map_or(0, str::len);
+                if !v.is_string() {
+                    errs.push(FieldError::new(
+                        FieldErrorKind::TypeInvalid,
+                        format!("metadata.annotations.{k}"),
+                        Some(v.to_string()),
+                        "must be a string",
+                    ));
+                }
+            }
+            if total > ANNOTATIONS_MAX {
+                errs.push(FieldError::new(
+                    FieldErrorKind::TooLong,
+                    "metadata.annotations",
+                    None,
+                    format!("may not be more than {ANNOTATIONS_MAX} bytes"),
+                ));
+            }
+        }
+        Some(_) => errs.push(FieldError::new(
+            FieldErrorKind::TypeInvalid,
+            "metadata.annotations",
+            None,
+            "must be a map of strings",
+        )),
+    }
+    if let Some(f) = meta.get("finalizers") {
+        match f.as_array() {
+            Some(list) => {
+                let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
+                for (i, n) in names.iter().enumerate() {
+                    if let Err(m) = validate_label_key(n) {
+                        errs.push(FieldError::invalid(
+                            format!("metadata.finalizers[{i}]"),
+                            n,
+                            m,
+                        ));
+                    }
+                }
+                if names.contains(&"orphan") && names.contains(&"foregroundDeletion") {
+                    errs.push(FieldError::new(
+                        FieldErrorKind::Invalid,
+                        "metadata.finalizers",
+                        Some(serde_json::to_string(&names).unwrap_or_default()),
+                        "finalizer orphan and foregroundDeletion cannot be both set",
+                    ));
+                }
+            }
+            None if f.is_null() => {}
+            None => errs.push(FieldError::new(
+                FieldErrorKind::TypeInvalid,
+                "metadata.finalizers",
+                None,
+                "must be a list of strings",
+            )),
+        }
+    }
+    if let Some(refs) = meta.get("ownerReferences").and_then(Value::as_array) {
+        let mut controllers = Vec::new();
+        for (i, r) in refs.iter().enumerate() {
+            let path = format!("metadata.ownerReferences[{i}]");
+            for field in ["apiVersion", "kind", "name", "uid"] {
+                if r.get(field)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .is_empty()
+                {
+                    errs.push(FieldError::required(
+                        format!("{path}.{field}"),
+                        "must not be empty",
+                    ));
+                }
+            }
+            if r.get("controller").and_then(Value::as_bool) == Some(true) {
+                controllers.push(
+                    r.get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
+                );
+            }
+        }
+        if controllers.len() > 1 {
+            errs.push(FieldError::new(
+                FieldErrorKind::Invalid,
+                "metadata.ownerReferences",
+                Some(serde_json::to_string(refs).unwrap_or_default()),
+                format!(
+                    "Only one reference can have Controller set to true. Found \"true\" in references for {} and {}",
+                    controllers[0], controllers[1]
+                ),
+            ));
+        }
+    }
+    errs
+}
+
+/// Quoted-list rendering of finalizers as Go's `%#v` of a `[]string`.
+pub fn go_string_slice(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| quote(s)).collect();
+    format!("[]string{{{}}}", quoted.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn meta(v: Value) -> serde_json::Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn names_follow_dns_subdomain_rules() {
+        assert!(
+            validate_object_meta(&meta(json!({"name": "a.b-c", "namespace": "ns"})), true)
+                .is_empty()
+        );
+        let errs =
+            validate_object_meta(&meta(json!({"name": "Bad_Name", "namespace": "ns"})), true);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "metadata.name");
+        assert!(errs[0]
+            .body()
+            .starts_with("Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"));
+        let errs = validate_object_meta(&meta(json!({"namespace": "ns"})), true);
+        assert_eq!(
+            errs[0].to_string(),
+            "metadata.name: Required value: name or generateName is required"
+        );
+        assert!(validate_object_meta(
+            &meta(json!({"generateName": "w-", "namespace": "ns"})),
+            true
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn labels_and_annotations() {
+        let errs = validate_object_meta(
+            &meta(
+                json!({"name": "a", "namespace": "ns", "labels": {"ok/k": "v", "bad key": "v", "k": "-bad"}}),
+            ),
+            true,
+        );
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(errs.iter().all(|e| e.field == "metadata.labels"));
+        let big = "x".repeat(ANNOTATIONS_MAX);
+        let errs = validate_object_meta(
+            &meta(json!({"name": "a", "namespace": "ns", "annotations": {"k": big}})),
+            true,
+        );
+        assert_eq!(
+            errs[0].to_string(),
+            "metadata.annotations: Too long: may not be more than 262144 bytes"
+        );
+    }
+
+    #[test]
+    fn scope_rules() {
+        let errs = validate_object_meta(&meta(json!({"name": "a", "namespace": "ns"})), false);
+        assert_eq!(
+            errs[0].to_string(),
+            "metadata.namespace: Forbidden: not allowed on this type"
+        );
+        let errs = validate_object_meta(&meta(json!({"name": "a", "namespace": "No.Dots"})), true);
+        assert!(errs.iter().any(|e| e.detail == "must not contain dots"));
+    }
+}

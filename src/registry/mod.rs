@@ -1,0 +1,184 @@
+//! Resource semantics independent of HTTP: the catalog, reads with kube's
+//! resourceVersion rules, the one write pipeline every resource shares
+//! (create/update/delete/finalizers/generation), subresources, selectors,
+//! tables and garbage collection.
+
+pub mod catalog;
+mod continuation;
+pub mod gc;
+pub mod jsonpath;
+pub mod meta;
+pub mod patch;
+pub mod read;
+pub mod scale;
+pub mod selector;
+pub mod table;
+mod write;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+pub use catalog::{Catalog, ResourceType};
+pub use continuation::ContinueToken;
+pub use read::{Item, ListResult, ReadAt};
+pub use write::{DeleteOptions, DeleteOutcome, Propagation, Subresource};
+
+use crate::status::ApiError;
+use crate::storage::{StorageError, Store};
+use crate::watch::{Cache, CachedObject, Filter};
+use selector::{field_value, FieldSelector, LabelSelector};
+
+/// What a request addresses: a resource type, the version asked for, a namespace.
+#[derive(Clone)]
+pub struct Target {
+    pub rt: Arc<ResourceType>,
+    pub version: String,
+    /// Empty for cluster-scoped resources and all-namespace requests.
+    pub namespace: String,
+}
+
+impl Target {
+    pub fn api_version(&self) -> String {
+        format!("{}/{}", self.rt.group, self.version)
+    }
+    pub fn key(&self, name: &str) -> String {
+        self.rt.storage_key(&self.namespace, name)
+    }
+    /// Key prefix of the collection this target names (one namespace or all).
+    pub fn collection_prefix(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("{}/", self.rt.id())
+        } else {
+            format!("{}/{}/", self.rt.id(), self.namespace)
+        }
+    }
+    fn cache_key_prefix(&self) -> String {
+        if self.namespace.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.namespace)
+        }
+    }
+    pub fn cache_key(&self, name: &str) -> String {
+        format!("{}/{}", self.namespace, name)
+    }
+    pub fn version_info(&self) -> Option<&catalog::Version> {
+        self.rt.version(&self.version)
+    }
+    pub fn has_status(&self) -> bool {
+        self.version_info().is_some_and(|v| v.status_subresource)
+    }
+}
+
+/// Label and field selectors of a list, watch or deletecollection.
+#[derive(Clone, Default)]
+pub struct Selectors {
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+}
+
+impl Selectors {
+    /// Parses both selectors, checking field labels against what the type supports.
+    pub fn parse(t: &Target, labels: &str, fields: &str) -> Result<Self, ApiError> {
+        let labels = LabelSelector::parse(labels).map_err(ApiError::bad_request)?;
+        let fields = FieldSelector::parse(fields).map_err(ApiError::bad_request)?;
+        let selectable: Vec<String> = t
+            .version_info()
+            .map(|v| {
+                v.selectable_fields
+                    .iter()
+                    .map(|p| p.trim_start_matches('.').to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for f in fields.fields() {
+            let ok = f == "metadata.name"
+                || (f == "metadata.namespace" && t.rt.namespaced)
+                || selectable.iter().any(|s| s == f);
+            if !ok {
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {f}"
+                )));
+            }
+        }
+        Ok(Self { labels, fields })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
+    pub fn matches(&self, obj: &Value) -> bool {
+        if !self.labels.matches_object(obj) {
+            return false;
+        }
+        self.fields.is_empty()
+            || self.fields.matches(|f| {
+                let pointer = format!("/{}", f.replace('.', "/"));
+                field_value(obj.pointer(&pointer))
+            })
+    }
+}
+
+pub struct Registry {
+    pub catalog: Arc<Catalog>,
+    pub store: Arc<Store>,
+    pub cache: Arc<Cache>,
+}
+
+impl Registry {
+    pub fn new(catalog: Arc<Catalog>, store: Arc<Store>, cache: Arc<Cache>) -> Arc<Self> {
+        Arc::new(Self {
+            catalog,
+            store,
+            cache,
+        })
+    }
+
+    /// A cache filter for a target collection (or one name) and selectors.
+    pub fn filter(&self, t: &Target, name: Option<&str>, sel: &Selectors) -> Filter {
+        let sel = sel.clone();
+        let predicate: Arc<dyn Fn(&CachedObject) -> bool + Send + Sync> = if sel.is_empty() {
+            Arc::new(|_| true)
+        } else {
+            Arc::new(move |o: &CachedObject| sel.matches(&o.value))
+        };
+        Filter {
+            key_prefix: t.cache_key_prefix(),
+            exact_key: name.map(|n| t.cache_key(n)),
+            predicate,
+        }
+    }
+}
+
+/// Renders a stored object for the version a client asked for (conversion
+/// strategy None: only `apiVersion` changes).
+pub fn convert_json(json: &Bytes, value: &Value, api_version: &str) -> Bytes {
+    if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
+        return json.clone();
+    }
+    let mut v = value.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("apiVersion".into(), Value::String(api_version.to_string()));
+    }
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+}
+
+pub fn convert_value(value: &Value, api_version: &str) -> Value {
+    let mut v = value.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("apiVersion".into(), Value::String(api_version.to_string()));
+    }
+    v
+}
+
+/// Maps storage failures that are not the caller's fault.
+pub(crate) fn storage_error(e: StorageError) -> ApiError {
+    ApiError::internal(e)
+}
+
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}

@@ -1,0 +1,761 @@
+//! The write pipeline shared by every resource: decode checks, metadata rules,
+//! the strategy derived from the CRD (status/scale subresources, generation),
+//! finalizers and deletion, then one storage write per change.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+use super::meta::{go_string_slice, path_segment_errors, validate_object_meta};
+use super::read::Item;
+use super::{convert_json, convert_value, now_rfc3339, storage_error, Registry, Selectors, Target};
+use crate::status::{quote, ApiError, FieldError};
+use crate::storage::{Revision, StorageError, Write};
+
+/// Attempts for writes that re-read and retry on a concurrent change.
+const MAX_RETRIES: usize = 16;
+const GENERATE_NAME_ATTEMPTS: usize = 8;
+const GENERATE_NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+pub const FINALIZER_ORPHAN: &str = "orphan";
+pub const FINALIZER_FOREGROUND: &str = "foregroundDeletion";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Propagation {
+    Background,
+    Foreground,
+    Orphan,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<String>,
+    pub propagation: Option<Propagation>,
+    pub dry_run: bool,
+}
+
+pub enum DeleteOutcome {
+    /// Removed now; the last state (in the request's version).
+    Deleted(Item),
+    /// Marked for deletion; finalizers pending.
+    Pending(Item),
+}
+
+/// A conditional write either commits or loses a race with another writer.
+enum Commit {
+    Done(Item),
+    Raced,
+}
+
+/// Which part of an object a write may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subresource {
+    Main,
+    Status,
+}
+
+fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
+    let o = obj.as_object_mut()?;
+    let m = o.entry("metadata").or_insert_with(|| json!({}));
+    if !m.is_object() {
+        *m = json!({});
+    }
+    m.as_object_mut()
+}
+
+fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+pub fn finalizers(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn set_finalizers(obj: &mut Value, list: &[String]) {
+    if let Some(m) = meta_mut(obj) {
+        if list.is_empty() {
+            m.remove("finalizers");
+        } else {
+            m.insert("finalizers".into(), json!(list));
+        }
+    }
+}
+
+pub fn is_deleting(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+/// Everything but metadata (and status, when it has its own subresource).
+fn spec_part(obj: &Value, skip_status: bool) -> Map<String, Value> {
+    obj.as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "metadata" | "apiVersion" | "kind")
+                        && !(skip_status && k.as_str() == "status")
+                })
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn generation(obj: &Value) -> i64 {
+    obj.pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+}
+
+fn random_suffix() -> String {
+    let bytes = uuid::Uuid::new_v4();
+    bytes.as_bytes()[..5]
+        .iter()
+        .map(|b| GENERATE_NAME_ALPHABET[*b as usize % GENERATE_NAME_ALPHABET.len()] as char)
+        .collect()
+}
+
+fn parse_rv(field: &str, rv: &str) -> Result<Revision, ApiError> {
+    rv.parse::<Revision>().map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid resource version: {field}: Invalid value: {}: {e}",
+            quote(rv)
+        ))
+    })
+}
+
+impl Registry {
+    /// Checks apiVersion/kind/namespace of a request body and fills the namespace.
+    fn check_body(&self, t: &Target, obj: &mut Value) -> Result<(), ApiError> {
+        if !obj.is_object() {
+            return Err(ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {}): couldn't get version/kind; json parse error: expected an object",
+                t.rt.kind
+            )));
+        }
+        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        if api_version != t.api_version() {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({api_version}) does not match the expected API version ({})",
+                t.api_version()
+            )));
+        }
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+        if kind.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {}): Object 'Kind' is missing",
+                t.rt.kind
+            )));
+        }
+        if kind != t.rt.kind {
+            let name = meta_str(obj, "name").to_string();
+            return Err(ApiError::invalid(
+                &t.rt.group,
+                kind,
+                &name,
+                &[FieldError::invalid(
+                    "kind",
+                    kind,
+                    format!("must be {}", t.rt.kind),
+                )],
+            ));
+        }
+        let rt_namespaced = t.rt.namespaced;
+        let Some(meta) = meta_mut(obj) else {
+            return Err(ApiError::bad_request("metadata must be an object"));
+        };
+        if rt_namespaced {
+            let ns = meta.get("namespace").and_then(Value::as_str).unwrap_or("");
+            if ns.is_empty() {
+                meta.insert("namespace".into(), Value::String(t.namespace.clone()));
+            } else if ns != t.namespace {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+        } else {
+            meta.remove("namespace");
+        }
+        Ok(())
+    }
+
+    fn validate_meta(&self, t: &Target, obj: &Value) -> Result<(), ApiError> {
+        let meta = obj
+            .get("metadata")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let errs = validate_object_meta(&meta, t.rt.namespaced);
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(
+                &t.rt.group,
+                &t.rt.kind,
+                meta_str(obj, "name"),
+                &errs,
+            ))
+        }
+    }
+
+    fn to_storage(&self, t: &Target, obj: &Value) -> Value {
+        convert_value(obj, &format!("{}/{}", t.rt.group, t.rt.storage_version))
+    }
+
+    fn item(&self, t: &Target, object: &Arc<Value>, json: &Bytes) -> Item {
+        let api_version = t.api_version();
+        if object.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
+            Item {
+                json: json.clone(),
+                value: object.clone(),
+            }
+        } else {
+            let v = convert_value(object, &api_version);
+            Item {
+                json: convert_json(json, object, &api_version),
+                value: Arc::new(v),
+            }
+        }
+    }
+
+    fn dry_run_item(&self, t: &Target, obj: Value) -> Item {
+        let v = convert_value(&obj, &t.api_version());
+        Item {
+            json: Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
+            value: Arc::new(v),
+        }
+    }
+
+    pub async fn create(
+        &self,
+        t: &Target,
+        mut obj: Value,
+        dry_run: bool,
+    ) -> Result<Item, ApiError> {
+        self.check_body(t, &mut obj)?;
+        let has_status = t.has_status();
+        if let Some(o) = obj.as_object_mut() {
+            if has_status {
+                o.remove("status");
+            }
+        }
+        let Some(meta) = meta_mut(&mut obj) else {
+            return Err(ApiError::bad_request("metadata must be an object"));
+        };
+        for field in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+            "resourceVersion",
+        ] {
+            meta.remove(field);
+        }
+        meta.insert("generation".into(), json!(1));
+        let generate = meta
+            .get("generateName")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let explicit_name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if explicit_name.is_empty() && !generate.is_empty() {
+            meta.insert("name".into(), Value::String(String::new()));
+        }
+        meta.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
+
+        // Validate with the name the client chose (an empty name with generateName passes).
+        {
+            let mut probe = obj.clone();
+            if explicit_name.is_empty() {
+                if let Some(m) = meta_mut(&mut probe) {
+                    m.remove("name");
+                }
+            }
+            self.validate_meta(t, &probe)?;
+        }
+        let attempts = if explicit_name.is_empty() {
+            GENERATE_NAME_ATTEMPTS
+        } else {
+            1
+        };
+        let mut last_name = explicit_name.clone();
+        for _ in 0..attempts {
+            let name = if explicit_name.is_empty() {
+                let prefix: String = generate.chars().take(58).collect();
+                format!("{prefix}{}", random_suffix())
+            } else {
+                explicit_name.clone()
+            };
+            last_name = name.clone();
+            if let Some(m) = meta_mut(&mut obj) {
+                m.insert("name".into(), Value::String(name.clone()));
+            }
+            if dry_run {
+                if self
+                    .store
+                    .get(&t.key(&name))
+                    .await
+                    .map_err(storage_error)?
+                    .is_some()
+                {
+                    if explicit_name.is_empty() {
+                        continue;
+                    }
+                    return Err(ApiError::already_exists(&t.rt.group, &t.rt.plural, &name));
+                }
+                return Ok(self.dry_run_item(t, obj));
+            }
+            let write = Write::Create {
+                key: t.key(&name),
+                object: self.to_storage(t, &obj),
+            };
+            match self.store.write(write).await {
+                Ok(w) => return Ok(self.item(t, &w.object, &w.json)),
+                Err(StorageError::AlreadyExists) => {
+                    if explicit_name.is_empty() {
+                        continue;
+                    }
+                    let mut e = ApiError::already_exists(&t.rt.group, &t.rt.plural, &name);
+                    if let Ok(Some((_, json))) = self.store.get(&t.key(&name)).await {
+                        if serde_json::from_slice::<Value>(&json).is_ok_and(|v| is_deleting(&v)) {
+                            e.message = format!("object is being deleted: {}", e.message);
+                        }
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(storage_error(e)),
+            }
+        }
+        let mut e = ApiError::already_exists(&t.rt.group, &t.rt.plural, &last_name);
+        e.message = format!(
+            "{}, the server was not able to generate a unique name for the object",
+            e.message
+        );
+        if let Some(d) = e.details.as_mut() {
+            d.retry_after_seconds = 1;
+        }
+        Err(e)
+    }
+
+    async fn read_current(&self, t: &Target, name: &str) -> Result<(Revision, Value), ApiError> {
+        let (rev, json) = self
+            .store
+            .get(&t.key(name))
+            .await
+            .map_err(storage_error)?
+            .ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
+        let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+        Ok((rev, convert_value(&value, &t.api_version())))
+    }
+
+    /// PUT of the main resource or `/status`.
+    pub async fn update(
+        &self,
+        t: &Target,
+        name: &str,
+        mut obj: Value,
+        sub: Subresource,
+        dry_run: bool,
+    ) -> Result<Item, ApiError> {
+        self.check_body(t, &mut obj)?;
+        let body_name = meta_str(&obj, "name").to_string();
+        if body_name.is_empty() {
+            if let Some(m) = meta_mut(&mut obj) {
+                m.insert("name".into(), Value::String(name.to_string()));
+            }
+        } else if body_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let rv = meta_str(&obj, "resourceVersion").to_string();
+        if rv.is_empty() {
+            return Err(ApiError::invalid(
+                &t.rt.group,
+                &t.rt.plural,
+                name,
+                &[FieldError::new(
+                    crate::status::FieldErrorKind::Invalid,
+                    "metadata.resourceVersion",
+                    Some("0".into()),
+                    "must be specified for an update",
+                )],
+            ));
+        }
+        let expected = parse_rv("metadata.resourceVersion", &rv)?;
+        let (current_rev, current) = self.read_current(t, name).await?;
+        if expected != current_rev {
+            return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+        }
+        match self
+            .commit_update(t, name, current_rev, &current, obj, sub, dry_run)
+            .await?
+        {
+            Commit::Done(item) => Ok(item),
+            Commit::Raced => Err(ApiError::modified(&t.rt.group, &t.rt.plural, name)),
+        }
+    }
+
+    /// Re-reads and applies `change` until it commits without a concurrent write in
+    /// between (patches and internal updates). `change` may fail to abort.
+    pub async fn update_with<F>(
+        &self,
+        t: &Target,
+        name: &str,
+        sub: Subresource,
+        dry_run: bool,
+        mut change: F,
+    ) -> Result<Item, ApiError>
+    where
+        F: FnMut(&Value) -> Result<Value, ApiError>,
+    {
+        for _ in 0..MAX_RETRIES {
+            let (current_rev, current) = self.read_current(t, name).await?;
+            let mut obj = change(&current)?;
+            self.check_body(t, &mut obj)?;
+            let body_name = meta_str(&obj, "name");
+            if body_name != name {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({body_name}) does not match the name on the URL ({name})"
+                )));
+            }
+            let rv = meta_str(&obj, "resourceVersion").to_string();
+            if !rv.is_empty() && parse_rv("metadata.resourceVersion", &rv)? != current_rev {
+                // A precondition the client set (or a stale read): only retry our own.
+                if meta_str(&current, "resourceVersion") != rv {
+                    return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+                }
+            }
+            match self
+                .commit_update(t, name, current_rev, &current, obj, sub, dry_run)
+                .await?
+            {
+                Commit::Done(item) => return Ok(item),
+                Commit::Raced => continue,
+            }
+        }
+        Err(ApiError::modified(&t.rt.group, &t.rt.plural, name))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_update(
+        &self,
+        t: &Target,
+        name: &str,
+        current_rev: Revision,
+        current: &Value,
+        obj: Value,
+        sub: Subresource,
+        dry_run: bool,
+    ) -> Result<Commit, ApiError> {
+        let has_status = t.has_status();
+        let mut new = match sub {
+            Subresource::Main => {
+                let mut new = obj;
+                if has_status {
+                    // The main resource cannot change status when it has its own subresource.
+                    if let Some(o) = new.as_object_mut() {
+                        match current.get("status") {
+                            Some(s) => {
+                                o.insert("status".into(), s.clone());
+                            }
+                            None => {
+                                o.remove("status");
+                            }
+                        }
+                    }
+                }
+                new
+            }
+            Subresource::Status => {
+                // Only status (and managedFields) come from the request.
+                let mut new = current.clone();
+                if let Some(o) = new.as_object_mut() {
+                    match obj.get("status") {
+                        Some(s) => {
+                            o.insert("status".into(), s.clone());
+                        }
+                        None => {
+                            o.remove("status");
+                        }
+                    }
+                }
+                if let (Some(mf), Some(m)) = (
+                    obj.pointer("/metadata/managedFields").cloned(),
+                    meta_mut(&mut new),
+                ) {
+                    m.insert("managedFields".into(), mf);
+                }
+                new
+            }
+        };
+        // System fields keep their stored values.
+        let old_meta = current
+            .get("metadata")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        if let Some(m) = meta_mut(&mut new) {
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ] {
+                match old_meta.get(field) {
+                    Some(v) => {
+                        m.insert(field.into(), v.clone());
+                    }
+                    None => {
+                        m.remove(field);
+                    }
+                }
+            }
+            m.insert(
+                "resourceVersion".into(),
+                Value::String(current_rev.to_string()),
+            );
+            m.remove("selfLink");
+        }
+        if is_deleting(current) {
+            let old = finalizers(current);
+            let added: Vec<String> = finalizers(&new)
+                .into_iter()
+                .filter(|f| !old.contains(f))
+                .collect();
+            if !added.is_empty() {
+                return Err(ApiError::invalid(
+                    &t.rt.group,
+                    &t.rt.kind,
+                    name,
+                    &[FieldError::forbidden(
+                        "metadata.finalizers",
+                        format!(
+                            "no new finalizers can be added if the object is being deleted, found new finalizers {}",
+                            go_string_slice(&added)
+                        ),
+                    )],
+                ));
+            }
+        }
+        if spec_part(&new, has_status) != spec_part(current, has_status) {
+            let g = generation(current) + 1;
+            if let Some(m) = meta_mut(&mut new) {
+                m.insert("generation".into(), json!(g));
+            }
+        }
+        self.validate_meta(t, &new)?;
+
+        if new == *current {
+            // Nothing changed: no write, no new revision (as kube does).
+            let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
+            return Ok(Commit::Done(Item {
+                json,
+                value: Arc::new(current.clone()),
+            }));
+        }
+        if dry_run {
+            return Ok(Commit::Done(self.dry_run_item(t, new)));
+        }
+        let key = t.key(name);
+        let write = if is_deleting(&new) && finalizers(&new).is_empty() {
+            // The last finalizer is gone: the object goes away.
+            Write::Delete {
+                key,
+                expected: Some(current_rev),
+            }
+        } else {
+            Write::Update {
+                key,
+                expected: current_rev,
+                object: self.to_storage(t, &new),
+            }
+        };
+        match self.store.write(write).await {
+            Ok(w) => Ok(Commit::Done(self.item(t, &w.object, &w.json))),
+            Err(StorageError::Conflict { .. }) => Ok(Commit::Raced),
+            Err(e) => Err(self.write_error(t, name, e)),
+        }
+    }
+
+    /// Storage outcomes of a write that are not a race to retry.
+    fn write_error(&self, t: &Target, name: &str, e: StorageError) -> ApiError {
+        match e {
+            StorageError::NotFound => ApiError::not_found(&t.rt.group, &t.rt.plural, name),
+            StorageError::Conflict { .. } => ApiError::modified(&t.rt.group, &t.rt.plural, name),
+            other => storage_error(other),
+        }
+    }
+
+    pub async fn delete(
+        &self,
+        t: &Target,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<DeleteOutcome, ApiError> {
+        for _ in 0..MAX_RETRIES {
+            let (current_rev, current) = self.read_current(t, name).await?;
+            let gk = format!("{}.{}", t.rt.kind, t.rt.group);
+            if let Some(uid) = &opts.precondition_uid {
+                let actual = meta_str(&current, "uid");
+                if uid != actual {
+                    return Err(precondition_failed(t, &gk, name, format!(
+                        "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"
+                    )));
+                }
+            }
+            if let Some(rv) = &opts.precondition_resource_version {
+                let actual = meta_str(&current, "resourceVersion");
+                if rv != actual {
+                    return Err(precondition_failed(t, &gk, name, format!(
+                        "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({actual}). The object might have been modified"
+                    )));
+                }
+            }
+            let mut fins = finalizers(&current);
+            match opts.propagation {
+                Some(Propagation::Orphan) => {
+                    fins.retain(|f| f != FINALIZER_FOREGROUND);
+                    if !fins.iter().any(|f| f == FINALIZER_ORPHAN) {
+                        fins.push(FINALIZER_ORPHAN.into());
+                    }
+                }
+                Some(Propagation::Foreground) => {
+                    fins.retain(|f| f != FINALIZER_ORPHAN);
+                    if !fins.iter().any(|f| f == FINALIZER_FOREGROUND) {
+                        fins.push(FINALIZER_FOREGROUND.into());
+                    }
+                }
+                Some(Propagation::Background) => {
+                    fins.retain(|f| f != FINALIZER_ORPHAN && f != FINALIZER_FOREGROUND);
+                }
+                None => {}
+            }
+            let key = t.key(name);
+            if fins.is_empty() {
+                if opts.dry_run {
+                    return Ok(DeleteOutcome::Deleted(self.dry_run_item(t, current)));
+                }
+                match self
+                    .store
+                    .write(Write::Delete {
+                        key,
+                        expected: Some(current_rev),
+                    })
+                    .await
+                {
+                    Ok(w) => return Ok(DeleteOutcome::Deleted(self.item(t, &w.object, &w.json))),
+                    Err(StorageError::Conflict { .. }) => continue,
+                    Err(e) => return Err(self.write_error(t, name, e)),
+                }
+            }
+            let mut new = current.clone();
+            set_finalizers(&mut new, &fins);
+            if !is_deleting(&current) {
+                let g = generation(&current);
+                if let Some(m) = meta_mut(&mut new) {
+                    m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+                    m.insert("deletionGracePeriodSeconds".into(), json!(0));
+                    if g > 0 {
+                        m.insert("generation".into(), json!(g + 1));
+                    }
+                }
+            }
+            if new == current {
+                let json = Bytes::from(serde_json::to_vec(&current).map_err(ApiError::internal)?);
+                return Ok(DeleteOutcome::Pending(Item {
+                    json,
+                    value: Arc::new(current),
+                }));
+            }
+            if opts.dry_run {
+                return Ok(DeleteOutcome::Pending(self.dry_run_item(t, new)));
+            }
+            match self
+                .store
+                .write(Write::Update {
+                    key,
+                    expected: current_rev,
+                    object: self.to_storage(t, &new),
+                })
+                .await
+            {
+                Ok(w) => return Ok(DeleteOutcome::Pending(self.item(t, &w.object, &w.json))),
+                Err(StorageError::Conflict { .. }) => continue,
+                Err(e) => return Err(self.write_error(t, name, e)),
+            }
+        }
+        Err(ApiError::modified(&t.rt.group, &t.rt.plural, name))
+    }
+
+    /// Deletes every object of the collection that matches; returns them as they were.
+    pub async fn delete_collection(
+        &self,
+        t: &Target,
+        sel: &Selectors,
+        opts: &DeleteOptions,
+    ) -> Result<Vec<Item>, ApiError> {
+        let listed = self.list(t, sel, &super::ReadAt::Consistent, None).await?;
+        let mut out = Vec::with_capacity(listed.items.len());
+        for item in listed.items {
+            let name = meta_str(&item.value, "name").to_string();
+            let mut target = t.clone();
+            if t.rt.namespaced {
+                target.namespace = meta_str(&item.value, "namespace").to_string();
+            }
+            match self.delete(&target, &name, opts).await {
+                Ok(_) => out.push(self.item(t, &item.value, &item.json)),
+                // Already gone: someone else deleted it meanwhile.
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks a URL name the way kube's key function does.
+    pub fn check_url_name(&self, name: &str) -> Result<(), ApiError> {
+        let errs = path_segment_errors(name);
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::bad_request(format!(
+                "Name parameter invalid: {}: {}",
+                quote(name),
+                errs.join(";")
+            )))
+        }
+    }
+}
+
+fn precondition_failed(t: &Target, gk: &str, name: &str, why: String) -> ApiError {
+    let mut e = ApiError::conflict("", gk, name, &why);
+    if let Some(d) = e.details.as_mut() {
+        d.group = t.rt.group.clone();
+        d.kind = t.rt.kind.clone();
+    }
+    e
+}

@@ -1,0 +1,218 @@
+//! Process wiring: open the store, start the watch cache, garbage collector
+//! and compactor, then serve the API over TLS (HTTP/1.1 and h2) and, if asked,
+//! plain HTTP for local debugging.
+
+pub mod pki;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+
+use crate::api::{self, ApiState};
+use crate::registry::{gc, Catalog, Registry};
+use crate::storage::embedded::Embedded;
+use crate::storage::{StorageError, Store};
+use crate::watch::{Cache, DEFAULT_RING_CAPACITY};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("loading CRDs: {0}")]
+    Catalog(#[from] crate::registry::catalog::CatalogError),
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("certificates: {0}")]
+    Pki(#[from] pki::PkiError),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub crds: Vec<PathBuf>,
+    pub insecure_listen: Option<SocketAddr>,
+    pub compaction_interval: Duration,
+    pub bookmark_interval: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("kshard-data"),
+            listen: SocketAddr::from(([127, 0, 0, 1], 6443)),
+            crds: vec![PathBuf::from("crds/examples")],
+            insecure_listen: None,
+            compaction_interval: Duration::from_secs(300),
+            bookmark_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A started server: where it listens, and its parts for in-process use.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub insecure_addr: Option<SocketAddr>,
+    pub kubeconfig: PathBuf,
+    pub registry: Arc<Registry>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting connections and background work.
+    pub fn shutdown(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
+    let what = what.into();
+    move |source| ServerError::Io { what, source }
+}
+
+pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
+    // Only the ring provider is compiled in; installing it again is harmless.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let catalog = Arc::new(Catalog::load(&cfg.crds)?);
+    tracing::info!(resources = catalog.resources.len(), "catalog loaded");
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(io(format!("creating {}", cfg.data_dir.display())))?;
+
+    let engine = Arc::new(Embedded::open(&cfg.data_dir.join("store.redb"))?);
+    let store = Store::open(engine)?;
+    let cache = Cache::start(store.clone(), DEFAULT_RING_CAPACITY).await?;
+    let registry = Registry::new(catalog, store.clone(), cache);
+    let mut tasks = vec![
+        gc::spawn(registry.clone()),
+        store.spawn_compactor(cfg.compaction_interval),
+    ];
+    let state = Arc::new(ApiState {
+        registry: registry.clone(),
+        ready: false.into(),
+        bookmark_interval: cfg.bookmark_interval,
+    });
+    let app = api::router(state.clone());
+
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(io(format!("listening on {}", cfg.listen)))?;
+    let addr = listener.local_addr().map_err(io("local address"))?;
+    let mut extra_sans = Vec::new();
+    if !addr.ip().is_unspecified() {
+        extra_sans.push(addr.ip().to_string());
+    }
+    let pki = pki::ensure(&cfg.data_dir.join("pki"), &extra_sans)?;
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else if addr.is_ipv6() {
+        format!("[{}]", addr.ip())
+    } else {
+        addr.ip().to_string()
+    };
+    let kubeconfig = cfg.data_dir.join("kubeconfig");
+    pki::write_kubeconfig(
+        &pki,
+        &format!("https://{host}:{}", addr.port()),
+        &kubeconfig,
+    )?;
+    let tls = tls_config(&pki)?;
+    tasks.push(tokio::spawn(serve_tls(listener, tls, app.clone())));
+
+    let mut insecure_addr = None;
+    if let Some(a) = cfg.insecure_listen {
+        let l = TcpListener::bind(a)
+            .await
+            .map_err(io(format!("listening on {a}")))?;
+        insecure_addr = Some(l.local_addr().map_err(io("local address"))?);
+        tracing::warn!(addr = %a, "serving plain HTTP without authentication");
+        tasks.push(tokio::spawn(serve_plain(l, app)));
+    }
+    state.ready.store(true, Ordering::Release);
+    tracing::info!(%addr, kubeconfig = %kubeconfig.display(), "kshard is serving");
+    Ok(Running {
+        addr,
+        insecure_addr,
+        kubeconfig,
+        registry,
+        tasks,
+    })
+}
+
+fn tls_config(pki: &pki::Pki) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.server_cert())
+        .map_err(|e| ServerError::Tls(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| ServerError::Tls(e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_file(pki.server_key())
+        .map_err(|e| ServerError::Tls(e.to_string()))?;
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| ServerError::Tls(e.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let stream = match acceptor.accept(tcp).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+            };
+            serve_connection(TokioIo::new(stream), app).await;
+        });
+    }
+}
+
+async fn serve_plain(listener: TcpListener, app: Router) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let app = app.clone();
+        tokio::spawn(serve_connection(TokioIo::new(tcp), app));
+    }
+}
+
+async fn serve_connection<I>(io: I, app: Router)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(app);
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    if let Err(e) = builder.serve_connection_with_upgrades(io, service).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}

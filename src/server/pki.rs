@@ -1,0 +1,156 @@
+//! The development PKI: a CA, a serving certificate and an admin client
+//! certificate, generated once under `<data-dir>/pki` and reused afterwards,
+//! plus the kubeconfig that points kubectl at this server.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("certificate generation: {0}")]
+    Generate(#[from] rcgen::Error),
+}
+
+pub struct Pki {
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+    pub fn server_cert(&self) -> PathBuf {
+        self.dir.join("server.crt")
+    }
+    pub fn server_key(&self) -> PathBuf {
+        self.dir.join("server.key")
+    }
+    pub fn admin_cert(&self) -> PathBuf {
+        self.dir.join("admin.crt")
+    }
+    pub fn admin_key(&self) -> PathBuf {
+        self.dir.join("admin.key")
+    }
+}
+
+fn write(path: &Path, text: &str) -> Result<(), PkiError> {
+    std::fs::write(path, text).map_err(|source| PkiError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Loads the PKI under `dir`, generating whatever is missing.
+pub fn ensure(dir: &Path, extra_sans: &[String]) -> Result<Pki, PkiError> {
+    let pki = Pki {
+        dir: dir.to_path_buf(),
+    };
+    std::fs::create_dir_all(dir).map_err(|source| PkiError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let complete = [
+        pki.ca_cert(),
+        pki.server_cert(),
+        pki.server_key(),
+        pki.admin_cert(),
+        pki.admin_key(),
+    ]
+    .iter()
+    .all(|p| p.exists());
+    if complete {
+        return Ok(pki);
+    }
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "kshard-ca");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca_params.not_after = rcgen::date_time_ymd(2035, 1, 1);
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, &ca_key);
+
+    let mut sans = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+        "kshard".to_string(),
+    ];
+    sans.extend(extra_sans.iter().cloned());
+    let server_key = KeyPair::generate()?;
+    let mut server_params = CertificateParams::new(sans)?;
+    server_params
+        .distinguished_name
+        .push(DnType::CommonName, "kshard");
+    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    server_params.not_after = rcgen::date_time_ymd(2035, 1, 1);
+    let server_cert = server_params.signed_by(&server_key, &issuer)?;
+
+    let admin_key = KeyPair::generate()?;
+    let mut admin_params = CertificateParams::new(Vec::<String>::new())?;
+    admin_params
+        .distinguished_name
+        .push(DnType::CommonName, "kshard-admin");
+    admin_params
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:masters");
+    admin_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    admin_params.not_after = rcgen::date_time_ymd(2035, 1, 1);
+    let admin_cert = admin_params.signed_by(&admin_key, &issuer)?;
+
+    write(&pki.dir.join("ca.key"), &ca_key.serialize_pem())?;
+    write(&pki.ca_cert(), &ca_cert.pem())?;
+    write(&pki.server_key(), &server_key.serialize_pem())?;
+    write(&pki.server_cert(), &server_cert.pem())?;
+    write(&pki.admin_key(), &admin_key.serialize_pem())?;
+    write(&pki.admin_cert(), &admin_cert.pem())?;
+    Ok(pki)
+}
+
+/// Writes a kubeconfig for the admin identity pointing at `server` (an https URL).
+pub fn write_kubeconfig(pki: &Pki, server: &str, path: &Path) -> Result<(), PkiError> {
+    use base64::Engine as _;
+    let read = |p: PathBuf| std::fs::read(&p).map_err(|source| PkiError::Io { path: p, source });
+    let b64 = |b: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(b);
+    let text = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: kshard
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: kshard-admin
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: kshard
+  context:
+    cluster: kshard
+    user: kshard-admin
+    namespace: default
+current-context: kshard
+",
+        ca = b64(read(pki.ca_cert())?),
+        cert = b64(read(pki.admin_cert())?),
+        key = b64(read(pki.admin_key())?),
+    );
+    write(path, &text)
+}

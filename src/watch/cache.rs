@@ -1,0 +1,421 @@
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+
+use crate::storage::{Batch, EventType, Revision, StorageError, Store};
+
+use super::split_key;
+
+/// Events kept per resource before trimming (older than 75 s) may begin.
+pub const DEFAULT_RING_CAPACITY: usize = 10_000;
+/// Events younger than this are never trimmed unless the ring is far over capacity.
+const MIN_HISTORY: Duration = Duration::from_secs(75);
+/// Buffered events per watcher; a watcher that falls this far behind is closed.
+const WATCHER_BUFFER: usize = 4096;
+
+/// An object as the cache holds it: parsed once, encoded once.
+#[derive(Debug)]
+pub struct CachedObject {
+    /// Key within the resource: `namespace/name` (namespace empty when cluster-scoped).
+    pub key: String,
+    pub revision: Revision,
+    pub value: Arc<Value>,
+    pub json: Bytes,
+}
+
+impl CachedObject {
+    pub fn namespace(&self) -> &str {
+        self.key.split_once('/').map_or("", |(ns, _)| ns)
+    }
+}
+
+#[derive(Debug)]
+pub struct WatchEvent {
+    pub kind: EventType,
+    pub revision: Revision,
+    pub object: Arc<CachedObject>,
+    /// The previous state for modifications and deletions (selector transitions need it).
+    pub prev: Option<Arc<CachedObject>>,
+    /// `{"type":...,"object":...}\n` for the storage version, built on first use and shared.
+    frame: std::sync::OnceLock<Bytes>,
+}
+
+impl WatchEvent {
+    pub fn new(
+        kind: EventType,
+        revision: Revision,
+        object: Arc<CachedObject>,
+        prev: Option<Arc<CachedObject>>,
+    ) -> Self {
+        Self {
+            kind,
+            revision,
+            object,
+            prev,
+            frame: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The JSON watch frame for this event's own type and object, encoded once.
+    pub fn json_frame(&self) -> Bytes {
+        self.frame
+            .get_or_init(|| frame(self.kind.as_str(), &self.object.json))
+            .clone()
+    }
+}
+
+/// Builds one JSON watch frame around already-encoded object bytes.
+pub fn frame(kind: &str, object_json: &[u8]) -> Bytes {
+    let mut buf = Vec::with_capacity(object_json.len() + 32);
+    buf.extend_from_slice(b"{\"type\":\"");
+    buf.extend_from_slice(kind.as_bytes());
+    buf.extend_from_slice(b"\",\"object\":");
+    buf.extend_from_slice(object_json);
+    buf.extend_from_slice(b"}\n");
+    Bytes::from(buf)
+}
+
+/// Which objects a watcher or list wants: a key prefix (namespace, or one name)
+/// and a predicate (selectors).
+#[derive(Clone)]
+pub struct Filter {
+    pub key_prefix: String,
+    /// When set, only this exact key.
+    pub exact_key: Option<String>,
+    pub predicate: Arc<dyn Fn(&CachedObject) -> bool + Send + Sync>,
+}
+
+impl Filter {
+    pub fn everything() -> Self {
+        Self {
+            key_prefix: String::new(),
+            exact_key: None,
+            predicate: Arc::new(|_| true),
+        }
+    }
+
+    fn in_scope(&self, key: &str) -> bool {
+        match &self.exact_key {
+            Some(k) => k == key,
+            None => key.starts_with(&self.key_prefix),
+        }
+    }
+
+    pub fn matches(&self, obj: &CachedObject) -> bool {
+        self.in_scope(&obj.key) && (self.predicate)(obj)
+    }
+}
+
+pub enum Start {
+    /// Synthetic ADDED events for the current state, then changes.
+    InitialState,
+    /// Changes after this revision.
+    After(Revision),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("too old resource version: {requested} ({oldest})")]
+    TooOld {
+        requested: Revision,
+        oldest: Revision,
+    },
+    #[error("Too large resource version: {requested}, current: {current}")]
+    TooLarge {
+        requested: Revision,
+        current: Revision,
+    },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+pub struct Subscription {
+    /// Events to send before anything from `rx`, in order.
+    pub initial: Vec<Arc<WatchEvent>>,
+    /// The revision the initial events bring the watcher to.
+    pub revision: Revision,
+    pub rx: mpsc::Receiver<Arc<WatchEvent>>,
+}
+
+struct Watcher {
+    after: Revision,
+    filter: Filter,
+    tx: mpsc::Sender<Arc<WatchEvent>>,
+}
+
+#[derive(Default)]
+struct ResourceState {
+    objects: BTreeMap<String, Arc<CachedObject>>,
+    ring: VecDeque<(Instant, Arc<WatchEvent>)>,
+    /// Every event of this resource after this revision is in `ring`.
+    complete_after: Revision,
+    watchers: Vec<Watcher>,
+}
+
+struct State {
+    revision: Revision,
+    resources: HashMap<String, ResourceState>,
+}
+
+pub struct Cache {
+    state: RwLock<State>,
+    revision: watch::Sender<Revision>,
+    ring_capacity: usize,
+}
+
+impl Cache {
+    /// Loads the current state from `store` and follows its change feed.
+    pub async fn start(store: Arc<Store>, ring_capacity: usize) -> Result<Arc<Self>, StorageError> {
+        let (rev, mut feed) = store.subscribe();
+        let page = store.list("", rev, None, None, Arc::new(|_| true)).await?;
+        let mut resources: HashMap<String, ResourceState> = HashMap::new();
+        for (key, json) in page.items {
+            let Some((resource, sub)) = split_key(&key) else {
+                continue;
+            };
+            let value: Value =
+                serde_json::from_slice(&json).map_err(|e| StorageError::Corrupt(e.to_string()))?;
+            let revision = object_revision(&value);
+            let state = resources
+                .entry(resource.to_string())
+                .or_insert_with(|| ResourceState {
+                    complete_after: rev,
+                    ..Default::default()
+                });
+            state.objects.insert(
+                sub.to_string(),
+                Arc::new(CachedObject {
+                    key: sub.to_string(),
+                    revision,
+                    value: Arc::new(value),
+                    json,
+                }),
+            );
+        }
+        let (tx, _) = watch::channel(rev);
+        let cache = Arc::new(Self {
+            state: RwLock::new(State {
+                revision: rev,
+                resources,
+            }),
+            revision: tx,
+            ring_capacity,
+        });
+        let weak = Arc::downgrade(&cache);
+        tokio::spawn(async move {
+            while let Some(batch) = feed.recv().await {
+                let Some(cache) = weak.upgrade() else { return };
+                cache.apply(&batch);
+            }
+        });
+        Ok(cache)
+    }
+
+    /// The revision everything in the cache is current to.
+    pub fn revision(&self) -> Revision {
+        *self.revision.borrow()
+    }
+
+    /// Waits until the cache has caught up to `rev`, at most `timeout`.
+    pub async fn wait_for(&self, rev: Revision, timeout: Duration) -> Result<(), WatchError> {
+        let mut rx = self.revision.subscribe();
+        let reached = tokio::time::timeout(timeout, rx.wait_for(|r| *r >= rev))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if reached {
+            Ok(())
+        } else {
+            Err(WatchError::TooLarge {
+                requested: rev,
+                current: self.revision(),
+            })
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn apply(&self, batch: &Batch) {
+        let now = Instant::now();
+        let mut state = self.write();
+        for event in &batch.events {
+            let Some((resource, sub)) = split_key(&event.key) else {
+                continue;
+            };
+            let complete_after = state.revision;
+            let res = state
+                .resources
+                .entry(resource.to_string())
+                .or_insert_with(|| ResourceState {
+                    complete_after,
+                    ..Default::default()
+                });
+            let object = Arc::new(CachedObject {
+                key: sub.to_string(),
+                revision: event.revision,
+                value: event.object.clone(),
+                json: event.json.clone(),
+            });
+            let prev = if event.kind == EventType::Deleted {
+                res.objects.remove(sub)
+            } else {
+                res.objects.insert(sub.to_string(), object.clone())
+            };
+            let ev = Arc::new(WatchEvent::new(event.kind, event.revision, object, prev));
+            res.watchers.retain(|w| {
+                if ev.revision <= w.after || !interested(&w.filter, &ev) {
+                    return true;
+                }
+                // A watcher that cannot keep up is closed; its client re-watches.
+                w.tx.try_send(ev.clone()).is_ok()
+            });
+            res.ring.push_back((now, ev));
+            trim(res, self.ring_capacity, now);
+        }
+        state.revision = batch.revision;
+        drop(state);
+        self.revision.send_replace(batch.revision);
+    }
+
+    /// The current objects of `resource` that pass `filter`, and the revision they are at.
+    pub fn list(&self, resource: &str, filter: &Filter) -> (Revision, Vec<Arc<CachedObject>>) {
+        let state = self.read();
+        let items = state.resources.get(resource).map_or_else(Vec::new, |res| {
+            if let Some(k) = &filter.exact_key {
+                return res
+                    .objects
+                    .get(k)
+                    .filter(|o| (filter.predicate)(o))
+                    .cloned()
+                    .into_iter()
+                    .collect();
+            }
+            res.objects
+                .range(filter.key_prefix.clone()..)
+                .take_while(|(k, _)| k.starts_with(&filter.key_prefix))
+                .filter(|(_, o)| (filter.predicate)(o))
+                .map(|(_, o)| o.clone())
+                .collect()
+        });
+        (state.revision, items)
+    }
+
+    pub fn get(&self, resource: &str, key: &str) -> (Revision, Option<Arc<CachedObject>>) {
+        let state = self.read();
+        let obj = state
+            .resources
+            .get(resource)
+            .and_then(|r| r.objects.get(key).cloned());
+        (state.revision, obj)
+    }
+
+    /// Number of live objects of a resource (for cost estimates).
+    pub fn count(&self, resource: &str) -> usize {
+        self.read()
+            .resources
+            .get(resource)
+            .map_or(0, |r| r.objects.len())
+    }
+
+    /// Number of watchers of a resource.
+    pub fn watcher_count(&self, resource: &str) -> usize {
+        self.read()
+            .resources
+            .get(resource)
+            .map_or(0, |r| r.watchers.len())
+    }
+
+    pub fn watch(
+        &self,
+        resource: &str,
+        start: Start,
+        filter: Filter,
+    ) -> Result<Subscription, WatchError> {
+        let mut state = self.write();
+        let current = state.revision;
+        let res = state
+            .resources
+            .entry(resource.to_string())
+            .or_insert_with(|| ResourceState {
+                complete_after: current,
+                ..Default::default()
+            });
+        let (initial, after) = match start {
+            Start::InitialState => {
+                let initial = res
+                    .objects
+                    .values()
+                    .filter(|o| filter.matches(o))
+                    .map(|o| {
+                        Arc::new(WatchEvent::new(
+                            EventType::Added,
+                            o.revision,
+                            o.clone(),
+                            None,
+                        ))
+                    })
+                    .collect();
+                (initial, current)
+            }
+            Start::After(rev) => {
+                if rev < res.complete_after {
+                    return Err(WatchError::TooOld {
+                        requested: rev,
+                        oldest: res.complete_after,
+                    });
+                }
+                let replay = res
+                    .ring
+                    .iter()
+                    .filter(|(_, e)| e.revision > rev && interested(&filter, e))
+                    .map(|(_, e)| e.clone())
+                    .collect();
+                // Events between the cache and a future `rev` are skipped by `after`.
+                (replay, rev.max(current))
+            }
+        };
+        let (tx, rx) = mpsc::channel(WATCHER_BUFFER);
+        res.watchers.push(Watcher { after, filter, tx });
+        Ok(Subscription {
+            initial,
+            revision: after,
+            rx,
+        })
+    }
+}
+
+/// An event concerns a watcher if the object passes its filter now or did before.
+fn interested(filter: &Filter, ev: &WatchEvent) -> bool {
+    filter.matches(&ev.object) || ev.prev.as_ref().is_some_and(|p| filter.matches(p))
+}
+
+fn trim(res: &mut ResourceState, capacity: usize, now: Instant) {
+    while res.ring.len() > capacity {
+        let Some((at, ev)) = res.ring.front() else {
+            break;
+        };
+        let old_enough = now.duration_since(*at) >= MIN_HISTORY;
+        if !old_enough && res.ring.len() <= capacity * 4 {
+            break;
+        }
+        res.complete_after = ev.revision;
+        res.ring.pop_front();
+    }
+}
+
+pub fn object_revision(value: &Value) -> Revision {
+    value
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,33 @@
+//! Watch cache: per resource, the current objects and a ring of recent events,
+//! fed only by the store's change feed; serves watches and cached lists, and
+//! fans events out to watchers (each event's bytes shared by all of them).
+
+mod cache;
+
+pub use cache::{
+    frame, Cache, CachedObject, Filter, Start, Subscription, WatchError, WatchEvent,
+    DEFAULT_RING_CAPACITY,
+};
+
+/// Splits a storage key `group/resource/namespace/name` into the resource id
+/// (`group/resource`) and the object key within it (`namespace/name`).
+pub fn split_key(key: &str) -> Option<(&str, &str)> {
+    let first = key.find('/')?;
+    let second = first + 1 + key[first + 1..].find('/')?;
+    Some((&key[..second], &key[second + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_key;
+
+    #[test]
+    fn splits_resource_and_object_key() {
+        assert_eq!(
+            split_key("demo.kshard.dev/widgets/ns/a"),
+            Some(("demo.kshard.dev/widgets", "ns/a"))
+        );
+        assert_eq!(split_key("g/r//a"), Some(("g/r", "/a")));
+        assert_eq!(split_key("g"), None);
+    }
+}
