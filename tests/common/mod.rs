@@ -1,0 +1,166 @@
+//! Test harness: a real kshard (in-process on an ephemeral port, real TLS,
+//! real store on disk), a kube-rs client from the kubeconfig it writes, the
+//! real kubectl, and a raw HTTP helper that keeps status codes.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::Value;
+
+pub struct TestServer {
+    pub running: kshard::server::Running,
+    pub dir: tempfile::TempDir,
+    pub client: kube::Client,
+}
+
+pub fn repo_path(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+pub async fn start() -> TestServer {
+    start_with(|_| {}).await
+}
+
+pub async fn start_with(tune: impl FnOnce(&mut kshard::server::ServeConfig)) -> TestServer {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = kshard::server::ServeConfig {
+        data_dir: dir.path().join("data"),
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        crds: vec![repo_path("crds/examples"), repo_path("tests/fixtures/crds")],
+        ..Default::default()
+    };
+    tune(&mut cfg);
+    let running = kshard::server::start(cfg).await.expect("server starts");
+    let client = client_for(&running.kubeconfig).await;
+    TestServer {
+        running,
+        dir,
+        client,
+    }
+}
+
+pub async fn client_for(kubeconfig: &Path) -> kube::Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
+        })
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl TestServer {
+    /// Any request through the real TLS client; the status code is kept.
+    pub async fn raw(&self, method: &str, uri: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+        let mut b = http::Request::builder().method(method).uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let req = b.body(kube::client::Body::from(body)).expect("request");
+        let resp = self.client.send(req).await.expect("send");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect_bytes().await.expect("body").to_vec();
+        Reply { status, headers, body }
+    }
+
+    pub async fn get(&self, uri: &str) -> Reply {
+        self.raw("GET", uri, &[], vec![]).await
+    }
+
+    pub async fn post_json(&self, uri: &str, v: &Value) -> Reply {
+        self.raw("POST", uri, &[("content-type", "application/json")], serde_json::to_vec(v).expect("json"))
+            .await
+    }
+
+    pub async fn put_json(&self, uri: &str, v: &Value) -> Reply {
+        self.raw("PUT", uri, &[("content-type", "application/json")], serde_json::to_vec(v).expect("json"))
+            .await
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        kubectl_with(&self.running.kubeconfig, args, None)
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        kubectl_with(&self.running.kubeconfig, args, Some(stdin))
+    }
+
+    /// Runs kubectl and returns stdout, failing the test with stderr when it fails.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+pub fn kubectl_with(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new("kubectl");
+    cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+    // No cache dir shared between tests: discovery must come from this server.
+    cmd.env("KUBECACHEDIR", kubeconfig.with_file_name("kubecache"));
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("kubectl on PATH");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write stdin");
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().expect("kubectl output")
+}
+
+pub fn widget(name: &str, replicas: i64) -> Value {
+    serde_json::json!({
+        "apiVersion": "demo.kshard.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "color": "blue"},
+    })
+}
+
+pub const WIDGETS: &str = "/apis/demo.kshard.dev/v1/namespaces/default/widgets";
+
+/// Polls `f` until it returns true (for effects of background work like GC).
+pub async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..100 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
