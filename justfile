@@ -1,15 +1,13 @@
-# kshard tasks. `just serve` starts a server; `just test` runs every test.
+# kshard tasks (optional: `pip install rust-just`). The README's two commands need no just.
 
 # Start kshard with the embedded store in ./kshard-data.
 serve *ARGS:
     cargo run --release -- serve {{ARGS}}
 
-# The whole test suite (what CI runs).
+# The whole test suite, with the style checks CI runs first.
 test:
-    cargo fmt --all -- --check
-    cargo clippy --all-targets -- -D warnings
-    cargo nextest run --no-fail-fast
+    bash .ci/run
 
-# Benchmarks through the HTTP API (numbers and a plot in target/bench/).
+# Benchmarks through the HTTP API (numbers, and a plot in target/bench/).
 bench:
     cargo bench --bench api

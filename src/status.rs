@@ -174,7 +174,7 @@ pub struct ApiError {
     pub code: u16,
     pub reason: &'static str,
     pub message: String,
-    pub details: Option<Details>,
+    pub details: Option<Box<Details>>,
     /// `metadata.continue` of the Status (expired continue tokens carry a fresh one).
     pub continue_token: Option<String>,
 }
@@ -199,7 +199,7 @@ impl ApiError {
         }
     }
     fn with_details(mut self, d: Details) -> Self {
-        self.details = Some(d);
+        self.details = Some(Box::new(d));
         self
     }
     fn named(group: &str, kind: &str, name: &str) -> Details {

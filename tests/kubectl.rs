@@ -23,20 +23,38 @@ fn widget_yaml(name: &str, replicas: i64) -> String {
 async fn api_resources_and_discovery() {
     let s = common::start().await;
     let out = s.kubectl_ok(&["api-resources", "--api-group=demo.kshard.dev"]);
-    let line = out.lines().find(|l| l.starts_with("widgets")).expect("widgets listed");
-    assert!(line.contains("wd") && line.contains("demo.kshard.dev/v1") && line.contains("true") && line.contains("Widget"), "{line}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("widgets"))
+        .expect("widgets listed");
+    assert!(
+        line.contains("wd")
+            && line.contains("demo.kshard.dev/v1")
+            && line.contains("true")
+            && line.contains("Widget"),
+        "{line}"
+    );
     let out = s.kubectl_ok(&["api-resources", "--api-group=test.kshard.dev", "-o", "wide"]);
     assert!(out.contains("gadgets") && out.contains("false"), "{out}");
     let versions = s.kubectl_ok(&["api-versions"]);
-    assert!(versions.contains("demo.kshard.dev/v1") && versions.contains("test.kshard.dev/v1beta1"));
+    assert!(
+        versions.contains("demo.kshard.dev/v1") && versions.contains("test.kshard.dev/v1beta1")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn create_get_tables_yaml_json() {
     let s = common::start().await;
     let out = s.kubectl_stdin(&["create", "-f", "-"], W1);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "widget.demo.kshard.dev/w1 created");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "widget.demo.kshard.dev/w1 created"
+    );
 
     // Server-side table with the CRD's printer columns (priority 1 only with -o wide).
     let table = s.kubectl_ok(&["get", "widgets"]);
@@ -49,16 +67,22 @@ async fn create_get_tables_yaml_json() {
     assert!(wide.lines().next().expect("header").contains("READY"));
 
     let yaml = s.kubectl_ok(&["get", "widget", "w1", "-o", "yaml"]);
-    assert!(yaml.contains("kind: Widget") && yaml.contains("replicas: 3") && yaml.contains("uid:"), "{yaml}");
-    let json: serde_json::Value = serde_json::from_str(&s.kubectl_ok(&["get", "wd", "w1", "-o", "json"])).expect("json");
+    assert!(
+        yaml.contains("kind: Widget") && yaml.contains("replicas: 3") && yaml.contains("uid:"),
+        "{yaml}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&s.kubectl_ok(&["get", "wd", "w1", "-o", "json"])).expect("json");
     assert_eq!(json["metadata"]["generation"], 1);
     assert_eq!(json["metadata"]["namespace"], "default");
 
     let dup = s.kubectl_stdin(&["create", "-f", "-"], W1);
     assert!(!dup.status.success());
-    assert!(String::from_utf8_lossy(&dup.stderr).contains("widgets.demo.kshard.dev \"w1\" already exists"));
+    assert!(String::from_utf8_lossy(&dup.stderr)
+        .contains("widgets.demo.kshard.dev \"w1\" already exists"));
     let missing = s.kubectl(&["get", "wd", "nope"]);
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("widgets.demo.kshard.dev \"nope\" not found"));
+    assert!(String::from_utf8_lossy(&missing.stderr)
+        .contains("widgets.demo.kshard.dev \"nope\" not found"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -70,7 +94,11 @@ async fn chunked_get_over_many_objects() {
     }
     let out = s.kubectl(&["get", "wd", "--chunk-size=2", "-v=6"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let names: Vec<&str> = stdout.lines().skip(1).filter_map(|l| l.split_whitespace().next()).collect();
+    let names: Vec<&str> = stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
     assert_eq!(names, (0..9).map(|i| format!("c{i}")).collect::<Vec<_>>());
     // Five pages of two: the pager really followed continue tokens.
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -83,18 +111,38 @@ async fn replace_label_annotate_scale() {
     assert!(s.kubectl_stdin(&["create", "-f", "-"], W1).status.success());
     s.kubectl_ok(&["label", "wd", "w1", "tier=front"]);
     s.kubectl_ok(&["annotate", "wd", "w1", "note=hello"]);
-    let got = s.kubectl_ok(&["get", "wd", "w1", "-o", "jsonpath={.metadata.labels.tier} {.metadata.annotations.note} {.metadata.generation}"]);
+    let got = s.kubectl_ok(&[
+        "get",
+        "wd",
+        "w1",
+        "-o",
+        "jsonpath={.metadata.labels.tier} {.metadata.annotations.note} {.metadata.generation}",
+    ]);
     assert_eq!(got, "front hello 1");
     // Selecting by the new label.
     let sel = s.kubectl_ok(&["get", "wd", "-l", "tier=front", "-o", "name"]);
     assert_eq!(sel.trim(), "widget.demo.kshard.dev/w1");
-    assert_eq!(s.kubectl_ok(&["get", "wd", "-l", "tier!=front", "-o", "name"]).trim(), "");
+    assert_eq!(
+        s.kubectl_ok(&["get", "wd", "-l", "tier!=front", "-o", "name"])
+            .trim(),
+        ""
+    );
 
     let current = s.kubectl_ok(&["get", "wd", "w1", "-o", "yaml"]);
     let replaced = current.replace("replicas: 3", "replicas: 5");
     let out = s.kubectl_stdin(&["replace", "-f", "-"], &replaced);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let got = s.kubectl_ok(&["get", "wd", "w1", "-o", "jsonpath={.spec.replicas} {.metadata.generation}"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = s.kubectl_ok(&[
+        "get",
+        "wd",
+        "w1",
+        "-o",
+        "jsonpath={.spec.replicas} {.metadata.generation}",
+    ]);
     assert_eq!(got, "5 2");
     // The same stale manifest again: optimistic concurrency says no.
     let stale = s.kubectl_stdin(&["replace", "-f", "-"], &replaced);
@@ -102,33 +150,80 @@ async fn replace_label_annotate_scale() {
     assert!(String::from_utf8_lossy(&stale.stderr).contains("the object has been modified"));
 
     s.kubectl_ok(&["scale", "wd", "w1", "--replicas=7"]);
-    assert_eq!(s.kubectl_ok(&["get", "wd", "w1", "-o", "jsonpath={.spec.replicas}"]), "7");
-    let fs = s.kubectl_ok(&["get", "wd", "--field-selector", "spec.color=blue", "-o", "name"]);
+    assert_eq!(
+        s.kubectl_ok(&["get", "wd", "w1", "-o", "jsonpath={.spec.replicas}"]),
+        "7"
+    );
+    let fs = s.kubectl_ok(&[
+        "get",
+        "wd",
+        "--field-selector",
+        "spec.color=blue",
+        "-o",
+        "name",
+    ]);
     assert_eq!(fs.trim(), "widget.demo.kshard.dev/w1");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_with_finalizer_then_wait_for_delete() {
     let s = common::start().await;
-    let with_finalizer = W1.replace("  labels: {app: demo}\n", "  finalizers: [demo.kshard.dev/hold]\n");
-    assert!(s.kubectl_stdin(&["create", "-f", "-"], &with_finalizer).status.success());
+    let with_finalizer = W1.replace(
+        "  labels: {app: demo}\n",
+        "  finalizers: [demo.kshard.dev/hold]\n",
+    );
+    assert!(s
+        .kubectl_stdin(&["create", "-f", "-"], &with_finalizer)
+        .status
+        .success());
     let out = s.kubectl_ok(&["delete", "wd", "w1", "--wait=false"]);
     assert_eq!(out.trim(), "widget.demo.kshard.dev \"w1\" deleted");
     // Still there, marked for deletion.
-    let ts = s.kubectl_ok(&["get", "wd", "w1", "-o", "jsonpath={.metadata.deletionTimestamp}"]);
+    let ts = s.kubectl_ok(&[
+        "get",
+        "wd",
+        "w1",
+        "-o",
+        "jsonpath={.metadata.deletionTimestamp}",
+    ]);
     assert!(!ts.is_empty());
     // No new finalizers while deleting.
-    let add = s.kubectl(&["patch", "wd", "w1", "--type=merge", "-p", r#"{"metadata":{"finalizers":["demo.kshard.dev/hold","x.dev/more"]}}"#]);
-    assert!(String::from_utf8_lossy(&add.stderr).contains("no new finalizers can be added if the object is being deleted"));
+    let add = s.kubectl(&[
+        "patch",
+        "wd",
+        "w1",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["demo.kshard.dev/hold","x.dev/more"]}}"#,
+    ]);
+    assert!(String::from_utf8_lossy(&add.stderr)
+        .contains("no new finalizers can be added if the object is being deleted"));
 
     let kubeconfig = s.running.kubeconfig.clone();
     let waiter = std::thread::spawn(move || {
-        common::kubectl_with(&kubeconfig, &["wait", "--for=delete", "wd/w1", "--timeout=30s"], None)
+        common::kubectl_with(
+            &kubeconfig,
+            &["wait", "--for=delete", "wd/w1", "--timeout=30s"],
+            None,
+        )
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    s.kubectl_ok(&["patch", "wd", "w1", "--type=json", "-p", r#"[{"op":"remove","path":"/metadata/finalizers"}]"#]);
-    let waited = tokio::task::spawn_blocking(move || waiter.join().expect("join")).await.expect("wait");
-    assert!(waited.status.success(), "{}", String::from_utf8_lossy(&waited.stderr));
+    s.kubectl_ok(&[
+        "patch",
+        "wd",
+        "w1",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ]);
+    let waited = tokio::task::spawn_blocking(move || waiter.join().expect("join"))
+        .await
+        .expect("wait");
+    assert!(
+        waited.status.success(),
+        "{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
     assert!(String::from_utf8_lossy(&waited.stdout).contains("condition met"));
     let gone = s.kubectl(&["get", "wd", "w1"]);
     assert!(String::from_utf8_lossy(&gone.stderr).contains("not found"));
@@ -140,14 +235,34 @@ async fn get_watch_streams_changes() {
     assert!(s.kubectl_stdin(&["create", "-f", "-"], W1).status.success());
     let kubeconfig = s.running.kubeconfig.clone();
     let watcher = std::thread::spawn(move || {
-        common::kubectl_with(&kubeconfig, &["get", "wd", "-w", "--request-timeout=5s", "-o", "custom-columns=NAME:.metadata.name,R:.spec.replicas"], None)
+        common::kubectl_with(
+            &kubeconfig,
+            &[
+                "get",
+                "wd",
+                "-w",
+                "--request-timeout=5s",
+                "-o",
+                "custom-columns=NAME:.metadata.name,R:.spec.replicas",
+            ],
+            None,
+        )
     });
     tokio::time::sleep(Duration::from_millis(1000)).await;
     s.kubectl_ok(&["scale", "wd", "w1", "--replicas=9"]);
-    assert!(s.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("w2", 1)).status.success());
-    let out = tokio::task::spawn_blocking(move || watcher.join().expect("join")).await.expect("watch");
+    assert!(s
+        .kubectl_stdin(&["create", "-f", "-"], &widget_yaml("w2", 1))
+        .status
+        .success());
+    let out = tokio::task::spawn_blocking(move || watcher.join().expect("join"))
+        .await
+        .expect("watch");
     let text = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<Vec<&str>> = text.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     assert!(rows.contains(&vec!["w1", "3"]), "{text}");
     assert!(rows.contains(&vec!["w1", "9"]), "{text}");
     assert!(rows.contains(&vec!["w2", "1"]), "{text}");
@@ -156,14 +271,34 @@ async fn get_watch_streams_changes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn cluster_scoped_and_other_versions() {
     let s = common::start().await;
-    let g = "apiVersion: test.kshard.dev/v1beta1\nkind: Gadget\nmetadata:\n  name: g1\nspec:\n  x: 1\n";
+    let g =
+        "apiVersion: test.kshard.dev/v1beta1\nkind: Gadget\nmetadata:\n  name: g1\nspec:\n  x: 1\n";
     let out = s.kubectl_stdin(&["create", "-f", "-"], g);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v1 = s.kubectl_ok(&["get", "gadgets.v1.test.kshard.dev", "g1", "-o", "jsonpath={.apiVersion}"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v1 = s.kubectl_ok(&[
+        "get",
+        "gadgets.v1.test.kshard.dev",
+        "g1",
+        "-o",
+        "jsonpath={.apiVersion}",
+    ]);
     assert_eq!(v1, "test.kshard.dev/v1");
-    let beta = s.kubectl_ok(&["get", "gadgets.v1beta1.test.kshard.dev", "g1", "-o", "jsonpath={.apiVersion}"]);
+    let beta = s.kubectl_ok(&[
+        "get",
+        "gadgets.v1beta1.test.kshard.dev",
+        "g1",
+        "-o",
+        "jsonpath={.apiVersion}",
+    ]);
     assert_eq!(beta, "test.kshard.dev/v1beta1");
     let table = s.kubectl_ok(&["get", "gd"]);
-    assert!(table.starts_with("NAME") && table.contains("AGE") && table.contains("g1"), "{table}");
+    assert!(
+        table.starts_with("NAME") && table.contains("AGE") && table.contains("g1"),
+        "{table}"
+    );
     s.kubectl_ok(&["delete", "gd", "g1"]);
 }

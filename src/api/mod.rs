@@ -83,7 +83,7 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         Route::LegacyRoot => discovery_doc(
             &parts.headers,
             accept.as_deref(),
-            || discovery::legacy_root(),
+            discovery::legacy_root,
             |v| discovery::aggregated(catalog, v, true),
         ),
         Route::Apis => discovery_doc(

@@ -95,7 +95,11 @@ pub async fn serve(
         }
         Err(e) => return Err(too_large(e)),
     }
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map_ok());
+    let frames = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let body = Body::from_stream(futures::StreamExt::map(
+        frames,
+        Ok::<_, std::convert::Infallible>,
+    ));
     Ok(bytes_response(StatusCode::OK, JSON, body))
 }
 
@@ -105,22 +109,6 @@ fn too_large(e: WatchError) -> ApiError {
             ApiError::too_large_resource_version(requested, current)
         }
         other => ApiError::internal(other),
-    }
-}
-
-trait MapOk {
-    fn map_ok(
-        self,
-    ) -> futures::stream::Map<Self, fn(Bytes) -> Result<Bytes, std::convert::Infallible>>
-    where
-        Self: Sized;
-}
-
-impl<S: futures::Stream<Item = Bytes>> MapOk for S {
-    fn map_ok(
-        self,
-    ) -> futures::stream::Map<Self, fn(Bytes) -> Result<Bytes, std::convert::Infallible>> {
-        futures::StreamExt::map(self, Ok)
     }
 }
 

@@ -182,7 +182,7 @@ impl Registry {
         limit: Option<usize>,
     ) -> Result<ListResult, ApiError> {
         let sel2 = sel.clone();
-        let filter: Arc<dyn Fn(&[u8]) -> bool + Send + Sync> = if sel.is_empty() {
+        let filter: crate::storage::ValueFilter = if sel.is_empty() {
             Arc::new(|_| true)
         } else {
             Arc::new(move |json: &[u8]| {

@@ -222,9 +222,10 @@ impl Parser {
         for v in &values {
             if matches!(op, Op::Gt | Op::Lt) {
                 if v.parse::<i64>().is_err() {
-                    return Err(format!(
+                    return Err(
                         "unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer"
-                    ));
+                            .to_string(),
+                    );
                 }
             } else {
                 validate_label_value(v).map_err(|msg| {

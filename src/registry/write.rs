@@ -105,8 +105,8 @@ fn spec_part(obj: &Value, skip_status: bool) -> Map<String, Value> {
         .map(|o| {
             o.iter()
                 .filter(|(k, _)| {
-                    !matches!(k.as_str(), "metadata" | "apiVersion" | "kind")
-                        && !(skip_status && k.as_str() == "status")
+                    let system = matches!(k.as_str(), "metadata" | "apiVersion" | "kind");
+                    !(system || (skip_status && k.as_str() == "status"))
                 })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()

@@ -1,12 +1,11 @@
 //! The embedded engine on redb: one table, fsync on every commit (redb's
 //! default durability), crash-safe.
 
-use std::ops::ControlFlow;
 use std::path::Path;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::engine::{Engine, ReadTxn, WriteFn, WriteTxn};
+use super::engine::{Engine, ReadTxn, Visitor, WriteFn, WriteTxn};
 use super::StorageError;
 
 const KV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
@@ -38,7 +37,7 @@ fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
     table: &T,
     start: &[u8],
     end: &[u8],
-    visit: &mut dyn FnMut(&[u8], &[u8]) -> ControlFlow<()>,
+    visit: &mut Visitor<'_>,
 ) -> Result<(), StorageError> {
     for entry in table.range::<&[u8]>(start..end).map_err(engine_err)? {
         let (k, v) = entry.map_err(engine_err)?;
@@ -57,12 +56,7 @@ impl ReadTxn for Reader {
             .map_err(engine_err)?
             .map(|v| v.value().to_vec()))
     }
-    fn scan(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> ControlFlow<()>,
-    ) -> Result<(), StorageError> {
+    fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
         scan_table(&self.table, start, end, visit)
     }
 }
@@ -79,12 +73,7 @@ impl ReadTxn for Writer<'_> {
             .map_err(engine_err)?
             .map(|v| v.value().to_vec()))
     }
-    fn scan(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> ControlFlow<()>,
-    ) -> Result<(), StorageError> {
+    fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
         scan_table(&self.table, start, end, visit)
     }
 }

@@ -7,16 +7,14 @@ use std::ops::ControlFlow;
 
 use super::StorageError;
 
+/// Called per entry of a scan; `Break` stops it.
+pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> ControlFlow<()> + 'a;
+
 /// A consistent read view of the engine.
 pub trait ReadTxn {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
     /// Visits `[start, end)` in key order until `visit` breaks.
-    fn scan(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> ControlFlow<()>,
-    ) -> Result<(), StorageError>;
+    fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError>;
 }
 
 /// A read-write transaction; its reads see its own writes.

@@ -20,6 +20,9 @@ use writer::{Op, Writer};
 
 pub type Revision = u64;
 
+/// Decides from an object's stored JSON whether a list includes it.
+pub type ValueFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     #[error("storage engine: {0}")]
@@ -212,7 +215,7 @@ impl Store {
         revision: Revision,
         after: Option<String>,
         limit: Option<usize>,
-        filter: Arc<dyn Fn(&[u8]) -> bool + Send + Sync>,
+        filter: ValueFilter,
     ) -> Result<ListPage, StorageError> {
         self.check_not_compacted(revision)?;
         let engine = self.engine.clone();

@@ -14,7 +14,7 @@ fn obj(name: &str, n: i64) -> Value {
     json!({"apiVersion": "demo/v1", "kind": "W", "metadata": {"name": name}, "spec": {"n": n}})
 }
 
-fn all() -> Arc<dyn Fn(&[u8]) -> bool + Send + Sync> {
+fn all() -> ValueFilter {
     Arc::new(|_| true)
 }
 

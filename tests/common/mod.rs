@@ -59,9 +59,8 @@ pub struct Reply {
 
 impl Reply {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -70,7 +69,13 @@ impl Reply {
 
 impl TestServer {
     /// Any request through the real TLS client; the status code is kept.
-    pub async fn raw(&self, method: &str, uri: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Reply {
+    pub async fn raw(
+        &self,
+        method: &str,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Reply {
         let mut b = http::Request::builder().method(method).uri(uri);
         for (k, v) in headers {
             b = b.header(*k, *v);
@@ -79,8 +84,17 @@ impl TestServer {
         let resp = self.client.send(req).await.expect("send");
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let body = resp.into_body().collect_bytes().await.expect("body").to_vec();
-        Reply { status, headers, body }
+        let body = resp
+            .into_body()
+            .collect_bytes()
+            .await
+            .expect("body")
+            .to_vec();
+        Reply {
+            status,
+            headers,
+            body,
+        }
     }
 
     pub async fn get(&self, uri: &str) -> Reply {
@@ -88,13 +102,23 @@ impl TestServer {
     }
 
     pub async fn post_json(&self, uri: &str, v: &Value) -> Reply {
-        self.raw("POST", uri, &[("content-type", "application/json")], serde_json::to_vec(v).expect("json"))
-            .await
+        self.raw(
+            "POST",
+            uri,
+            &[("content-type", "application/json")],
+            serde_json::to_vec(v).expect("json"),
+        )
+        .await
     }
 
     pub async fn put_json(&self, uri: &str, v: &Value) -> Reply {
-        self.raw("PUT", uri, &[("content-type", "application/json")], serde_json::to_vec(v).expect("json"))
-            .await
+        self.raw(
+            "PUT",
+            uri,
+            &[("content-type", "application/json")],
+            serde_json::to_vec(v).expect("json"),
+        )
+        .await
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Output {
