@@ -68,6 +68,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -85,6 +86,7 @@ fn main() -> anyhow::Result<()> {
                     insecure_listen: a.insecure_listen,
                     compaction_interval: a.compaction_interval,
                     bookmark_interval: a.bookmark_interval,
+                    ..Default::default()
                 };
                 let running = kshard::server::start(cfg)
                     .await

@@ -25,7 +25,10 @@ fn obj(v: serde_json::Value) -> DynamicObject {
 async fn crud_generation_status_and_conflicts() {
     let s = common::start().await;
     let api = widgets(&s.client, "ns1");
-    let created = api.create(&PostParams::default(), &obj(common::widget("a", 1))).await.expect("create");
+    let created = api
+        .create(&PostParams::default(), &obj(common::widget("a", 1)))
+        .await
+        .expect("create");
     let uid = created.metadata.uid.clone().expect("uid");
     assert_eq!(created.metadata.generation, Some(1));
     assert!(created.metadata.creation_timestamp.is_some());
@@ -34,49 +37,78 @@ async fn crud_generation_status_and_conflicts() {
     // generateName
     let mut g = common::widget("", 1);
     g["metadata"] = json!({"generateName": "gen-"});
-    let generated = api.create(&PostParams::default(), &obj(g)).await.expect("generateName");
+    let generated = api
+        .create(&PostParams::default(), &obj(g))
+        .await
+        .expect("generateName");
     let name = generated.metadata.name.clone().expect("name");
     assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
 
     // Spec change bumps generation; label change does not.
     let p = api
-        .patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 2}})))
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
         .await
         .expect("patch spec");
     assert_eq!(p.metadata.generation, Some(2));
     let p = api
-        .patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})))
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
         .await
         .expect("patch labels");
     assert_eq!(p.metadata.generation, Some(2));
 
     // Status goes through /status only, and does not bump generation.
     let ignored = api
-        .patch("a", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 5}})))
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 5}})),
+        )
         .await
         .expect("main patch");
     assert!(ignored.data.get("status").is_none());
     let st = api
-        .patch_status("a", &PatchParams::default(), &Patch::Merge(json!({"status": {"replicas": 5}, "spec": {"replicas": 100}})))
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 5}, "spec": {"replicas": 100}})),
+        )
         .await
         .expect("status patch");
     assert_eq!(st.data["status"]["replicas"], 5);
-    assert_eq!(st.data["spec"]["replicas"], 2, "status writes cannot change spec");
+    assert_eq!(
+        st.data["spec"]["replicas"], 2,
+        "status writes cannot change spec"
+    );
     assert_eq!(st.metadata.generation, Some(2));
 
     // Scale subresource reads and writes spec.replicas.
     let scale = api.get_scale("a").await.expect("scale");
     assert_eq!(scale.spec.and_then(|s| s.replicas), Some(2));
     assert_eq!(scale.status.map(|s| s.replicas), Some(5));
-    api.patch_scale("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}})))
-        .await
-        .expect("scale patch");
+    api.patch_scale(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 4}})),
+    )
+    .await
+    .expect("scale patch");
     assert_eq!(api.get("a").await.expect("get").data["spec"]["replicas"], 4);
 
     // Stale resourceVersion on replace: 409 Conflict.
     let mut stale = created.clone();
     stale.metadata.resource_version = Some(rv1);
-    let err = api.replace("a", &PostParams::default(), &stale).await.expect_err("stale");
+    let err = api
+        .replace("a", &PostParams::default(), &stale)
+        .await
+        .expect_err("stale");
     match err {
         kube::Error::Api(s) => {
             assert_eq!(s.code, 409);
@@ -87,13 +119,21 @@ async fn crud_generation_status_and_conflicts() {
     // Replace with the current version works; uid and creationTimestamp are kept.
     let mut cur = api.get("a").await.expect("get");
     cur.data["spec"]["color"] = json!("red");
-    let replaced = api.replace("a", &PostParams::default(), &cur).await.expect("replace");
+    let replaced = api
+        .replace("a", &PostParams::default(), &cur)
+        .await
+        .expect("replace");
     assert_eq!(replaced.metadata.uid.as_deref(), Some(uid.as_str()));
     assert_eq!(replaced.metadata.generation, Some(4));
 
     // dryRun writes nothing.
-    let dry = PostParams { dry_run: true, ..Default::default() };
-    api.create(&dry, &obj(common::widget("dry", 1))).await.expect("dry create");
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    api.create(&dry, &obj(common::widget("dry", 1)))
+        .await
+        .expect("dry create");
     assert!(api.get_opt("dry").await.expect("get").is_none());
 }
 
@@ -104,17 +144,34 @@ async fn list_selectors_and_all_namespaces() {
         let mut w = common::widget(name, 1);
         w["spec"]["color"] = json!(color);
         w["metadata"]["labels"] = json!({"color": color, "ns": ns});
-        widgets(&s.client, ns).create(&PostParams::default(), &obj(w)).await.expect("create");
+        widgets(&s.client, ns)
+            .create(&PostParams::default(), &obj(w))
+            .await
+            .expect("create");
     }
     let all: Api<DynamicObject> = Api::all_with(
         s.client.clone(),
         &ApiResource::from_gvk(&GroupVersionKind::gvk("demo.kshard.dev", "v1", "Widget")),
     );
     let names = |l: kube::core::ObjectList<DynamicObject>| -> Vec<String> {
-        l.items.into_iter().filter_map(|o| o.metadata.name).collect()
+        l.items
+            .into_iter()
+            .filter_map(|o| o.metadata.name)
+            .collect()
     };
-    assert_eq!(names(all.list(&ListParams::default()).await.expect("all")), ["w1", "w2", "w3"]);
-    assert_eq!(names(widgets(&s.client, "a").list(&ListParams::default()).await.expect("ns")), ["w1", "w2"]);
+    assert_eq!(
+        names(all.list(&ListParams::default()).await.expect("all")),
+        ["w1", "w2", "w3"]
+    );
+    assert_eq!(
+        names(
+            widgets(&s.client, "a")
+                .list(&ListParams::default())
+                .await
+                .expect("ns")
+        ),
+        ["w1", "w2"]
+    );
     let red = ListParams::default().labels("color=red");
     assert_eq!(names(all.list(&red).await.expect("labels")), ["w1", "w3"]);
     let set = ListParams::default().labels("color in (blue),ns notin (b)");
@@ -131,18 +188,41 @@ async fn watch_events_in_order_with_selectors() {
     let api = widgets(&s.client, "default");
     let mut w = common::widget("a", 1);
     w["metadata"]["labels"] = json!({"team": "x"});
-    let a = api.create(&PostParams::default(), &obj(w)).await.expect("create");
+    let a = api
+        .create(&PostParams::default(), &obj(w))
+        .await
+        .expect("create");
     let rv = a.metadata.resource_version.clone().expect("rv");
 
     // From an exact revision: no initial state, then every change in order.
     let wp = WatchParams::default().labels("team=x").timeout(10);
     let mut stream = api.watch(&wp, &rv).await.expect("watch").boxed();
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 2}}))).await.expect("p1");
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 2}})),
+    )
+    .await
+    .expect("p1");
     // Leaves the selector: the watcher sees DELETED.
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"team": "y"}}}))).await.expect("p2");
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "y"}}})),
+    )
+    .await
+    .expect("p2");
     // Comes back: ADDED.
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"team": "x"}}}))).await.expect("p3");
-    api.delete("a", &DeleteParams::default()).await.expect("delete");
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "x"}}})),
+    )
+    .await
+    .expect("p3");
+    api.delete("a", &DeleteParams::default())
+        .await
+        .expect("delete");
     let mut seen = Vec::new();
     let mut last_rv = 0u64;
     while seen.len() < 4 {
@@ -157,7 +237,13 @@ async fn watch_events_in_order_with_selectors() {
             WatchEvent::Deleted(o) => ("DELETED", o),
             other => panic!("{other:?}"),
         };
-        let r: u64 = o.metadata.resource_version.clone().expect("rv").parse().expect("num");
+        let r: u64 = o
+            .metadata
+            .resource_version
+            .clone()
+            .expect("rv")
+            .parse()
+            .expect("num");
         assert!(r > last_rv, "revisions increase");
         last_rv = r;
         seen.push(kind);
@@ -170,14 +256,23 @@ async fn watcher_streaming_lists_and_bookmarks() {
     let s = common::start_with(|c| c.bookmark_interval = Duration::from_millis(300)).await;
     let api = widgets(&s.client, "default");
     for i in 0..3 {
-        api.create(&PostParams::default(), &obj(common::widget(&format!("s{i}"), i))).await.expect("create");
+        api.create(
+            &PostParams::default(),
+            &obj(common::widget(&format!("s{i}"), i)),
+        )
+        .await
+        .expect("create");
     }
     // kube-rs watcher with streaming lists (sendInitialEvents + initial-events-end bookmark).
     let cfg = watcher::Config::default().streaming_lists();
     let mut events = watcher(api.clone(), cfg).boxed();
     let mut init = Vec::new();
     loop {
-        let ev = tokio::time::timeout(Duration::from_secs(5), events.try_next()).await.expect("in time").expect("ok").expect("open");
+        let ev = tokio::time::timeout(Duration::from_secs(5), events.try_next())
+            .await
+            .expect("in time")
+            .expect("ok")
+            .expect("open");
         match ev {
             watcher::Event::Init => {}
             watcher::Event::InitApply(o) => init.push(o.metadata.name.expect("name")),
@@ -186,9 +281,18 @@ async fn watcher_streaming_lists_and_bookmarks() {
         }
     }
     assert_eq!(init, ["s0", "s1", "s2"]);
-    api.create(&PostParams::default(), &obj(common::widget("s3", 3))).await.expect("create");
-    let ev = tokio::time::timeout(Duration::from_secs(5), events.try_next()).await.expect("in time").expect("ok").expect("open");
-    assert!(matches!(ev, watcher::Event::Apply(ref o) if o.metadata.name.as_deref() == Some("s3")), "{ev:?}");
+    api.create(&PostParams::default(), &obj(common::widget("s3", 3)))
+        .await
+        .expect("create");
+    let ev = tokio::time::timeout(Duration::from_secs(5), events.try_next())
+        .await
+        .expect("in time")
+        .expect("ok")
+        .expect("open");
+    assert!(
+        matches!(ev, watcher::Event::Apply(ref o) if o.metadata.name.as_deref() == Some("s3")),
+        "{ev:?}"
+    );
 
     // Raw watch with bookmarks: the initial-events-end bookmark, then periodic ones.
     let wp = WatchParams::streaming_lists().timeout(5);
@@ -197,11 +301,18 @@ async fn watcher_streaming_lists_and_bookmarks() {
     let mut end_bookmark = false;
     let mut periodic = 0;
     while periodic < 2 {
-        let ev = tokio::time::timeout(Duration::from_secs(5), raw.try_next()).await.expect("in time").expect("ok").expect("open");
+        let ev = tokio::time::timeout(Duration::from_secs(5), raw.try_next())
+            .await
+            .expect("in time")
+            .expect("ok")
+            .expect("open");
         match ev {
             WatchEvent::Added(_) => added += 1,
             WatchEvent::Bookmark(b) => {
-                if b.metadata.annotations.contains_key("k8s.io/initial-events-end") {
+                if b.metadata
+                    .annotations
+                    .contains_key("k8s.io/initial-events-end")
+                {
                     assert_eq!(added, 4);
                     end_bookmark = true;
                 } else {
@@ -226,21 +337,48 @@ async fn owner_references_cascade() {
         }]);
         obj(c)
     };
-    let exists = |api: Api<DynamicObject>, name: &'static str| async move { api.get_opt(name).await.expect("get").is_some() };
+    let exists = |api: Api<DynamicObject>, name: &'static str| async move {
+        api.get_opt(name).await.expect("get").is_some()
+    };
 
     // Background: the owner goes at once, the child after it.
-    let p = api.create(&PostParams::default(), &obj(common::widget("bg", 1))).await.expect("owner");
-    api.create(&PostParams::default(), &child_of(&p, "bg-child")).await.expect("child");
-    api.delete("bg", &DeleteParams::background()).await.expect("delete");
-    common::eventually("background child collected", || { let a = api.clone(); async move { !exists(a, "bg-child").await } }).await;
+    let p = api
+        .create(&PostParams::default(), &obj(common::widget("bg", 1)))
+        .await
+        .expect("owner");
+    api.create(&PostParams::default(), &child_of(&p, "bg-child"))
+        .await
+        .expect("child");
+    api.delete("bg", &DeleteParams::background())
+        .await
+        .expect("delete");
+    common::eventually("background child collected", || {
+        let a = api.clone();
+        async move { !exists(a, "bg-child").await }
+    })
+    .await;
 
     // Foreground: the owner waits (foregroundDeletion) until its children are gone.
-    let p = api.create(&PostParams::default(), &obj(common::widget("fg", 1))).await.expect("owner");
-    api.create(&PostParams::default(), &child_of(&p, "fg-child")).await.expect("child");
-    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Foreground), ..Default::default() };
+    let p = api
+        .create(&PostParams::default(), &obj(common::widget("fg", 1)))
+        .await
+        .expect("owner");
+    api.create(&PostParams::default(), &child_of(&p, "fg-child"))
+        .await
+        .expect("child");
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        ..Default::default()
+    };
     let pending = api.delete("fg", &dp).await.expect("delete");
-    let marked = pending.left().expect("owner still there while dependents exist");
-    assert!(marked.metadata.finalizers.unwrap_or_default().contains(&"foregroundDeletion".to_string()));
+    let marked = pending
+        .left()
+        .expect("owner still there while dependents exist");
+    assert!(marked
+        .metadata
+        .finalizers
+        .unwrap_or_default()
+        .contains(&"foregroundDeletion".to_string()));
     common::eventually("foreground owner and child gone", || {
         let a = api.clone();
         async move { !exists(a.clone(), "fg-child").await && !exists(a, "fg").await }
@@ -248,13 +386,29 @@ async fn owner_references_cascade() {
     .await;
 
     // Orphan: the child stays, without the owner reference.
-    let p = api.create(&PostParams::default(), &obj(common::widget("or", 1))).await.expect("owner");
-    api.create(&PostParams::default(), &child_of(&p, "or-child")).await.expect("child");
-    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Orphan), ..Default::default() };
+    let p = api
+        .create(&PostParams::default(), &obj(common::widget("or", 1)))
+        .await
+        .expect("owner");
+    api.create(&PostParams::default(), &child_of(&p, "or-child"))
+        .await
+        .expect("child");
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Orphan),
+        ..Default::default()
+    };
     api.delete("or", &dp).await.expect("delete");
-    common::eventually("orphan owner gone", || { let a = api.clone(); async move { !exists(a, "or").await } }).await;
+    common::eventually("orphan owner gone", || {
+        let a = api.clone();
+        async move { !exists(a, "or").await }
+    })
+    .await;
     let child = api.get("or-child").await.expect("child kept");
-    assert!(child.metadata.owner_references.unwrap_or_default().is_empty());
+    assert!(child
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -264,25 +418,52 @@ async fn delete_preconditions_and_deletecollection() {
     for (n, l) in [("d1", "a"), ("d2", "a"), ("d3", "b")] {
         let mut w = common::widget(n, 1);
         w["metadata"]["labels"] = json!({"grp": l});
-        api.create(&PostParams::default(), &obj(w)).await.expect("create");
+        api.create(&PostParams::default(), &obj(w))
+            .await
+            .expect("create");
     }
     let bad = DeleteParams {
-        preconditions: Some(kube::api::Preconditions { uid: Some("nope".into()), resource_version: None }),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some("nope".into()),
+            resource_version: None,
+        }),
         ..Default::default()
     };
     match api.delete("d1", &bad).await.expect_err("precondition") {
         kube::Error::Api(st) => {
             assert_eq!(st.code, 409);
-            assert!(st.message.contains("the UID in the precondition (nope) does not match the UID in record"), "{}", st.message);
+            assert!(
+                st.message.contains(
+                    "the UID in the precondition (nope) does not match the UID in record"
+                ),
+                "{}",
+                st.message
+            );
         }
         other => panic!("{other:?}"),
     }
     let deleted = api
-        .delete_collection(&DeleteParams::default(), &ListParams::default().labels("grp=a"))
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("grp=a"),
+        )
         .await
         .expect("deletecollection");
-    let names: Vec<String> = deleted.left().expect("list").items.into_iter().filter_map(|o| o.metadata.name).collect();
+    let names: Vec<String> = deleted
+        .left()
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+        .collect();
     assert_eq!(names, ["d1", "d2"]);
-    let left: Vec<String> = api.list(&ListParams::default()).await.expect("list").items.into_iter().filter_map(|o| o.metadata.name).collect();
+    let left: Vec<String> = api
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+        .collect();
     assert_eq!(left, ["d3"]);
 }

@@ -48,6 +48,8 @@ pub struct ServeConfig {
     pub insecure_listen: Option<SocketAddr>,
     pub compaction_interval: Duration,
     pub bookmark_interval: Duration,
+    /// Events kept per resource by the watch cache before old ones may be dropped.
+    pub watch_history: usize,
 }
 
 impl Default for ServeConfig {
@@ -59,6 +61,7 @@ impl Default for ServeConfig {
             insecure_listen: None,
             compaction_interval: Duration::from_secs(300),
             bookmark_interval: Duration::from_secs(60),
+            watch_history: DEFAULT_RING_CAPACITY,
         }
     }
 }
@@ -96,7 +99,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
 
     let engine = Arc::new(Embedded::open(&cfg.data_dir.join("store.redb"))?);
     let store = Store::open(engine)?;
-    let cache = Cache::start(store.clone(), DEFAULT_RING_CAPACITY).await?;
+    let cache = Cache::start(store.clone(), cfg.watch_history).await?;
     let registry = Registry::new(catalog, store.clone(), cache);
     let mut tasks = vec![
         gc::spawn(registry.clone()),

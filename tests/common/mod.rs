@@ -45,9 +45,11 @@ pub async fn start_with(tune: impl FnOnce(&mut kshard::server::ServeConfig)) -> 
 
 pub async fn client_for(kubeconfig: &Path) -> kube::Client {
     let kc = Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .expect("config");
+    // Tests look at every response as sent (504s, 429s), not at kube-rs's retries.
+    config.default_retry = false;
     kube::Client::try_from(config).expect("client")
 }
 
