@@ -1,0 +1,397 @@
+//! The wire format: Status errors, discovery (legacy and aggregated with
+//! ETags), health, version and OpenAPI documents.
+
+mod common;
+
+use common::WIDGETS;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_errors_match_kube() {
+    let s = common::start().await;
+    let r = s.get(&format!("{WIDGETS}/missing")).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(
+        r.json(),
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "widgets.demo.kshard.dev \"missing\" not found", "reason": "NotFound",
+            "details": {"name": "missing", "group": "demo.kshard.dev", "kind": "widgets"}, "code": 404})
+    );
+    assert!(r.headers.contains_key("audit-id"));
+    assert_eq!(
+        s.get("/apis/demo.kshard.dev/v1/namespaces/default/nothings")
+            .await
+            .status,
+        404
+    );
+
+    assert_eq!(
+        s.post_json(WIDGETS, &common::widget("a", 1)).await.status,
+        201
+    );
+    let r = s.post_json(WIDGETS, &common::widget("a", 1)).await;
+    assert_eq!(
+        (r.status, r.json()["reason"].as_str()),
+        (409, Some("AlreadyExists"))
+    );
+
+    // Invalid metadata: 422 with one cause per problem and kube's field paths.
+    let mut bad = common::widget("Bad_Name", 1);
+    bad["metadata"]["labels"] = json!({"ok": "-nope"});
+    let r = s.post_json(WIDGETS, &bad).await;
+    assert_eq!(r.status, 422);
+    let st = r.json();
+    assert_eq!(st["reason"], "Invalid");
+    assert_eq!(st["details"]["kind"], "Widget");
+    let fields: Vec<&str> = st["details"]["causes"]
+        .as_array()
+        .expect("causes")
+        .iter()
+        .filter_map(|c| c["field"].as_str())
+        .collect();
+    assert_eq!(fields, ["metadata.name", "metadata.labels"]);
+    assert!(st["message"].as_str().expect("m").starts_with("Widget.demo.kshard.dev \"Bad_Name\" is invalid: [metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"));
+
+    // Body/URL mismatches: 400.
+    let mut other_ns = common::widget("b", 1);
+    other_ns["metadata"]["namespace"] = json!("elsewhere");
+    let r = s.post_json(WIDGETS, &other_ns).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["message"],
+        "the namespace of the provided object does not match the namespace sent on the request"
+    );
+    let mut wrong_version = common::widget("b", 1);
+    wrong_version["apiVersion"] = json!("demo.kshard.dev/v2");
+    let r = s.post_json(WIDGETS, &wrong_version).await;
+    assert_eq!(r.json()["message"], "the API version in the data (demo.kshard.dev/v2) does not match the expected API version (demo.kshard.dev/v1)");
+    let r = s
+        .raw(
+            "POST",
+            WIDGETS,
+            &[("content-type", "application/json")],
+            b"{not json".to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+
+    // PUT without resourceVersion: 422 as for CRDs.
+    let r = s
+        .put_json(&format!("{WIDGETS}/a"), &common::widget("a", 2))
+        .await;
+    assert_eq!(r.status, 422);
+    assert_eq!(r.json()["message"], "widgets.demo.kshard.dev \"a\" is invalid: metadata.resourceVersion: Invalid value: 0: must be specified for an update");
+    // PUT to a missing object: 404.
+    let mut m = common::widget("ghost", 1);
+    m["metadata"]["resourceVersion"] = json!("1");
+    assert_eq!(
+        s.put_json(&format!("{WIDGETS}/ghost"), &m).await.status,
+        404
+    );
+    // Name mismatch: 400.
+    let mut a = s.get(&format!("{WIDGETS}/a")).await.json();
+    a["metadata"]["name"] = json!("zzz");
+    let r = s.put_json(&format!("{WIDGETS}/a"), &a).await;
+    assert_eq!(
+        r.json()["message"],
+        "the name of the object (zzz) does not match the name on the URL (a)"
+    );
+
+    // Selectors.
+    let r = s.get(&format!("{WIDGETS}?labelSelector=a%20in%20b")).await;
+    assert_eq!(
+        (r.status, r.json()["message"].as_str()),
+        (400, Some("found 'b' expected: '('"))
+    );
+    let r = s
+        .get(&format!("{WIDGETS}?fieldSelector=spec.size%3Dx"))
+        .await;
+    assert_eq!(
+        (r.status, r.json()["message"].as_str()),
+        (400, Some("field label not supported: spec.size"))
+    );
+
+    // Media types.
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/a"),
+            &[("content-type", "application/strategic-merge-patch+json")],
+            b"{}".to_vec(),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json()["reason"].as_str()),
+        (415, Some("UnsupportedMediaType"))
+    );
+    let r = s
+        .raw(
+            "GET",
+            WIDGETS,
+            &[("accept", "application/vnd.kubernetes.protobuf")],
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json()["reason"].as_str()),
+        (406, Some("NotAcceptable"))
+    );
+    let r = s
+        .raw(
+            "GET",
+            WIDGETS,
+            &[(
+                "accept",
+                "application/vnd.kubernetes.protobuf, application/json",
+            )],
+            vec![],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let r = s
+        .raw(
+            "POST",
+            WIDGETS,
+            &[("content-type", "text/plain")],
+            b"x".to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 415);
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/a"),
+            &[("content-type", "application/json-patch+json")],
+            br#"[{"op":"test","path":"/spec/replicas","value":99}]"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 422);
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/missing"),
+            &[("content-type", "application/merge-patch+json")],
+            b"{}".to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 404);
+    // dryRun values
+    let r = s
+        .raw(
+            "POST",
+            &format!("{WIDGETS}?dryRun=Some"),
+            &[("content-type", "application/json")],
+            serde_json::to_vec(&common::widget("c", 1)).expect("j"),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn yaml_tables_and_metadata_views() {
+    let s = common::start().await;
+    let body = b"apiVersion: demo.kshard.dev/v1\nkind: Widget\nmetadata:\n  name: yam\nspec:\n  replicas: 2\n".to_vec();
+    let r = s
+        .raw(
+            "POST",
+            WIDGETS,
+            &[("content-type", "application/yaml")],
+            body,
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = s
+        .raw(
+            "GET",
+            &format!("{WIDGETS}/yam"),
+            &[("accept", "application/yaml")],
+            vec![],
+        )
+        .await;
+    assert!(r.text().contains("replicas: 2"), "{}", r.text());
+    let table = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    let r = s.raw("GET", WIDGETS, &[("accept", table)], vec![]).await;
+    let t = r.json();
+    assert_eq!(t["kind"], "Table");
+    let cols: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .expect("cols")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(cols, ["Name", "Replicas", "Color", "Ready", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][0], "yam");
+    assert_eq!(t["rows"][0]["cells"][1], 2);
+    assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+    let r = s
+        .raw(
+            "GET",
+            &format!("{WIDGETS}?includeObject=None"),
+            &[("accept", table)],
+            vec![],
+        )
+        .await;
+    assert!(r.json()["rows"][0].get("object").is_none());
+    let r = s
+        .raw(
+            "GET",
+            &format!("{WIDGETS}?includeObject=Object"),
+            &[("accept", table)],
+            vec![],
+        )
+        .await;
+    assert_eq!(r.json()["rows"][0]["object"]["spec"]["replicas"], 2);
+    let r = s
+        .raw(
+            "GET",
+            &format!("{WIDGETS}?includeObject=Bogus"),
+            &[("accept", table)],
+            vec![],
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    let r = s
+        .raw(
+            "GET",
+            WIDGETS,
+            &[(
+                "accept",
+                "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io",
+            )],
+            vec![],
+        )
+        .await;
+    let v = r.json();
+    assert_eq!(v["kind"], "PartialObjectMetadataList");
+    assert!(v["items"][0].get("spec").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn discovery_health_version_openapi() {
+    let s = common::start().await;
+    let apis = s.get("/apis").await.json();
+    assert_eq!(apis["kind"], "APIGroupList");
+    let groups: Vec<&str> = apis["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .filter_map(|g| g["name"].as_str())
+        .collect();
+    assert_eq!(groups, ["demo.kshard.dev", "test.kshard.dev"]);
+    assert_eq!(apis["groups"][1]["preferredVersion"]["version"], "v1");
+    let g = s.get("/apis/test.kshard.dev").await.json();
+    assert_eq!(g["kind"], "APIGroup");
+    let versions: Vec<&str> = g["versions"]
+        .as_array()
+        .expect("v")
+        .iter()
+        .filter_map(|v| v["version"].as_str())
+        .collect();
+    assert_eq!(versions, ["v1", "v1beta1"]);
+    let rl = s.get("/apis/demo.kshard.dev/v1").await.json();
+    assert_eq!(rl["kind"], "APIResourceList");
+    let res: Vec<&Value> = rl["resources"].as_array().expect("r").iter().collect();
+    let names: Vec<&str> = res.iter().filter_map(|r| r["name"].as_str()).collect();
+    assert_eq!(names, ["widgets", "widgets/status", "widgets/scale"]);
+    assert_eq!(
+        res[0]["verbs"],
+        json!([
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "create",
+            "update",
+            "watch"
+        ])
+    );
+    assert_eq!(res[0]["singularName"], "widget");
+    assert_eq!(res[0]["shortNames"], json!(["wd"]));
+    assert_eq!(res[0]["categories"], json!(["all", "kshard"]));
+    assert_eq!(
+        res[0]["storageVersionHash"].as_str().map(str::len),
+        Some(12)
+    );
+    assert_eq!(res[2]["group"], "autoscaling");
+    assert_eq!(s.get("/apis/nope.dev/v1").await.status, 404);
+
+    let accept =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+    let r = s.raw("GET", "/apis", &[("accept", accept)], vec![]).await;
+    assert_eq!(
+        r.headers.get("content-type").and_then(|v| v.to_str().ok()),
+        Some("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")
+    );
+    let d = r.json();
+    assert_eq!(d["kind"], "APIGroupDiscoveryList");
+    let widgets = &d["items"][0]["versions"][0]["resources"][0];
+    assert_eq!(widgets["resource"], "widgets");
+    assert_eq!(widgets["scope"], "Namespaced");
+    assert_eq!(widgets["subresources"][1]["responseKind"]["kind"], "Scale");
+    let etag = r
+        .headers
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .expect("etag")
+        .to_string();
+    let r = s
+        .raw(
+            "GET",
+            "/apis",
+            &[("accept", accept), ("if-none-match", &etag)],
+            vec![],
+        )
+        .await;
+    assert_eq!(r.status, 304);
+    let r = s
+        .raw(
+            "GET",
+            "/apis",
+            &[(
+                "accept",
+                "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+            )],
+            vec![],
+        )
+        .await;
+    assert_eq!(r.json()["apiVersion"], "apidiscovery.k8s.io/v2beta1");
+    let r = s.raw("GET", "/api", &[("accept", accept)], vec![]).await;
+    assert_eq!(r.json()["items"], json!([]));
+    assert_eq!(s.get("/api").await.json()["kind"], "APIVersions");
+
+    for p in ["/livez", "/readyz", "/healthz"] {
+        let r = s.get(p).await;
+        assert_eq!((r.status, r.text()), (200, "ok".to_string()), "{p}");
+    }
+    let v = s.get("/version").await.json();
+    assert_eq!(v["major"], "1");
+
+    let v3root = s.get("/openapi/v3").await.json();
+    let url = v3root["paths"]["apis/demo.kshard.dev/v1"]["serverRelativeURL"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    let doc = s.get(&url).await.json();
+    assert!(doc["components"]["schemas"]["dev.kshard.demo.v1.Widget"].is_object());
+    let v2 = s.get("/openapi/v2").await;
+    assert_eq!(v2.status, 200);
+    let etag = v2
+        .headers
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .expect("etag")
+        .to_string();
+    assert_eq!(
+        s.raw("GET", "/openapi/v2", &[("if-none-match", &etag)], vec![])
+            .await
+            .status,
+        304
+    );
+    // kubectl explain works from the served OpenAPI.
+    let out = s.kubectl_ok(&["explain", "widgets.spec"]);
+    assert!(
+        out.contains("replicas") && out.contains("Number of desired replicas"),
+        "{out}"
+    );
+}
