@@ -134,18 +134,14 @@ pub fn list(
             let mut prefix = head;
             prefix.pop();
             prefix.extend_from_slice(b",\"items\":[");
-            let mut chunks: Vec<Bytes> = Vec::with_capacity(items.len() * 2 + 2);
-            chunks.push(Bytes::from(prefix));
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    chunks.push(Bytes::from_static(b","));
-                }
-                chunks.push(convert_json(&item.json, &item.value, &api_version));
-            }
-            chunks.push(Bytes::from_static(b"]}"));
-            let stream =
-                futures::stream::iter(chunks.into_iter().map(Ok::<_, std::convert::Infallible>));
-            bytes_response(StatusCode::OK, JSON, Body::from_stream(stream))
+            let body = Body::from_stream(ListChunks {
+                prefix: Some(Bytes::from(prefix)),
+                items: items.into_iter(),
+                api_version,
+                first: true,
+                done: false,
+            });
+            bytes_response(StatusCode::OK, JSON, body)
         }
         Output::Yaml => {
             let values: Vec<Value> = items
@@ -186,5 +182,49 @@ pub fn list(
                 &json!({"kind": "PartialObjectMetadataList", "apiVersion": v, "metadata": meta.to_json(), "items": metas}),
             )
         }
+    }
+}
+
+/// Target size of one body chunk: large enough that TLS records and syscalls
+/// stay few, small enough that a big list never sits in memory twice.
+const CHUNK: usize = 64 * 1024;
+
+/// Streams a JSON list body, packing the items' stored bytes into chunks lazily.
+struct ListChunks {
+    prefix: Option<Bytes>,
+    items: std::vec::IntoIter<Item>,
+    api_version: String,
+    first: bool,
+    done: bool,
+}
+
+impl futures::Stream for ListChunks {
+    type Item = Result<Bytes, std::convert::Infallible>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if self.done {
+            return std::task::Poll::Ready(None);
+        }
+        let mut buf = Vec::with_capacity(CHUNK + 4096);
+        if let Some(p) = self.prefix.take() {
+            buf.extend_from_slice(&p);
+        }
+        while buf.len() < CHUNK {
+            let Some(item) = self.items.next() else {
+                buf.extend_from_slice(b"]}");
+                self.done = true;
+                break;
+            };
+            if !self.first {
+                buf.push(b',');
+            }
+            self.first = false;
+            let json = convert_json(&item.json, &item.value, &self.api_version);
+            buf.extend_from_slice(&json);
+        }
+        std::task::Poll::Ready(Some(Ok(Bytes::from(buf))))
     }
 }
