@@ -419,3 +419,117 @@ pub fn object_revision(value: &Value) -> Revision {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::embedded::Embedded;
+    use crate::storage::Write;
+    use serde_json::json;
+
+    async fn setup(capacity: usize) -> (tempfile::TempDir, Arc<Store>, Arc<Cache>) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let engine = Arc::new(Embedded::open(&dir.path().join("db")).expect("open"));
+        let store = Store::open(engine).expect("store");
+        let cache = Cache::start(store.clone(), capacity).await.expect("cache");
+        (dir, store, cache)
+    }
+
+    async fn create(store: &Store, name: &str) -> Revision {
+        store
+            .write(Write::Create {
+                key: format!("g/r/ns/{name}"),
+                object: json!({"apiVersion": "g/v1", "kind": "K", "metadata": {"name": name}}),
+            })
+            .await
+            .expect("create")
+            .revision
+    }
+
+    #[tokio::test]
+    async fn every_watcher_gets_the_same_encoded_bytes() {
+        let (_d, store, cache) = setup(100).await;
+        let mut a = cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("a");
+        let mut b = cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("b");
+        create(&store, "x").await;
+        let ea = a.rx.recv().await.expect("a event");
+        let eb = b.rx.recv().await.expect("b event");
+        assert!(Arc::ptr_eq(&ea, &eb), "one event object shared");
+        let (fa, fb) = (ea.json_frame(), eb.json_frame());
+        assert_eq!(fa.as_ptr(), fb.as_ptr(), "frame encoded once, bytes shared");
+        assert!(fa.starts_with(b"{\"type\":\"ADDED\",\"object\":{"));
+    }
+
+    #[tokio::test]
+    async fn consistent_reads_wait_for_the_cache_and_too_large_times_out() {
+        let (_d, store, cache) = setup(100).await;
+        let rev = create(&store, "x").await;
+        cache
+            .wait_for(rev, Duration::from_secs(2))
+            .await
+            .expect("catches up");
+        let (at, items) = cache.list("g/r", &Filter::everything());
+        assert!(at >= rev);
+        assert_eq!(items.len(), 1);
+        let e = cache
+            .wait_for(rev + 10, Duration::from_millis(50))
+            .await
+            .expect_err("future");
+        assert!(matches!(e, WatchError::TooLarge { .. }));
+    }
+
+    #[tokio::test]
+    async fn old_revisions_fall_out_of_a_full_ring() {
+        let (_d, store, cache) = setup(1).await;
+        let first = create(&store, "a").await;
+        for i in 0..6 {
+            create(&store, &format!("b{i}")).await;
+        }
+        cache
+            .wait_for(store.revision(), Duration::from_secs(2))
+            .await
+            .expect("caught up");
+        assert!(matches!(
+            cache.watch("g/r", Start::After(first), Filter::everything()),
+            Err(WatchError::TooOld { .. })
+        ));
+        // Recent history is still served, in order.
+        let sub = cache
+            .watch(
+                "g/r",
+                Start::After(store.revision() - 2),
+                Filter::everything(),
+            )
+            .expect("recent");
+        let revs: Vec<_> = sub.initial.iter().map(|e| e.revision).collect();
+        assert_eq!(revs, [store.revision() - 1, store.revision()]);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_stops_reading_is_closed_not_buffered_forever() {
+        let (_d, store, cache) = setup(100_000).await;
+        let mut slow = cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("slow");
+        for i in 0..(WATCHER_BUFFER + 10) {
+            create(&store, &format!("o{i}")).await;
+        }
+        cache
+            .wait_for(store.revision(), Duration::from_secs(5))
+            .await
+            .expect("caught up");
+        assert_eq!(cache.watcher_count("g/r"), 0, "dropped from fan-out");
+        let mut n = 0;
+        while slow.rx.recv().await.is_some() {
+            n += 1;
+        }
+        assert_eq!(
+            n, WATCHER_BUFFER,
+            "the buffered events drain, then the stream ends"
+        );
+    }
+}
