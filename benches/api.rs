@@ -143,7 +143,7 @@ async fn run() {
                 if i >= objects {
                     return lat;
                 }
-                if i > 0 && i % 2000 == 0 {
+                if i > 0 && i.is_multiple_of(2000) {
                     eprintln!("  {i}/{objects}");
                 }
                 let start = Instant::now();

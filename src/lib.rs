@@ -3,6 +3,7 @@
 //! the store's change feed (see DESIGN.md).
 
 pub mod api;
+pub mod auth;
 pub mod flowcontrol;
 pub mod registry;
 pub mod server;

@@ -44,6 +44,12 @@ struct ServeArgs {
     /// How often watchers that allow bookmarks get one.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     bookmark_interval: Duration,
+    /// Non-mutating share of the server concurrency limit (API Priority and Fairness).
+    #[arg(long, default_value_t = 400)]
+    max_requests_inflight: u32,
+    /// Mutating share of the server concurrency limit (API Priority and Fairness).
+    #[arg(long, default_value_t = 200)]
+    max_mutating_requests_inflight: u32,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -86,6 +92,8 @@ fn main() -> anyhow::Result<()> {
                     insecure_listen: a.insecure_listen,
                     compaction_interval: a.compaction_interval,
                     bookmark_interval: a.bookmark_interval,
+                    max_requests_inflight: a.max_requests_inflight,
+                    max_mutating_requests_inflight: a.max_mutating_requests_inflight,
                     ..Default::default()
                 };
                 let running = kshard::server::start(cfg)

@@ -76,6 +76,10 @@ async fn serve(state: &ApiState, req: Request) -> Response {
                     headers: &parts.headers,
                     query: &query,
                     body,
+                    initial_events_sent: parts
+                        .extensions
+                        .get::<watch::InitialEventsSent>()
+                        .cloned(),
                 },
             )
             .await
@@ -113,7 +117,6 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             Some(doc) => etagged(&parts.headers, &doc, "application/json"),
             None => error_response(&ApiError::not_found_path()),
         },
-        Route::Metrics => bytes_response(StatusCode::OK, "text/plain; version=0.0.4", ""),
         Route::NotFound => error_response(&ApiError::not_found_path()),
     }
 }

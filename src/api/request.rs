@@ -21,7 +21,6 @@ pub enum Route {
     OpenApiV2,
     OpenApiV3Root,
     OpenApiV3GroupVersion(String, String),
-    Metrics,
     NotFound,
 }
 
@@ -100,7 +99,6 @@ pub fn route(method: &Method, path: &str, query: &str) -> Route {
         ["openapi", "v3", "apis", g, v] => {
             Route::OpenApiV3GroupVersion((*g).to_string(), (*v).to_string())
         }
-        ["metrics"] => Route::Metrics,
         _ => Route::NotFound,
     }
 }

@@ -35,6 +35,7 @@ pub struct Call<'a> {
     pub headers: &'a HeaderMap,
     pub query: &'a str,
     pub body: Bytes,
+    pub initial_events_sent: Option<super::watch::InitialEventsSent>,
 }
 
 fn content_type(headers: &HeaderMap) -> &str {
@@ -129,7 +130,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
     match verb {
         Verb::Watch => {
             let opts = ListOptions::parse(&q, req.legacy_watch)?;
-            super::watch::serve(state, &t, req.name.as_deref(), opts, accept).await
+            let hook = call.initial_events_sent.clone();
+            super::watch::serve(state, &t, req.name.as_deref(), opts, accept, hook).await
         }
         Verb::List => {
             let out = negotiate(accept, true)?;

@@ -25,12 +25,33 @@ use crate::watch::{frame, Filter, Start, Subscription, WatchError, WatchEvent};
 /// Frames buffered between the event loop and the socket.
 const OUT_BUFFER: usize = 256;
 
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// Called once a watch has sent its initial events (flow control releases the
+/// watch's seats then); dropping it unfired releases them too.
+#[derive(Clone)]
+pub struct InitialEventsSent(Arc<std::sync::Mutex<Option<Hook>>>);
+
+impl InitialEventsSent {
+    pub fn new(f: impl FnOnce() + Send + 'static) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Some(Box::new(f)))))
+    }
+
+    pub fn fire(&self) {
+        let hook = self.0.lock().map(|mut h| h.take()).unwrap_or(None);
+        if let Some(h) = hook {
+            h();
+        }
+    }
+}
+
 pub async fn serve(
     state: &ApiState,
     t: &Target,
     name: Option<&str>,
     opts: ListOptions,
     accept: Option<&str>,
+    initial_events_sent: Option<InitialEventsSent>,
 ) -> Result<Response, ApiError> {
     let out = negotiate(accept, true)?;
     let (start, end_bookmark) = opts.watch_start()?;
@@ -80,6 +101,7 @@ pub async fn serve(
         bookmark_every: state.bookmark_interval,
         headers_sent: false,
         cache: reg.cache.clone(),
+        initial_events_sent,
     };
     match sub {
         Ok(sub) => {
@@ -122,6 +144,7 @@ struct Stream {
     bookmark_every: Duration,
     headers_sent: bool,
     cache: Arc<crate::watch::Cache>,
+    initial_events_sent: Option<InitialEventsSent>,
 }
 
 impl Stream {
@@ -139,6 +162,9 @@ impl Stream {
             if tx.send(f).await.is_err() {
                 return;
             }
+        }
+        if let Some(h) = self.initial_events_sent.take() {
+            h.fire();
         }
         let mut last_sent = sub.revision;
         let mut tick = tokio::time::interval_at(

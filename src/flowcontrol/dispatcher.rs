@@ -688,7 +688,7 @@ impl Apf {
                     exempt: false,
                     gated: true,
                 }
-            } else if level.qs.is_queue_full(q) {
+            } else if level.qs.is_queue_full(q, work.max_seats()) {
                 level.qs.record_rejection();
                 Decision::Reject(RejectReason::QueueFull, level.retry.record_drop(secs))
             } else {

@@ -254,9 +254,13 @@ impl QueueSet {
         self.queues.get(q).map_or(0, |q| q.waiting.len())
     }
 
-    /// Queue-full: all seats are taken and the chosen queue is at its limit.
-    pub fn is_queue_full(&self, q: usize) -> bool {
-        self.seats_in_use >= self.concurrency_limit && self.queue_len(q) >= self.queue_length_limit
+    /// Queue-full: the request cannot start now and the chosen queue is at its limit.
+    /// Upstream only rejects when every seat is taken, so wide requests that leave a
+    /// few seats unusable (e.g. 4-seat LISTs in 22 seats) queue without bound until
+    /// they time out; asking whether *this* request fits closes that gap.
+    pub fn is_queue_full(&self, q: usize, seats: u32) -> bool {
+        self.seats_in_use + seats > self.concurrency_limit
+            && self.queue_len(q) >= self.queue_length_limit
     }
 
     fn activate(&mut self, q: usize) {
@@ -603,6 +607,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn queue_full_asks_whether_this_request_fits() {
+        let now = Instant::now();
+        let mut qs = QueueSet::new(now);
+        qs.configure(Some((4, 1, 1)), 22);
+        let wide = WorkEstimate {
+            initial_seats: 4,
+            ..WorkEstimate::default()
+        };
+        for _ in 0..5 {
+            assert!(qs.try_start_now(Some(0), &wide));
+        }
+        // 20 of 22 seats in use: a 4-seat request cannot start.
+        assert!(!qs.try_start_now(Some(0), &wide));
+        let (r, _rx) = req(1, 4);
+        qs.enqueue(0, r);
+        // Upstream would keep queueing (not every seat is taken); we reject the wide one...
+        assert!(qs.is_queue_full(0, 4));
+        // ...but a narrow request that fits the two free seats is never queue-full.
+        assert!(!qs.is_queue_full(0, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn removing_and_dropped_waiters() {
         let now = Instant::now();
         let mut qs = QueueSet::new(now);
@@ -610,8 +636,8 @@ mod tests {
         assert!(qs.try_start_now(Some(0), &WorkEstimate::default()));
         let (r, rx) = req(7, 1);
         qs.enqueue(0, r);
-        assert!(qs.is_queue_full(0));
-        assert!(!qs.is_queue_full(1));
+        assert!(qs.is_queue_full(0, 1));
+        assert!(!qs.is_queue_full(1, 1));
         drop(rx);
         let exec = Execution {
             queue: Some(0),

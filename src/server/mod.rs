@@ -2,6 +2,8 @@
 //! and compactor, then serve the API over TLS (HTTP/1.1 and h2) and, if asked,
 //! plain HTTP for local debugging.
 
+pub mod filters;
+pub mod metrics;
 pub mod pki;
 
 use std::net::SocketAddr;
@@ -10,6 +12,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::{Query, State};
+use axum::response::IntoResponse;
+use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
@@ -18,6 +23,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 
 use crate::api::{self, ApiState};
+use crate::flowcontrol::{self, Apf};
 use crate::registry::{gc, Catalog, Registry};
 use crate::storage::embedded::Embedded;
 use crate::storage::{StorageError, Store};
@@ -50,6 +56,10 @@ pub struct ServeConfig {
     pub bookmark_interval: Duration,
     /// Events kept per resource by the watch cache before old ones may be dropped.
     pub watch_history: usize,
+    /// kube's --max-requests-inflight and --max-mutating-requests-inflight: their
+    /// sum is the server concurrency limit API Priority and Fairness divides.
+    pub max_requests_inflight: u32,
+    pub max_mutating_requests_inflight: u32,
 }
 
 impl Default for ServeConfig {
@@ -62,6 +72,8 @@ impl Default for ServeConfig {
             compaction_interval: Duration::from_secs(300),
             bookmark_interval: Duration::from_secs(60),
             watch_history: DEFAULT_RING_CAPACITY,
+            max_requests_inflight: 400,
+            max_mutating_requests_inflight: 200,
         }
     }
 }
@@ -72,6 +84,7 @@ pub struct Running {
     pub insecure_addr: Option<SocketAddr>,
     pub kubeconfig: PathBuf,
     pub registry: Arc<Registry>,
+    pub apf: Arc<Apf>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -110,7 +123,14 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         ready: false.into(),
         bookmark_interval: cfg.bookmark_interval,
     });
-    let app = api::router(state.clone());
+    let apf = Apf::new(flowcontrol::ServerConfig {
+        max_requests_inflight: cfg.max_requests_inflight,
+        max_mutating_requests_inflight: cfg.max_mutating_requests_inflight,
+    });
+    metrics::handle();
+    apf.set_observer(Arc::new(metrics::Observer));
+    tasks.push(apf.spawn_borrowing_loop());
+    let app = app(state.clone(), apf.clone(), registry.clone());
 
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -153,8 +173,71 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         insecure_addr,
         kubeconfig,
         registry,
+        apf,
         tasks,
     })
+}
+
+/// The API plus the server's own endpoints, behind the request filters.
+fn app(state: Arc<ApiState>, apf: Arc<Apf>, registry: Arc<Registry>) -> Router {
+    let own = Router::new()
+        .route("/metrics", get(metrics_endpoint))
+        .route(
+            "/debug/api_priority_and_fairness/dump_priority_levels",
+            get(dump_priority_levels),
+        )
+        .route(
+            "/debug/api_priority_and_fairness/dump_queues",
+            get(dump_queues),
+        )
+        .route(
+            "/debug/api_priority_and_fairness/dump_requests",
+            get(dump_requests),
+        )
+        .with_state(apf.clone());
+    let filters = Arc::new(filters::Filters { apf, registry });
+    own.merge(api::router(state))
+        .layer(axum::middleware::from_fn_with_state(
+            filters,
+            filters::filter,
+        ))
+}
+
+fn text(body: String) -> axum::response::Response {
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn metrics_endpoint(State(apf): State<Arc<Apf>>) -> axum::response::Response {
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics::render(&apf),
+    )
+        .into_response()
+}
+
+async fn dump_priority_levels(State(apf): State<Arc<Apf>>) -> axum::response::Response {
+    text(apf.dump_priority_levels())
+}
+
+async fn dump_queues(State(apf): State<Arc<Apf>>) -> axum::response::Response {
+    text(apf.dump_queues())
+}
+
+async fn dump_requests(
+    State(apf): State<Arc<Apf>>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> axum::response::Response {
+    let details = q
+        .get("includeRequestDetails")
+        .is_some_and(|v| v == "1" || v == "true");
+    text(apf.dump_requests(details))
 }
 
 fn tls_config(pki: &pki::Pki) -> Result<Arc<rustls::ServerConfig>, ServerError> {

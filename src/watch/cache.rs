@@ -153,6 +153,8 @@ struct ResourceState {
     ring: VecDeque<(Instant, Arc<WatchEvent>)>,
     /// Every event of this resource after this revision is in `ring`.
     complete_after: Revision,
+    /// Encoded size of all current objects (for cost estimates).
+    bytes: u64,
     watchers: Vec<Watcher>,
 }
 
@@ -186,6 +188,7 @@ impl Cache {
                     complete_after: rev,
                     ..Default::default()
                 });
+            state.bytes += json.len() as u64;
             state.objects.insert(
                 sub.to_string(),
                 Arc::new(CachedObject {
@@ -268,8 +271,12 @@ impl Cache {
             let prev = if event.kind == EventType::Deleted {
                 res.objects.remove(sub)
             } else {
+                res.bytes += object.json.len() as u64;
                 res.objects.insert(sub.to_string(), object.clone())
             };
+            if let Some(p) = &prev {
+                res.bytes = res.bytes.saturating_sub(p.json.len() as u64);
+            }
             let ev = Arc::new(WatchEvent::new(event.kind, event.revision, object, prev));
             res.watchers.retain(|w| {
                 if ev.revision <= w.after || !interested(&w.filter, &ev) {
@@ -324,6 +331,14 @@ impl Cache {
             .resources
             .get(resource)
             .map_or(0, |r| r.objects.len())
+    }
+
+    /// Live object count and average encoded size of a resource.
+    pub fn stats(&self, resource: &str) -> (usize, u64) {
+        self.read().resources.get(resource).map_or((0, 0), |r| {
+            let n = r.objects.len();
+            (n, if n == 0 { 0 } else { r.bytes / n as u64 })
+        })
     }
 
     /// Number of watchers of a resource.

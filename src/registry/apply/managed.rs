@@ -1,0 +1,859 @@
+//! managedFields: decoding and encoding the entries, and the ownership
+//! bookkeeping kube layers around the merge (apimachinery
+//! `managedfields/internal`: structured merge, strip meta, managed fields
+//! updater, build manager info, cap managers, skip non-applied, last-applied
+//! manager and updater).
+//!
+//! Managers are keyed, as in kube, by an identifier that is the JSON of the
+//! entry without fields and time (and without apiVersion for Apply), so two
+//! Update entries of one manager at different versions or subresources stay
+//! separate while Apply entries are one per manager and subresource.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::fieldpath::{go_json, go_json_string, go_quote, Path, PathElement, Set};
+use super::merge::{
+    compare, describe, ensure_named_fields_are_members, field_set, merge, remove_items, validate,
+    Comparison,
+};
+use super::{ApplyError, Conflict, FieldManager};
+
+/// kubectl's client-side apply annotation.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+/// Update managers beyond this many are folded into "ancient-changes".
+const MAX_UPDATE_MANAGERS: usize = 10;
+/// Temporary name for the fields a non-apply write touches, before they are
+/// merged into the writer's entry (kube's managedFieldsUpdater).
+const CURRENT_OPERATION: &str = "current-operation";
+const BEFORE_FIRST_APPLY: &str = "before-first-apply";
+const ANCIENT_CHANGES: &str = "ancient-changes";
+
+/// The fields one manager owns, at the version it wrote them.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct VersionedSet {
+    pub set: Set,
+    pub api_version: String,
+    pub applied: bool,
+}
+
+/// Decoded managedFields: sets and times (unix seconds) by manager identifier.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Managed {
+    pub fields: BTreeMap<String, VersionedSet>,
+    pub times: BTreeMap<String, i64>,
+}
+
+// ---------------------------------------------------------------- identifiers
+
+/// The identifier kube derives from an entry (`BuildManagerIdentifier`).
+pub(crate) fn manager_id(manager: &str, operation: &str, api_version: &str, subresource: &str) -> String {
+    let mut s = String::from("{");
+    let mut first = true;
+    let mut field = |name: &str, value: &str, s: &mut String| {
+        if value.is_empty() {
+            return; // omitempty
+        }
+        if !first {
+            s.push(',');
+        }
+        first = false;
+        s.push('"');
+        s.push_str(name);
+        s.push_str("\":");
+        go_json_string(value, s);
+    };
+    field("manager", manager, &mut s);
+    field("operation", operation, &mut s);
+    if operation != "Apply" {
+        field("apiVersion", api_version, &mut s);
+    }
+    field("subresource", subresource, &mut s);
+    s.push('}');
+    s
+}
+
+/// The parts of an identifier: (manager, operation, apiVersion, subresource).
+fn parse_id(id: &str) -> (String, String, String, String) {
+    let v: Value = serde_json::from_str(id).unwrap_or(Value::Null);
+    let get = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    (get("manager"), get("operation"), get("apiVersion"), get("subresource"))
+}
+
+/// kube's `printManager`: `"m"`, `"m" with subresource "status"`, and for
+/// Update entries ` using <apiVersion>`.
+pub(crate) fn describe_manager(id: &str) -> String {
+    let v: Value = match serde_json::from_str(id) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => return go_quote(id),
+    };
+    let get = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("");
+    let mut s = go_quote(get("manager"));
+    if !get("subresource").is_empty() {
+        s.push_str(&format!(" with subresource {}", go_quote(get("subresource"))));
+    }
+    if get("operation") == "Update" {
+        s.push_str(&format!(" using {}", get("apiVersion")));
+    }
+    s
+}
+
+// ----------------------------------------------------------------------- time
+
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { yoe + era * 400 + 1 } else { yoe + era * 400 }, m, d)
+}
+
+/// Parses RFC 3339 (as Go's `time.RFC3339` accepts) into unix seconds.
+pub(crate) fn parse_time(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = s.get(r)?;
+        if part.bytes().all(|c| c.is_ascii_digit()) {
+            part.parse().ok()
+        } else {
+            None
+        }
+    };
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 59 {
+        return None;
+    }
+    let mut i = 19;
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        let start = i;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        if i == start {
+            return None;
+        }
+    }
+    let offset = match b.get(i) {
+        Some(b'Z' | b'z') if i + 1 == b.len() => 0,
+        Some(sign @ (b'+' | b'-')) if i + 6 == b.len() && b[i + 3] == b':' => {
+            let off = num(i + 1..i + 3)? * 3600 + num(i + 4..i + 6)? * 60;
+            if *sign == b'+' {
+                off
+            } else {
+                -off
+            }
+        }
+        _ => return None,
+    };
+    Some(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset)
+}
+
+/// Formats unix seconds as kube writes `metav1.Time`: UTC, second precision.
+pub(crate) fn format_time(secs: i64) -> String {
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    let rem = secs.rem_euclid(86_400);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+// ------------------------------------------------------------ encode / decode
+
+/// Decodes `metadata.managedFields` (kube's `DecodeManagedFields`). Absent or
+/// null is empty; anything malformed is an error.
+pub(crate) fn decode(entries: Option<&Value>) -> Result<Managed, String> {
+    let mut managed = Managed::default();
+    let items = match entries {
+        None | Some(Value::Null) => return Ok(managed),
+        Some(Value::Array(items)) => items,
+        Some(other) => return Err(format!("managedFields must be a list, got {other}")),
+    };
+    for (i, entry) in items.iter().enumerate() {
+        let Value::Object(e) = entry else {
+            return Err(format!("managed fields entry {i} is not an object"));
+        };
+        let text = |k: &str| -> Result<String, String> {
+            match e.get(k) {
+                None | Some(Value::Null) => Ok(String::new()),
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(other) => Err(format!("{k} must be a string, got {other}")),
+            }
+        };
+        let operation = text("operation")?;
+        if operation != "Apply" && operation != "Update" {
+            return Err("operation must be `Apply` or `Update`".into());
+        }
+        let api_version = text("apiVersion")?;
+        if api_version.is_empty() {
+            return Err("apiVersion must not be empty".into());
+        }
+        match text("fieldsType")?.as_str() {
+            "FieldsV1" => {}
+            "" => return Err(format!("missing fieldsType in managed fields entry {i}")),
+            other => return Err(format!("invalid fieldsType {} in managed fields entry {i}", go_quote(other))),
+        }
+        let time = match e.get("time") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(t)) => {
+                Some(parse_time(t).ok_or_else(|| format!("invalid time {} in managed fields entry {i}", go_quote(t)))?)
+            }
+            Some(other) => return Err(format!("invalid time {other} in managed fields entry {i}")),
+        };
+        let set = match e.get("fieldsV1") {
+            None | Some(Value::Null) => Set::new(),
+            Some(v) => Set::from_fields_v1(v).map_err(|err| format!("error decoding set: {err}"))?,
+        };
+        let manager = text("manager")?;
+        let subresource = text("subresource")?;
+        let id = manager_id(&manager, &operation, &api_version, &subresource);
+        let applied = operation == "Apply";
+        managed.fields.insert(id.clone(), VersionedSet { set, api_version, applied });
+        match time {
+            Some(t) => managed.times.insert(id, t),
+            None => managed.times.remove(&id),
+        };
+    }
+    Ok(managed)
+}
+
+/// Encodes entries sorted as kube sorts them (operation, time, manager,
+/// apiVersion, subresource); `None` when nothing is managed.
+pub(crate) fn encode(managed: &Managed) -> Option<Value> {
+    if managed.fields.is_empty() {
+        return None;
+    }
+    struct Entry {
+        manager: String,
+        operation: String,
+        api_version: String,
+        subresource: String,
+        time: Option<i64>,
+        fields: Value,
+    }
+    let mut entries: Vec<Entry> = managed
+        .fields
+        .iter()
+        .map(|(id, vs)| {
+            let (manager, operation, _, subresource) = parse_id(id);
+            Entry {
+                manager,
+                operation: if vs.applied { "Apply".into() } else { operation },
+                api_version: vs.api_version.clone(),
+                subresource,
+                time: managed.times.get(id).copied(),
+                fields: vs.set.to_fields_v1(),
+            }
+        })
+        .collect();
+    entries.sort_by(|p, q| {
+        p.operation
+            .cmp(&q.operation)
+            .then(p.time.unwrap_or(0).cmp(&q.time.unwrap_or(0)))
+            .then_with(|| p.manager.cmp(&q.manager))
+            .then_with(|| p.api_version.cmp(&q.api_version))
+            .then_with(|| p.subresource.cmp(&q.subresource))
+    });
+    let list = entries
+        .into_iter()
+        .map(|e| {
+            // Key order follows metav1.ManagedFieldsEntry, with omitempty.
+            let mut m = Map::new();
+            if !e.manager.is_empty() {
+                m.insert("manager".into(), Value::String(e.manager));
+            }
+            m.insert("operation".into(), Value::String(e.operation));
+            m.insert("apiVersion".into(), Value::String(e.api_version));
+            if let Some(t) = e.time {
+                m.insert("time".into(), Value::String(format_time(t)));
+            }
+            m.insert("fieldsType".into(), Value::String("FieldsV1".into()));
+            m.insert("fieldsV1".into(), e.fields);
+            if !e.subresource.is_empty() {
+                m.insert("subresource".into(), Value::String(e.subresource));
+            }
+            Value::Object(m)
+        })
+        .collect();
+    Some(Value::Array(list))
+}
+
+fn metadata(obj: &Value) -> Option<&Map<String, Value>> {
+    obj.get("metadata").and_then(Value::as_object)
+}
+
+fn set_managed_fields(obj: &mut Value, encoded: Option<Value>) {
+    let Some(root) = obj.as_object_mut() else { return };
+    match encoded {
+        Some(list) => {
+            let meta = root.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+            if !meta.is_object() {
+                *meta = Value::Object(Map::new());
+            }
+            if let Some(m) = meta.as_object_mut() {
+                m.insert("managedFields".into(), list);
+            }
+        }
+        None => {
+            if let Some(m) = root.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("managedFields");
+            }
+        }
+    }
+}
+
+/// `[]` or `[{}]` from a client asks for managedFields to be reset.
+fn is_reset_request(entries: Option<&Value>) -> bool {
+    match entries {
+        Some(Value::Array(items)) => match items.as_slice() {
+            [] => true,
+            [Value::Object(m)] => m.is_empty(),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+fn has_uid(obj: &Value) -> bool {
+    metadata(obj).and_then(|m| m.get("uid")).and_then(Value::as_str).is_some_and(|u| !u.is_empty())
+}
+
+/// Fields kube never tracks (`stripmeta`).
+fn strip_set() -> Set {
+    let f = |s: &str| PathElement::Field(s.into());
+    let mut s = Set::new();
+    s.insert(&[f("apiVersion")]);
+    s.insert(&[f("kind")]);
+    s.insert(&[f("metadata")]);
+    for name in [
+        "name",
+        "namespace",
+        "creationTimestamp",
+        "selfLink",
+        "uid",
+        "clusterName",
+        "generation",
+        "managedFields",
+        "resourceVersion",
+    ] {
+        s.insert(&[f("metadata"), f(name)]);
+    }
+    s
+}
+
+fn strip(fields: &mut BTreeMap<String, VersionedSet>, id: &str) {
+    if let Some(vs) = fields.get_mut(id) {
+        vs.set = vs.set.difference(&strip_set());
+        if vs.set.is_empty() {
+            fields.remove(id);
+        }
+    }
+}
+
+/// The object kube starts from when there is none (`New()` with the GVK set).
+fn empty_object(like: &Value) -> Value {
+    let mut m = Map::new();
+    for k in ["apiVersion", "kind"] {
+        if let Some(v) = like.get(k) {
+            m.insert(k.into(), v.clone());
+        }
+    }
+    Value::Object(m)
+}
+
+fn gvk_string(obj: &Value) -> String {
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    format!("{group}/{version}, Kind={kind}")
+}
+
+fn object_gvknn(obj: &Value) -> String {
+    let get = |k: &str| metadata(obj).and_then(|m| m.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
+    format!("{}/{}; {}", get("namespace"), get("name"), gvk_string(obj))
+}
+
+/// Conversion between served versions is an apiVersion rewrite in kshard.
+fn at_version(obj: &Value, api_version: &str) -> Value {
+    let mut out = obj.clone();
+    if let Some(m) = out.as_object_mut() {
+        if m.get("apiVersion").and_then(Value::as_str) != Some(api_version) {
+            m.insert("apiVersion".into(), Value::String(api_version.into()));
+        }
+    }
+    out
+}
+
+type Conflicts = Vec<(String, Path)>;
+
+impl FieldManager<'_> {
+    fn root(&self) -> &super::schema::TypeRef {
+        &self.schema.root
+    }
+
+    // ------------------------------------------------ structured-merge-diff
+
+    /// Shared core of Update and Apply (`Updater.update`): fields whose value
+    /// changed are taken from every other manager (or reported as conflicts
+    /// when not forced), removed fields are dropped from everyone.
+    fn update_owners(
+        &self,
+        old: &Value,
+        new: &Value,
+        fields: &mut BTreeMap<String, VersionedSet>,
+        workflow: &str,
+        force: bool,
+    ) -> Result<Comparison, Conflicts> {
+        // Versions convert by apiVersion rewrite only, so one comparison serves all managers.
+        let cmp = compare(self.root(), old, new).filter(&self.reset);
+        let changed = cmp.modified.union(&cmp.added);
+        let mut conflicts: Vec<(String, Set)> = Vec::new();
+        for (id, vs) in fields.iter() {
+            if id == workflow {
+                continue;
+            }
+            let c = vs.set.intersection(&changed);
+            if !c.is_empty() {
+                conflicts.push((id.clone(), c));
+            }
+        }
+        if !force && !conflicts.is_empty() {
+            let mut out = Vec::new();
+            for (id, set) in conflicts {
+                for p in set.paths() {
+                    out.push((id.clone(), p));
+                }
+            }
+            return Err(out);
+        }
+        for (id, c) in &conflicts {
+            if let Some(vs) = fields.get_mut(id) {
+                vs.set = vs.set.difference(c);
+            }
+        }
+        if !cmp.removed.is_empty() {
+            for (id, vs) in fields.iter_mut() {
+                if id != workflow {
+                    vs.set = vs.set.difference(&cmp.removed);
+                }
+            }
+        }
+        fields.retain(|_, vs| !vs.set.is_empty());
+        Ok(cmp)
+    }
+
+    /// `Updater.Update`: the writer owns what it added or changed.
+    fn structured_update(&self, live: &Value, new: &Value, fields: &mut BTreeMap<String, VersionedSet>, id: &str) {
+        let Ok(cmp) = self.update_owners(live, new, fields, id, true) else {
+            return; // forced: no conflicts are reported
+        };
+        let prev = fields.get(id).map(|vs| vs.set.clone()).unwrap_or_default();
+        let set = prev
+            .difference(&cmp.removed)
+            .union(&cmp.modified)
+            .union(&cmp.added)
+            .recursive_difference(&self.reset);
+        if set.is_empty() {
+            fields.remove(id);
+        } else {
+            fields.insert(id.into(), VersionedSet { set, api_version: self.api_version.clone(), applied: false });
+        }
+    }
+
+    /// `Updater.Apply`: merge, take ownership of the configuration's fields,
+    /// prune what this manager stopped applying, then settle ownership.
+    /// Returns `None` for the object when nothing changed.
+    fn structured_apply(
+        &self,
+        live: &Value,
+        config: &Value,
+        fields: &mut BTreeMap<String, VersionedSet>,
+        id: &str,
+        force: bool,
+    ) -> Result<Option<Value>, Conflicts> {
+        let merged = merge(self.root(), Some(live), Some(config)).unwrap_or(Value::Null);
+        let last = fields.get(id).cloned();
+        let set = field_set(self.root(), config).recursive_difference(&self.reset);
+        fields.insert(id.into(), VersionedSet { set, api_version: self.api_version.clone(), applied: true });
+        let merged = self.prune(merged, fields, last.as_ref());
+        self.update_owners(live, &merged, fields, id, force)?;
+        Ok((!super::fieldpath::values_equal(live, &merged)).then_some(merged))
+    }
+
+    /// Removes fields the applier owned last time and no longer applies,
+    /// unless another manager (or the new configuration) still owns them.
+    fn prune(&self, merged: Value, fields: &BTreeMap<String, VersionedSet>, last: Option<&VersionedSet>) -> Value {
+        let Some(last) = last.filter(|l| !l.set.is_empty()) else {
+            return merged;
+        };
+        let root = self.root();
+        let ensure = |s: &Set| ensure_named_fields_are_members(root, s);
+        let pruned = remove_items(root, &merged, &ensure(&last.set));
+        // Add back what anybody owns.
+        let owned = fields.values().fold(Set::new(), |acc, vs| acc.union(&vs.set));
+        let merged_set = ensure(&field_set(root, &merged));
+        let keep = ensure(&field_set(root, &pruned)).union(&ensure(&owned));
+        let pruned = remove_items(root, &merged, &merged_set.difference(&keep));
+        // Only drop what the applier itself had owned; parents emptied as a
+        // side effect come back.
+        let pruned_set = ensure(&field_set(root, &pruned));
+        let dangling = merged_set.difference(&pruned_set).intersection(&ensure(&last.set));
+        remove_items(root, &merged, &dangling)
+    }
+
+    // ------------------------------------------------------ manager layers
+
+    fn update_id(&self, manager: &str) -> String {
+        let manager = if manager.is_empty() { "unknown" } else { manager };
+        manager_id(manager, "Update", &self.api_version, self.subresource.as_deref().unwrap_or(""))
+    }
+
+    /// Non-apply write through kube's layers: strip meta, merge the fields
+    /// into the writer's entry with a fresh time, cap Update managers.
+    fn layered_update(&self, live: &Value, new: &Value, mut managed: Managed, manager: &str, now: i64) -> Managed {
+        let id = self.update_id(manager);
+        self.structured_update(live, new, &mut managed.fields, CURRENT_OPERATION);
+        strip(&mut managed.fields, CURRENT_OPERATION);
+        if let Some(vs) = managed.fields.remove(CURRENT_OPERATION) {
+            let set = match managed.fields.get(&id) {
+                Some(prev) => vs.set.union(&prev.set),
+                None => vs.set,
+            };
+            managed.fields.insert(id.clone(), VersionedSet { set, api_version: vs.api_version, applied: vs.applied });
+            managed.times.insert(id, now);
+        }
+        cap_update_managers(&mut managed);
+        managed
+    }
+
+    /// Apply through kube's layers. Objects that have fields but no managers
+    /// first credit those fields to "before-first-apply".
+    fn layered_apply(
+        &self,
+        live: &Value,
+        config: &Value,
+        mut managed: Managed,
+        manager: &str,
+        force: bool,
+        now: i64,
+    ) -> Result<(Value, Managed), Conflicts> {
+        if managed.fields.is_empty() {
+            managed = self.layered_update(&empty_object(live), live, managed, BEFORE_FIRST_APPLY, now);
+        }
+        let id = manager_id(manager, "Apply", "", self.subresource.as_deref().unwrap_or(""));
+        let new = self.structured_apply(live, config, &mut managed.fields, &id, force)?;
+        strip(&mut managed.fields, &id);
+        let obj = match new {
+            Some(obj) => {
+                managed.times.insert(id, now);
+                obj
+            }
+            None => live.clone(),
+        };
+        Ok((obj, managed))
+    }
+
+    /// kubectl's migration from client-side apply: when "kubectl" applies and
+    /// conflicts only on fields whose live value still equals the
+    /// last-applied annotation, the apply is forced.
+    fn apply_with_last_applied(
+        &self,
+        live: &Value,
+        config: &Value,
+        managed: Managed,
+        manager: &str,
+        force: bool,
+        now: i64,
+    ) -> Result<(Value, Managed), Conflicts> {
+        let conflicts = match self.layered_apply(live, config, managed.clone(), manager, force, now) {
+            Err(c) if manager == "kubectl" => c,
+            other => return other,
+        };
+        let Some(allowed) = self.allowed_from_last_applied(live) else {
+            return Err(conflicts);
+        };
+        let remaining: Conflicts = conflicts.iter().filter(|(_, p)| !allowed.has(p)).cloned().collect();
+        if !remaining.is_empty() {
+            return Err(remaining);
+        }
+        self.layered_apply(live, config, managed, manager, true, now)
+    }
+
+    /// Fields of the last-applied annotation whose live value is unchanged.
+    fn allowed_from_last_applied(&self, live: &Value) -> Option<Set> {
+        let text = metadata(live)?.get("annotations")?.get(LAST_APPLIED_ANNOTATION)?.as_str()?;
+        if text.is_empty() {
+            return None;
+        }
+        let last: Value = serde_json::from_str(text).ok()?;
+        if last.get("apiVersion").and_then(Value::as_str) != Some(self.api_version.as_str()) {
+            return None;
+        }
+        validate(self.root(), &last).ok()?;
+        let cmp = compare(self.root(), &last, live);
+        Some(
+            field_set(self.root(), &last)
+                .difference(&cmp.modified)
+                .difference(&cmp.added)
+                .difference(&cmp.removed),
+        )
+    }
+
+    // ---------------------------------------------------------- entry points
+
+    pub(super) fn do_update(
+        &self,
+        old: Option<&Value>,
+        new: &mut Value,
+        manager: &str,
+        now: &str,
+    ) -> Result<(), ApplyError> {
+        if !new.is_object() {
+            return Err(ApplyError::BadRequest("object must be a JSON object".into()));
+        }
+        let now = parse_time(now).ok_or_else(|| ApplyError::Internal(format!("invalid time {now:?}")))?;
+        let live = match old {
+            Some(o) => at_version(o, &self.api_version),
+            None => empty_object(new),
+        };
+        let live_entries = metadata(&live).and_then(|m| m.get("managedFields"));
+        let new_entries = metadata(new).and_then(|m| m.get("managedFields"));
+        // Subresources never take managedFields from the request. A valid,
+        // non-empty list from the request replaces the live one; anything
+        // else falls back to the live list, and an undecodable live list to none.
+        let managed = if self.subresource.is_some() {
+            decode(live_entries).unwrap_or_default()
+        } else if is_reset_request(new_entries) {
+            Managed::default()
+        } else {
+            match decode(new_entries) {
+                Ok(m) if !m.fields.is_empty() => m,
+                _ => decode(live_entries).unwrap_or_default(),
+            }
+        };
+        set_managed_fields(new, None);
+        // An existing object without managers is not tracked until it is applied to.
+        if managed.fields.is_empty() && has_uid(&live) {
+            return Ok(());
+        }
+        let managed = self.layered_update(&live, new, managed, manager, now);
+        set_managed_fields(new, encode(&managed));
+        Ok(())
+    }
+
+    pub(super) fn do_apply(
+        &self,
+        live: Option<&Value>,
+        config: &Value,
+        manager: &str,
+        force: bool,
+        now: &str,
+    ) -> Result<Value, ApplyError> {
+        if !config.is_object() {
+            return Err(ApplyError::BadRequest("apply configuration must be an object".into()));
+        }
+        let now = parse_time(now).ok_or_else(|| ApplyError::Internal(format!("invalid time {now:?}")))?;
+        let kind_matches = live.is_none_or(|l| l.get("kind") == config.get("kind"));
+        if config.get("apiVersion").and_then(Value::as_str) != Some(self.api_version.as_str()) || !kind_matches {
+            return Err(ApplyError::BadRequest(format!("invalid object type: {}", gvk_string(config))));
+        }
+        if metadata(config).is_some_and(|m| m.contains_key("managedFields")) {
+            return Err(ApplyError::BadRequest("metadata.managedFields must be nil".into()));
+        }
+        if let Err(e) = validate(self.root(), config) {
+            return Err(ApplyError::Internal(format!(
+                "failed to create typed patch object ({}): {e}",
+                object_gvknn(config)
+            )));
+        }
+        let live = match live {
+            Some(l) => at_version(l, &self.api_version),
+            None => empty_object(config),
+        };
+        let managed = decode(metadata(&live).and_then(|m| m.get("managedFields")))
+            .map_err(|e| ApplyError::Internal(format!("failed to decode managed fields: {e}")))?;
+        let (mut obj, managed) = self
+            .apply_with_last_applied(&live, config, managed, manager, force, now)
+            .map_err(|c| ApplyError::Conflicts(to_conflicts(c)))?;
+        if manager == "kubectl" && has_last_applied(&obj) {
+            set_last_applied(&mut obj, build_last_applied(config));
+        }
+        set_managed_fields(&mut obj, encode(&managed));
+        Ok(obj)
+    }
+}
+
+fn to_conflicts(mut raw: Conflicts) -> Vec<Conflict> {
+    // kube walks a Go map here (random order); sort by manager for stable output.
+    raw.sort_by(|a, b| a.0.cmp(&b.0));
+    raw.into_iter()
+        .map(|(id, path)| {
+            let (manager, operation, api_version, subresource) = parse_id(&id);
+            Conflict {
+                manager,
+                operation,
+                api_version,
+                subresource,
+                field: describe(&path),
+                description: describe_manager(&id),
+                id,
+            }
+        })
+        .collect()
+}
+
+fn has_last_applied(obj: &Value) -> bool {
+    metadata(obj)
+        .and_then(|m| m.get("annotations"))
+        .and_then(|a| a.get(LAST_APPLIED_ANNOTATION))
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty())
+}
+
+/// The applied configuration as kube stores it in the annotation: Go JSON
+/// (sorted keys, HTML-escaped) plus newline, without the annotation itself.
+fn build_last_applied(config: &Value) -> String {
+    let mut c = config.clone();
+    if let Some(a) = c.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
+        a.remove(LAST_APPLIED_ANNOTATION);
+    }
+    let mut out = String::new();
+    go_json(&c, &mut out);
+    out.push('\n');
+    out
+}
+
+fn set_last_applied(obj: &mut Value, text: String) {
+    if let Some(a) = obj.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
+        a.insert(LAST_APPLIED_ANNOTATION.into(), Value::String(text));
+    }
+}
+
+/// Folds the oldest Update managers into one "ancient-changes" entry per
+/// version once there are more than ten (kube's capManagers).
+fn cap_update_managers(managed: &mut Managed) {
+    let mut updaters: Vec<String> =
+        managed.fields.iter().filter(|(_, vs)| !vs.applied).map(|(id, _)| id.clone()).collect();
+    if updaters.len() <= MAX_UPDATE_MANAGERS {
+        return;
+    }
+    let time = |id: &String| managed.times.get(id).copied().unwrap_or(0);
+    updaters.sort_by(|a, b| time(a).cmp(&time(b)).then_with(|| a.cmp(b)));
+    let mut first_by_version: BTreeMap<String, String> = BTreeMap::new();
+    let mut length = updaters.len();
+    for id in updaters {
+        if length <= MAX_UPDATE_MANAGERS {
+            break;
+        }
+        let Some(vs) = managed.fields.get(&id).cloned() else { continue };
+        let t = managed.times.get(&id).copied();
+        let bucket = manager_id(ANCIENT_CHANGES, "Update", &vs.api_version, "");
+        match first_by_version.get(&vs.api_version) {
+            Some(first) => {
+                if !managed.fields.contains_key(&bucket) {
+                    if let Some(s) = managed.fields.remove(first) {
+                        managed.fields.insert(bucket.clone(), s);
+                    }
+                }
+                let prev = managed.fields.get(&bucket).map(|b| b.set.clone()).unwrap_or_default();
+                let merged = VersionedSet { set: vs.set.union(&prev), api_version: vs.api_version, applied: vs.applied };
+                managed.fields.insert(bucket.clone(), merged);
+                managed.fields.remove(&id);
+                length -= 1;
+                match t {
+                    Some(t) => managed.times.insert(bucket, t),
+                    None => managed.times.remove(&bucket),
+                };
+            }
+            None => {
+                first_by_version.insert(vs.api_version, id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn time_round_trip() {
+        assert_eq!(parse_time("1970-01-01T00:00:00Z"), Some(0));
+        let t = parse_time("2024-02-29T12:34:56Z").expect("time");
+        assert_eq!(format_time(t), "2024-02-29T12:34:56Z");
+        assert_eq!(parse_time("2024-02-29T14:34:56.123+02:00"), Some(t));
+        assert_eq!(parse_time("2024-02-29 12:34:56Z"), None);
+    }
+
+    #[test]
+    fn identifiers_and_descriptions() {
+        let id = manager_id("kubectl", "Update", "demo.kshard.dev/v1", "");
+        assert_eq!(id, r#"{"manager":"kubectl","operation":"Update","apiVersion":"demo.kshard.dev/v1"}"#);
+        assert_eq!(describe_manager(&id), r#""kubectl" using demo.kshard.dev/v1"#);
+        let id = manager_id("m", "Apply", "v1", "status");
+        assert_eq!(id, r#"{"manager":"m","operation":"Apply","subresource":"status"}"#);
+        assert_eq!(describe_manager(&id), r#""m" with subresource "status""#);
+    }
+
+    #[test]
+    fn decode_rejects_bad_entries_and_encode_sorts() {
+        assert!(decode(Some(&json!([{"operation": "Patch", "apiVersion": "v1", "fieldsType": "FieldsV1"}]))).is_err());
+        assert!(decode(Some(&json!([{"operation": "Update", "fieldsType": "FieldsV1"}]))).is_err());
+        assert!(decode(Some(&json!([{"operation": "Update", "apiVersion": "v1"}]))).is_err());
+        assert!(decode(Some(&json!([{"operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV2"}]))).is_err());
+        let entries = json!([
+            {"manager": "b", "operation": "Update", "apiVersion": "v1", "time": "2024-01-01T00:00:02Z",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:b": {}}}},
+            {"manager": "a", "operation": "Update", "apiVersion": "v1", "time": "2024-01-01T00:00:02Z",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:a": {}}}},
+            {"manager": "z", "operation": "Apply", "apiVersion": "v1", "time": "2024-01-01T00:00:09+00:00",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:z": {}}}}
+        ]);
+        let m = decode(Some(&entries)).expect("decode");
+        let out = encode(&m).expect("encode");
+        let names: Vec<&str> = out.as_array().expect("list").iter().map(|e| e["manager"].as_str().expect("m")).collect();
+        assert_eq!(names, vec!["z", "a", "b"]);
+        assert_eq!(out[0]["time"], json!("2024-01-01T00:00:09Z"));
+        assert_eq!(
+            serde_json::to_string(&out[1]).expect("json"),
+            r#"{"manager":"a","operation":"Update","apiVersion":"v1","time":"2024-01-01T00:00:02Z","fieldsType":"FieldsV1","fieldsV1":{"f:spec":{"f:a":{}}}}"#
+        );
+    }
+
+    #[test]
+    fn caps_update_managers_into_ancient_changes() {
+        let mut m = Managed::default();
+        for i in 0..12 {
+            let id = manager_id(&format!("m{i:02}"), "Update", "v1", "");
+            let mut set = Set::new();
+            set.insert(&[PathElement::Field(format!("f{i}"))]);
+            m.fields.insert(id.clone(), VersionedSet { set, api_version: "v1".into(), applied: false });
+            m.times.insert(id, i);
+        }
+        cap_update_managers(&mut m);
+        assert_eq!(m.fields.len(), 10);
+        let bucket = manager_id(ANCIENT_CHANGES, "Update", "v1", "");
+        let b = &m.fields[&bucket];
+        for i in 0..3 {
+            assert!(b.set.has(&[PathElement::Field(format!("f{i}"))]));
+        }
+        assert_eq!(m.times[&bucket], 2);
+    }
+}

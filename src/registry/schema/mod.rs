@@ -1,0 +1,267 @@
+//! CRD structural schemas: pruning, defaulting and validation of custom resources the
+//! way apiextensions-apiserver does it, compiled once per CRD version.
+//!
+//! ```text
+//! Schema::compile(&openAPIV3Schema)?            // once per CRD version
+//! schema.prune(&mut obj) -> Vec<String>         // write path: unknown fields (sorted)
+//! schema.apply_defaults(&mut obj)               // after pruning on write, and on read
+//! schema.validate(&obj, old) -> Vec<FieldError> // old = Some(..) on update
+//! ```
+//!
+//! One concept per file: [`structural`] parses the schema, [`prune`] drops unknown
+//! fields, [`defaults`] applies `default`s, [`validate`] runs the OpenAPI value checks,
+//! [`listtype`] the set/map uniqueness, [`embedded`] the embedded-resource checks,
+//! [`cel`] the `x-kubernetes-validations` rules; [`render`] prints values as Go does and
+//! [`formats`] knows the string formats.
+
+pub mod cel;
+pub mod defaults;
+pub mod embedded;
+pub mod formats;
+pub mod listtype;
+pub mod prune;
+pub mod render;
+pub mod structural;
+pub mod validate;
+
+use crate::status::{FieldError, FieldErrorKind};
+use serde_json::Value;
+use structural::Node;
+
+pub use structural::SchemaError;
+
+/// One CRD version's `openAPIV3Schema`, ready to prune, default and validate objects.
+#[derive(Debug)]
+pub struct Schema {
+    root: Node,
+    rules: Option<cel::Rules>,
+}
+
+impl Schema {
+    /// Parses the schema and compiles its regexes and CEL rules.
+    pub fn compile(open_api_v3_schema: &Value) -> Result<Schema, String> {
+        let root = Node::parse(open_api_v3_schema, "openAPIV3Schema").map_err(|e| e.to_string())?;
+        let rules = cel::Rules::compile(&root, "")?;
+        Ok(Schema { root, rules })
+    }
+
+    /// Removes fields the schema does not declare; returns their paths, sorted
+    /// (`spec.foo`, `spec.items[0].bar`) for `fieldValidation` warnings or errors.
+    pub fn prune(&self, obj: &mut Value) -> Vec<String> {
+        prune::prune_root(&self.root, obj)
+    }
+
+    /// Applies `default`s and drops nulls that are neither nullable nor defaulted.
+    pub fn apply_defaults(&self, obj: &mut Value) {
+        defaults::apply(&self.root, obj);
+    }
+
+    /// Validates `obj` (already pruned and defaulted); `old` is the stored object on
+    /// updates. Order and gating follow the CR strategy: OpenAPI checks, embedded
+    /// resources, list-type uniqueness, then CEL unless an earlier error blocks it.
+    pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        validate::value(&self.root, obj, "", &mut errs);
+        embedded::validate(&self.root, obj, "", &mut errs);
+        // On update kube skips list-type checks when the old object already broke them.
+        let old_lists_ok = old.is_none_or(|o| {
+            let mut e = Vec::new();
+            listtype::validate(&self.root, o, "", &mut e);
+            e.is_empty()
+        });
+        if old_lists_ok {
+            listtype::validate(&self.root, obj, "", &mut errs);
+        }
+        if let Some(rules) = &self.rules {
+            if errs.iter().any(|e| is_blocking(e.kind)) {
+                errs.push(FieldError::new(
+                    FieldErrorKind::Invalid,
+                    "<nil>",
+                    Some("null".into()),
+                    "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+                ));
+            } else {
+                rules.validate(obj, old, "", &mut errs);
+            }
+        }
+        errs
+    }
+}
+
+/// Errors after which kube does not run CEL rules (they may assume a well-typed object).
+fn is_blocking(kind: FieldErrorKind) -> bool {
+    matches!(
+        kind,
+        FieldErrorKind::NotSupported
+            | FieldErrorKind::Required
+            | FieldErrorKind::TooLong
+            | FieldErrorKind::TooMany
+            | FieldErrorKind::TypeInvalid
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn widget() -> Schema {
+        Schema::compile(&json!({"type":"object","properties":{
+            "spec":{"type":"object","required":["size"],"properties":{
+                "size":{"type":"string","enum":["S","M","L"]},
+                "replicas":{"type":"integer","minimum":0,"default":1},
+                "tags":{"type":"array","x-kubernetes-list-type":"set","items":{"type":"string"}}},
+                "x-kubernetes-validations":[{"rule":"self.replicas < 10","message":"at most 9 replicas"}]},
+            "status":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}))
+        .unwrap()
+    }
+
+    fn strings(e: &[FieldError]) -> Vec<String> {
+        e.iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn write_pipeline() {
+        let s = widget();
+        let mut obj = json!({"apiVersion":"demo/v1","kind":"Widget","metadata":{"name":"w"},
+            "spec":{"size":"M","extra":true,"tags":["a","b"]},"status":{"free":{"form":1}}});
+        assert_eq!(s.prune(&mut obj), vec!["spec.extra"]);
+        s.apply_defaults(&mut obj);
+        assert_eq!(obj["spec"]["replicas"], 1);
+        assert_eq!(obj["status"]["free"]["form"], 1);
+        assert!(s.validate(&obj, None).is_empty());
+    }
+
+    #[test]
+    fn cel_runs_only_without_blocking_errors() {
+        let s = widget();
+        let e = s.validate(
+            &json!({"spec":{"size":"M","replicas":12,"tags":["a","a"]}}),
+            None,
+        );
+        assert_eq!(
+            strings(&e),
+            vec![
+                r#"spec.tags[1]: Duplicate value: "a""#,
+                "spec: Invalid value: at most 9 replicas"
+            ]
+        );
+        let e = s.validate(&json!({"spec":{"size":"XL","replicas":12}}), None);
+        assert_eq!(
+            strings(&e),
+            vec![
+                r#"spec.size: Unsupported value: "XL": supported values: "S", "M", "L""#,
+                "<nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
+            ]
+        );
+        let e = s.validate(&json!({"spec":{}}), None);
+        assert_eq!(strings(&e)[0], "spec.size: Required value");
+    }
+
+    #[test]
+    fn invalid_schema_is_rejected() {
+        assert!(Schema::compile(&json!({"type":"string","pattern":"("})).is_err());
+        assert!(Schema::compile(
+            &json!({"type":"object","x-kubernetes-validations":[{"rule":")"}]})
+        )
+        .is_err());
+    }
+
+    /// Every version of every CRD in /work/shared/realworld-crds compiles.
+    fn realworld() -> Vec<(String, Schema)> {
+        let dir = std::path::Path::new("/work/shared/realworld-crds");
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return out;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().and_then(|x| x.to_str()) != Some("yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            let crd: Value = serde_saphyr::from_str(&text).unwrap();
+            for v in crd["spec"]["versions"].as_array().unwrap() {
+                let name = format!(
+                    "{}/{}",
+                    crd["metadata"]["name"].as_str().unwrap(),
+                    v["name"].as_str().unwrap()
+                );
+                let schema = Schema::compile(&v["schema"]["openAPIV3Schema"])
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                out.push((name, schema));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn realworld_crds_compile() {
+        let all = realworld();
+        if std::path::Path::new("/work/shared/realworld-crds").exists() {
+            assert!(
+                all.len() >= 4,
+                "{:?}",
+                all.iter().map(|x| &x.0).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
+    fn realworld_servicemonitor() {
+        let Some((_, s)) = realworld()
+            .into_iter()
+            .find(|(n, _)| n == "servicemonitors.monitoring.coreos.com/v1")
+        else {
+            return;
+        };
+        let mut good = json!({"apiVersion":"monitoring.coreos.com/v1","kind":"ServiceMonitor",
+            "metadata":{"name":"web","namespace":"default"},
+            "spec":{"selector":{"matchLabels":{"app":"web"}},
+                "endpoints":[{"port":"http","interval":"30s","path":"/metrics","unknownKnob":1}]}});
+        let pruned = s.prune(&mut good);
+        assert_eq!(pruned, vec!["spec.endpoints[0].unknownKnob"]);
+        s.apply_defaults(&mut good);
+        assert_eq!(strings(&s.validate(&good, None)), Vec::<String>::new());
+        let mut bad = json!({"apiVersion":"monitoring.coreos.com/v1","kind":"ServiceMonitor",
+            "metadata":{"name":"web"},
+            "spec":{"selector":{},"endpoints":[{"port":"http","interval":"thirty","scheme":"gopher"}]}});
+        s.prune(&mut bad);
+        s.apply_defaults(&mut bad);
+        let errs = strings(&s.validate(&bad, None));
+        assert!(
+            errs.iter().any(|e| e.starts_with(r#"spec.endpoints[0].interval: Invalid value: "thirty": spec.endpoints[0].interval in body should match"#)),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with(r#"spec.endpoints[0].scheme: Unsupported value: "gopher""#)),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn realworld_policyreport() {
+        let Some((_, s)) = realworld()
+            .into_iter()
+            .find(|(n, _)| n.starts_with("policyreports.") && n.ends_with("v1beta2"))
+        else {
+            return;
+        };
+        let mut obj = json!({"apiVersion":"wgpolicyk8s.io/v1beta2","kind":"PolicyReport",
+            "metadata":{"name":"r","namespace":"default"},
+            "summary":{"pass":1,"fail":0},
+            "results":[{"policy":"require-labels","result":"pass","source":"kyverno",
+                "timestamp":{"seconds":1700000000,"nanos":0}}]});
+        s.prune(&mut obj);
+        s.apply_defaults(&mut obj);
+        assert_eq!(strings(&s.validate(&obj, None)), Vec::<String>::new());
+        obj["results"][0]["result"] = json!("maybe");
+        let errs = strings(&s.validate(&obj, None));
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with(r#"results[0].result: Unsupported value: "maybe""#)),
+            "{errs:?}"
+        );
+    }
+}

@@ -1,0 +1,231 @@
+//! The request filters in front of the API handlers, in kube-apiserver's
+//! order: request info → authentication → API Priority and Fairness →
+//! (authorization) → handler, with request metrics around them all.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use http::{HeaderValue, StatusCode};
+
+use super::metrics::{record_request, RequestLabels};
+use crate::api::request::{route, Route, Verb};
+use crate::api::watch::InitialEventsSent;
+use crate::auth::{authenticate_dev, Identity};
+use crate::flowcontrol::{Apf, EstimateInputs, RequestDigest, TOO_MANY_REQUESTS_BODY};
+use crate::registry::Registry;
+
+pub struct Filters {
+    pub apf: Arc<Apf>,
+    pub registry: Arc<Registry>,
+}
+
+struct Info {
+    digest: RequestDigest,
+    labels: RequestLabels,
+    verb: Option<Verb>,
+    resource_id: Option<String>,
+}
+
+fn request_info(req: &Request, identity: &Identity) -> Info {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("");
+    let method = req.method().clone();
+    let mut digest = RequestDigest {
+        user: identity.user.clone(),
+        groups: identity.groups.clone(),
+        is_resource: false,
+        verb: method.as_str().to_ascii_lowercase(),
+        api_group: String::new(),
+        api_version: String::new(),
+        resource: String::new(),
+        subresource: String::new(),
+        namespace: String::new(),
+        name: String::new(),
+        path: path.clone(),
+        is_long_running_non_watch: false,
+    };
+    let mut labels = RequestLabels {
+        verb: method.as_str().to_string(),
+        group: String::new(),
+        version: String::new(),
+        resource: String::new(),
+        subresource: String::new(),
+        scope: String::new(),
+    };
+    let mut verb = None;
+    let mut resource_id = None;
+    if let Route::Resource(r) = route(&method, &path, query) {
+        digest.is_resource = true;
+        verb = r.verb;
+        digest.verb = r
+            .verb
+            .map_or_else(|| digest.verb.clone(), |v| v.as_str().to_string());
+        digest.api_group = r.group.clone();
+        digest.api_version = r.version.clone();
+        digest.resource = r.resource.clone();
+        digest.subresource = r.subresource.clone().unwrap_or_default();
+        digest.namespace = r.namespace.clone().unwrap_or_default();
+        digest.name = r.name.clone().unwrap_or_default();
+        labels = RequestLabels {
+            verb: match r.verb {
+                Some(Verb::Create) => "POST".into(),
+                Some(Verb::Update) => "PUT".into(),
+                Some(v) => v.as_str().to_ascii_uppercase(),
+                None => method.as_str().to_string(),
+            },
+            group: r.group.clone(),
+            version: r.version.clone(),
+            resource: r.resource.clone(),
+            subresource: r.subresource.clone().unwrap_or_default(),
+            scope: if r.name.is_some() {
+                "resource".into()
+            } else if r.namespace.is_some() {
+                "namespace".into()
+            } else {
+                "cluster".into()
+            },
+        };
+        resource_id = Some(format!("{}/{}", r.group, r.resource));
+    }
+    Info {
+        digest,
+        labels,
+        verb,
+        resource_id,
+    }
+}
+
+/// What a request will cost, from the watch cache's live figures.
+fn estimate(registry: &Registry, info: &Info) -> EstimateInputs {
+    let Some(resource) = &info.resource_id else {
+        return EstimateInputs::Simple;
+    };
+    match info.verb {
+        Some(Verb::List) | Some(Verb::Watch) if info.digest.name.is_empty() => {
+            let (count, avg) = registry.cache.stats(resource);
+            EstimateInputs::List {
+                object_count: count as u64,
+                avg_object_size: avg,
+                from_watch_cache: true,
+            }
+        }
+        Some(Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection) => {
+            EstimateInputs::Mutating {
+                watchers: registry.cache.watcher_count(resource) as u32,
+            }
+        }
+        _ => EstimateInputs::Simple,
+    }
+}
+
+fn set_header(resp: &mut Response, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        resp.headers_mut().insert(name, v);
+    }
+}
+
+pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let identity = authenticate_dev(req.headers());
+    let info = request_info(&req, &identity);
+    req.extensions_mut().insert(identity);
+    let inputs = estimate(&f.registry, &info);
+    // A client that goes away drops this future, which withdraws a queued request.
+    let admitted = f
+        .apf
+        .admit(&info.digest, inputs, None, std::future::pending::<()>())
+        .await;
+    let mut resp = match admitted {
+        Err(rejected) => {
+            let mut r = Response::new(axum::body::Body::from(format!(
+                "{TOO_MANY_REQUESTS_BODY}\n"
+            )));
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            set_header(&mut r, "content-type", "text/plain; charset=utf-8");
+            set_header(&mut r, "x-content-type-options", "nosniff");
+            set_header(
+                &mut r,
+                "retry-after",
+                &rejected.retry_after_secs.to_string(),
+            );
+            set_header(
+                &mut r,
+                "x-kubernetes-pf-flowschema-uid",
+                &rejected.flow_schema_uid,
+            );
+            set_header(
+                &mut r,
+                "x-kubernetes-pf-prioritylevel-uid",
+                &rejected.priority_level_uid,
+            );
+            r
+        }
+        Ok(seats) => {
+            let fs = seats.flow_schema_uid().to_string();
+            let pl = seats.priority_level_uid().to_string();
+            let mut r = if info.verb == Some(Verb::Watch) {
+                // A watch holds its seats only until its initial events are out.
+                req.extensions_mut().insert(InitialEventsSent::new(move || {
+                    seats.release_initial_seats()
+                }));
+                next.run(req).await
+            } else {
+                // Seats are held until the body is fully sent: a streamed LIST works
+                // after its handler returns.
+                let r = next.run(req).await;
+                let (parts, body) = r.into_parts();
+                Response::from_parts(
+                    parts,
+                    axum::body::Body::new(FinishOnEnd {
+                        inner: body,
+                        seats: Some(seats),
+                    }),
+                )
+            };
+            set_header(&mut r, "x-kubernetes-pf-flowschema-uid", &fs);
+            set_header(&mut r, "x-kubernetes-pf-prioritylevel-uid", &pl);
+            r
+        }
+    };
+    record_request(&info.labels, resp.status().as_u16(), start.elapsed());
+    if resp.headers().get("cache-control").is_none() && resp.status() != StatusCode::NOT_MODIFIED {
+        set_header(&mut resp, "cache-control", "no-cache, private");
+    }
+    resp
+}
+
+/// A response body that returns its request's seats when it has been sent
+/// (or dropped, when the client goes away).
+struct FinishOnEnd {
+    inner: axum::body::Body,
+    seats: Option<crate::flowcontrol::SeatGuard>,
+}
+
+impl http_body::Body for FinishOnEnd {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(None) = polled {
+            if let Some(s) = self.seats.take() {
+                s.finish();
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

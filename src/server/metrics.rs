@@ -1,0 +1,184 @@
+//! Prometheus metrics with the `metrics` crate: `apiserver_request_*` recorded
+//! per request, `apiserver_flowcontrol_*` gauges and counters refreshed from
+//! the APF snapshot at scrape time, histograms through an `ApfObserver`.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::flowcontrol::{Apf, ApfObserver, RejectReason};
+
+/// kube-apiserver's latency buckets (seconds).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
+    10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
+];
+const SEAT_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 10.0, 20.0, 50.0, 100.0];
+const QUEUE_BUCKETS: &[f64] = &[0.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process-wide recorder (installed once; later servers in the same process share it).
+pub fn handle() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("apiserver_flowcontrol_work_estimated_seats".into()),
+                        SEAT_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(
+                            "apiserver_flowcontrol_request_queue_length_after_enqueue".into(),
+                        ),
+                        QUEUE_BUCKETS,
+                    )
+                });
+            match builder.and_then(|b| b.install_recorder()) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics recorder not installed");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+pub struct RequestLabels {
+    pub verb: String,
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub subresource: String,
+    pub scope: String,
+}
+
+pub fn record_request(l: &RequestLabels, code: u16, took: Duration) {
+    let labels = [
+        ("verb", l.verb.clone()),
+        ("group", l.group.clone()),
+        ("version", l.version.clone()),
+        ("resource", l.resource.clone()),
+        ("subresource", l.subresource.clone()),
+        ("scope", l.scope.clone()),
+        ("component", "apiserver".to_string()),
+        ("code", code.to_string()),
+    ];
+    metrics::counter!("apiserver_request_total", &labels).increment(1);
+    metrics::histogram!("apiserver_request_duration_seconds", &labels[..7])
+        .record(took.as_secs_f64());
+}
+
+/// The exposition text, with APF gauges brought up to date first.
+pub fn render(apf: &Apf) -> String {
+    let snap = apf.snapshot();
+    for l in &snap.levels {
+        let pl = [("priority_level", l.name.clone())];
+        metrics::gauge!("apiserver_flowcontrol_nominal_limit_seats", &pl)
+            .set(l.nominal_limit_seats as f64);
+        metrics::gauge!("apiserver_flowcontrol_current_limit_seats", &pl)
+            .set(l.current_limit_seats as f64);
+        metrics::gauge!("apiserver_flowcontrol_request_concurrency_limit", &pl)
+            .set(l.current_limit_seats as f64);
+        metrics::gauge!("apiserver_flowcontrol_lower_limit_seats", &pl)
+            .set(l.lower_limit_seats as f64);
+        metrics::gauge!("apiserver_flowcontrol_upper_limit_seats", &pl)
+            .set(l.upper_limit_seats as f64);
+        metrics::gauge!("apiserver_flowcontrol_current_executing_seats", &pl)
+            .set(l.executing_seats as f64);
+        metrics::gauge!("apiserver_flowcontrol_current_executing_requests", &pl)
+            .set(l.executing_requests as f64);
+        metrics::gauge!("apiserver_flowcontrol_current_inqueue_requests", &pl)
+            .set(l.waiting_requests as f64);
+        metrics::gauge!("apiserver_flowcontrol_demand_seats_smoothed", &pl)
+            .set(l.smoothed_demand_seats);
+        metrics::gauge!("apiserver_flowcontrol_demand_seats_average", &pl)
+            .set(l.demand_seats as f64);
+        metrics::gauge!("apiserver_flowcontrol_target_seats", &pl).set(l.target_seats);
+    }
+    for f in &snap.flows {
+        let labels = [
+            ("priority_level", f.priority_level.clone()),
+            ("flow_schema", f.flow_schema.clone()),
+        ];
+        metrics::counter!("apiserver_flowcontrol_dispatched_requests_total", &labels)
+            .absolute(f.dispatched);
+        for reason in RejectReason::ALL {
+            let n = f.rejected[reason.index()];
+            if n > 0 {
+                let labels = [
+                    ("priority_level", f.priority_level.clone()),
+                    ("flow_schema", f.flow_schema.clone()),
+                    ("reason", reason.as_str().to_string()),
+                ];
+                metrics::counter!("apiserver_flowcontrol_rejected_requests_total", &labels)
+                    .absolute(n);
+            }
+        }
+    }
+    handle().map(|h| h.render()).unwrap_or_default()
+}
+
+/// Feeds APF's histogram events into the recorder.
+pub struct Observer;
+
+impl ApfObserver for Observer {
+    fn wait_finished(
+        &self,
+        priority_level: &str,
+        flow_schema: &str,
+        waited: Duration,
+        executed: bool,
+    ) {
+        let labels = [
+            ("priority_level", priority_level.to_string()),
+            ("flow_schema", flow_schema.to_string()),
+            ("execute", executed.to_string()),
+        ];
+        metrics::histogram!(
+            "apiserver_flowcontrol_request_wait_duration_seconds",
+            &labels
+        )
+        .record(waited.as_secs_f64());
+    }
+    fn execution_finished(
+        &self,
+        priority_level: &str,
+        flow_schema: &str,
+        kind: &str,
+        took: Duration,
+    ) {
+        let labels = [
+            ("priority_level", priority_level.to_string()),
+            ("flow_schema", flow_schema.to_string()),
+            ("type", kind.to_string()),
+        ];
+        metrics::histogram!("apiserver_flowcontrol_request_execution_seconds", &labels)
+            .record(took.as_secs_f64());
+    }
+    fn enqueued(&self, priority_level: &str, flow_schema: &str, queue_length: usize) {
+        let labels = [
+            ("priority_level", priority_level.to_string()),
+            ("flow_schema", flow_schema.to_string()),
+        ];
+        metrics::histogram!(
+            "apiserver_flowcontrol_request_queue_length_after_enqueue",
+            &labels
+        )
+        .record(queue_length as f64);
+    }
+    fn work_estimated(&self, priority_level: &str, flow_schema: &str, seats: u32) {
+        let labels = [
+            ("priority_level", priority_level.to_string()),
+            ("flow_schema", flow_schema.to_string()),
+        ];
+        metrics::histogram!("apiserver_flowcontrol_work_estimated_seats", &labels)
+            .record(seats as f64);
+    }
+}

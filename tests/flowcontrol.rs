@@ -1,0 +1,405 @@
+//! API Priority and Fairness through HTTP: headers, 429s, fairness between an
+//! elephant and a mouse in one level, watches releasing seats, metrics and
+//! debug dumps.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kshard::flowcontrol::{bootstrap, FlowSchema, PriorityLevelConfiguration};
+use serde_json::json;
+
+fn level(name: &str, shares: u32, limit_response: serde_json::Value) -> PriorityLevelConfiguration {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": shares, "lendablePercent": 0, "borrowingLimitPercent": 0,
+            "limitResponse": limit_response,
+        }},
+    }))
+    .expect("level")
+}
+
+fn schema(name: &str, group: &str, level: &str) -> FlowSchema {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "priorityLevelConfiguration": {"name": level},
+            "matchingPrecedence": 1000,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "Group", "group": {"name": group}}],
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "namespaces": ["*"], "clusterScope": true}],
+            }],
+        },
+    }))
+    .expect("schema")
+}
+
+fn install(
+    s: &common::TestServer,
+    schemas: Vec<FlowSchema>,
+    levels: Vec<PriorityLevelConfiguration>,
+) {
+    let mut fs = bootstrap::all_flow_schemas();
+    fs.extend(schemas);
+    let mut pl = bootstrap::all_priority_levels();
+    pl.extend(levels);
+    let report = s.running.apf.replace_config(fs, pl);
+    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+}
+
+/// A LIST that is expensive for the server and cheap for the client: an exact
+/// read of history through storage with a selector nothing matches.
+fn wide_list_base(s: &common::TestServer) -> String {
+    let rv = s.running.registry.store.revision();
+    format!(
+        "{}?resourceVersion={rv}&resourceVersionMatch=Exact&labelSelector=app%3Dnobody",
+        common::WIDGETS
+    )
+}
+
+fn wide_list(uri: &str) -> String {
+    uri.to_string()
+}
+
+fn as_user<'a>(user: &'a str, group: &'a str) -> [(&'static str, &'a str); 2] {
+    [("impersonate-user", user), ("impersonate-group", group)]
+}
+
+async fn fill(s: &common::TestServer, n: usize) {
+    let payload = "x".repeat(900);
+    let mut tasks = Vec::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    for _ in 0..16 {
+        let client = s.client.clone();
+        let next = next.clone();
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return;
+                }
+                let mut w = common::widget(&format!("big{i:05}"), 1);
+                w["spec"]["payload"] = json!(payload);
+                let req = http::Request::post(common::WIDGETS)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&w).expect("json"),
+                    ))
+                    .expect("req");
+                let resp = client.send(req).await.expect("send");
+                assert_eq!(resp.status(), 201);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("fill");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_response_is_classified() {
+    let s = common::start().await;
+    let r = s.get(common::WIDGETS).await;
+    let fs = r
+        .headers
+        .get("x-kubernetes-pf-flowschema-uid")
+        .expect("flow schema uid");
+    let pl = r
+        .headers
+        .get("x-kubernetes-pf-prioritylevel-uid")
+        .expect("priority level uid");
+    assert!(!fs.is_empty() && !pl.is_empty());
+    // Errors and non-resource requests are classified too.
+    assert!(s
+        .get(&format!("{}/missing", common::WIDGETS))
+        .await
+        .headers
+        .contains_key("x-kubernetes-pf-flowschema-uid"));
+    assert!(s
+        .get("/version")
+        .await
+        .headers
+        .contains_key("x-kubernetes-pf-prioritylevel-uid"));
+    // The admin (system:masters) is exempt; an ordinary user lands in global-default.
+    let dump = s
+        .get("/debug/api_priority_and_fairness/dump_priority_levels")
+        .await
+        .text();
+    assert!(
+        dump.starts_with("PriorityLevelName, ActiveQueues, IsIdle,"),
+        "{dump}"
+    );
+    let r = s
+        .raw("GET", common::WIDGETS, &as_user("alice", "devs"), vec![])
+        .await;
+    assert_eq!(r.status, 200);
+    let before = s.running.apf.snapshot();
+    let gd = before
+        .flows
+        .iter()
+        .find(|f| f.priority_level == "global-default" && f.flow_schema == "global-default")
+        .expect("global-default flow");
+    assert!(gd.dispatched >= 1);
+    let out = s.kubectl_ok(&[
+        "get",
+        "--raw",
+        "/debug/api_priority_and_fairness/dump_queues",
+    ]);
+    let columns = |text: &str| -> Vec<String> {
+        text.lines()
+            .next()
+            .unwrap_or("")
+            .split(',')
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    assert_eq!(
+        columns(&out)[..5],
+        [
+            "PriorityLevelName",
+            "Index",
+            "PendingRequests",
+            "ExecutingRequests",
+            "SeatsInUse"
+        ],
+        "{out}"
+    );
+    let out = s.kubectl_ok(&[
+        "get",
+        "--raw",
+        "/debug/api_priority_and_fairness/dump_requests?includeRequestDetails=1",
+    ]);
+    assert_eq!(
+        columns(&out)[..6],
+        [
+            "PriorityLevelName",
+            "FlowSchemaName",
+            "QueueIndex",
+            "RequestIndexInQueue",
+            "FlowDistingsher",
+            "ArriveTime"
+        ],
+        "{out}"
+    );
+    assert!(columns(&out).contains(&"UserName".to_string()), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reject_level_answers_429_and_watch_releases_its_seat() {
+    let s = common::start().await;
+    install(
+        &s,
+        vec![schema("solo", "solo", "solo")],
+        vec![level("solo", 1, json!({"type": "Reject"}))],
+    );
+    assert_eq!(
+        s.running
+            .apf
+            .snapshot()
+            .levels
+            .iter()
+            .find(|l| l.name == "solo")
+            .map(|l| l.nominal_limit_seats),
+        Some(3)
+    );
+    let me = as_user("bob", "solo");
+    // A watch that has sent its initial events holds no seat: GETs keep working.
+    let mut watches = Vec::new();
+    for _ in 0..5 {
+        let req = http::Request::get(format!("{}?watch=true&timeoutSeconds=20", common::WIDGETS))
+            .header("impersonate-user", "bob")
+            .header("impersonate-group", "solo")
+            .body(kube::client::Body::empty())
+            .expect("req");
+        let resp = s.client.send(req).await.expect("watch");
+        assert_eq!(resp.status(), 200);
+        watches.push(resp);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..5 {
+        let r = s.raw("GET", common::WIDGETS, &me, vec![]).await;
+        assert_eq!(r.status, 200, "watches must not hold seats");
+    }
+    // Saturate the 3 seats with slow requests: concurrent extra ones are rejected at once.
+    fill(&s, 600).await;
+    let rejected = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    let uri = wide_list_base(&s);
+    for i in 0..24 {
+        let client = s.client.clone();
+        let rejected = rejected.clone();
+        let uri = uri.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let req = http::Request::get(wide_list(&uri))
+                    .header("impersonate-user", format!("u{i}"))
+                    .header("impersonate-group", "solo")
+                    .body(kube::client::Body::empty())
+                    .expect("req");
+                let resp = client.send(req).await.expect("send");
+                if resp.status() == 429 {
+                    assert_eq!(
+                        resp.headers()
+                            .get("retry-after")
+                            .and_then(|v| v.to_str().ok())
+                            .map(|v| v.parse::<u64>().is_ok()),
+                        Some(true)
+                    );
+                    assert!(resp
+                        .headers()
+                        .contains_key("x-kubernetes-pf-flowschema-uid"));
+                    let body = resp.into_body().collect_bytes().await.expect("body");
+                    assert_eq!(&body[..], b"Too many requests, please try again later.\n");
+                    rejected.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    assert_eq!(resp.status(), 200);
+                    let _ = resp.into_body().collect_bytes().await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert!(
+        rejected.load(Ordering::Relaxed) > 0,
+        "a full Reject level rejects"
+    );
+    let metrics = s.get("/metrics").await.text();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("apiserver_flowcontrol_rejected_requests_total")
+                && l.contains("priority_level=\"solo\"")
+                && l.contains("reason=\"concurrency-limit\"")
+        ),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("rejected"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(metrics.contains("apiserver_request_total{verb=\"LIST\",group=\"demo.kshard.dev\""));
+    assert!(metrics.contains("apiserver_request_duration_seconds_bucket"));
+    drop(watches);
+}
+
+/// Runs an elephant (many concurrent wide LISTs) against a mouse (sequential small
+/// GETs) from another user of the same level; returns (mouse latencies, elephant 429s,
+/// elephant successes, mouse failures).
+pub async fn elephant_and_mouse(
+    s: &common::TestServer,
+    elephants: usize,
+    run_for: Duration,
+) -> (Vec<Duration>, usize, usize, usize) {
+    let stop = Instant::now() + run_for;
+    let rejected = Arc::new(AtomicUsize::new(0));
+    let served = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    let uri = wide_list_base(s);
+    for _ in 0..elephants {
+        let client = s.client.clone();
+        let (rejected, served) = (rejected.clone(), served.clone());
+        let uri = uri.clone();
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < stop {
+                let req = http::Request::get(wide_list(&uri))
+                    .header("impersonate-user", "elephant")
+                    .header("impersonate-group", "tenants")
+                    .body(kube::client::Body::empty())
+                    .expect("req");
+                let resp = client.send(req).await.expect("send");
+                let status = resp.status();
+                let _ = resp.into_body().collect_bytes().await;
+                if status == 429 {
+                    rejected.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                } else {
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let mut mouse = Vec::new();
+    let mut mouse_failed = 0;
+    let mut peak = (0, 0);
+    while Instant::now() < stop {
+        if let Some(l) = s
+            .running
+            .apf
+            .snapshot()
+            .levels
+            .iter()
+            .find(|l| l.name == "tenants")
+        {
+            peak = (
+                peak.0.max(l.executing_seats),
+                peak.1.max(l.waiting_requests),
+            );
+        }
+        let t = Instant::now();
+        let r = s
+            .raw(
+                "GET",
+                &format!("{}/big00001", common::WIDGETS),
+                &as_user("mouse", "tenants"),
+                vec![],
+            )
+            .await;
+        if r.status == 200 {
+            mouse.push(t.elapsed());
+        } else {
+            mouse_failed += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for t in tasks {
+        t.await.expect("elephant");
+    }
+    eprintln!("peak executing seats {}, waiting {}", peak.0, peak.1);
+    mouse.sort();
+    (
+        mouse,
+        rejected.load(Ordering::Relaxed),
+        served.load(Ordering::Relaxed),
+        mouse_failed,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mouse_keeps_being_served_while_elephant_gets_429s() {
+    let s = common::start().await;
+    install(
+        &s,
+        vec![schema("tenants", "tenants", "tenants")],
+        vec![level(
+            "tenants",
+            9,
+            json!({"type": "Queue", "queuing": {"queues": 16, "handSize": 2, "queueLengthLimit": 4}}),
+        )],
+    );
+    fill(&s, 1000).await;
+    let (idle, _, _, failed) = elephant_and_mouse(&s, 0, Duration::from_millis(500)).await;
+    assert_eq!(failed, 0);
+    let (loaded, rejected, served, failed) =
+        elephant_and_mouse(&s, 24, Duration::from_secs(3)).await;
+    let p = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize];
+    eprintln!(
+        "mouse p50/p99 idle {:?}/{:?}, loaded {:?}/{:?} ({} GETs); elephant served {served}, rejected {rejected}",
+        p(&idle, 0.5), p(&idle, 0.99), p(&loaded, 0.5), p(&loaded, 0.99), loaded.len()
+    );
+    assert_eq!(failed, 0, "every mouse request succeeds");
+    assert!(rejected > 0, "the elephant is pushed back with 429s");
+    assert!(served > 0, "the elephant still gets its share");
+    assert!(loaded.len() >= 10, "the mouse keeps going");
+    assert!(
+        p(&loaded, 0.99) < Duration::from_secs(2),
+        "mouse latency stays bounded: {:?}",
+        p(&loaded, 0.99)
+    );
+}
