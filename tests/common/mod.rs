@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod apf;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;

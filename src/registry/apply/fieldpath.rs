@@ -70,7 +70,10 @@ fn compare_key_lists(a: &[(String, Value)], b: &[(String, Value)]) -> Ordering {
             (None, Some(_)) => return Ordering::Less,
             (Some(_), None) => return Ordering::Greater,
             (Some((an, av)), Some((bn, bv))) => {
-                let c = an.as_bytes().cmp(bn.as_bytes()).then_with(|| compare_values(av, bv));
+                let c = an
+                    .as_bytes()
+                    .cmp(bn.as_bytes())
+                    .then_with(|| compare_values(av, bv));
                 if c != Ordering::Equal {
                     return c;
                 }
@@ -165,7 +168,8 @@ pub fn values_equal(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             x.len() == y.len()
-                && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| values_equal(v, w)))
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| values_equal(v, w)))
         }
         (Value::Array(x), Value::Array(y)) => {
             x.len() == y.len() && x.iter().zip(y).all(|(l, r)| values_equal(l, r))
@@ -233,7 +237,9 @@ pub fn go_quote(s: &str) -> String {
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
             '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -646,17 +652,42 @@ mod tests {
         let key = PathElement::Key(vec![("name".into(), json!("nginx"))]);
         let mut s = Set::new();
         s.insert(&[f("spec"), f("replicas")]);
-        s.insert(&[f("spec"), f("template"), f("spec"), f("containers"), key.clone()]);
-        s.insert(&[f("spec"), f("template"), f("spec"), f("containers"), key.clone(), f("image")]);
-        s.insert(&[f("spec"), f("template"), f("spec"), f("containers"), key.clone(), f("name")]);
-        s.insert(&[f("metadata"), f("finalizers"), PathElement::Value(json!("a/b"))]);
+        s.insert(&[
+            f("spec"),
+            f("template"),
+            f("spec"),
+            f("containers"),
+            key.clone(),
+        ]);
+        s.insert(&[
+            f("spec"),
+            f("template"),
+            f("spec"),
+            f("containers"),
+            key.clone(),
+            f("image"),
+        ]);
+        s.insert(&[
+            f("spec"),
+            f("template"),
+            f("spec"),
+            f("containers"),
+            key.clone(),
+            f("name"),
+        ]);
+        s.insert(&[
+            f("metadata"),
+            f("finalizers"),
+            PathElement::Value(json!("a/b")),
+        ]);
         let out = s.to_fields_v1_string();
         assert_eq!(
             out,
             r#"{"f:metadata":{"f:finalizers":{"v:\"a/b\"":{}}},"f:spec":{"f:replicas":{},"f:template":{"f:spec":{"f:containers":{"k:{\"name\":\"nginx\"}":{".":{},"f:image":{},"f:name":{}}}}}}}"#
         );
         assert_eq!(serde_json::to_string(&s.to_fields_v1()).expect("json"), out);
-        let back = Set::from_fields_v1(&serde_json::from_str(&out).expect("parse")).expect("decode");
+        let back =
+            Set::from_fields_v1(&serde_json::from_str(&out).expect("parse")).expect("decode");
         assert_eq!(back, s);
     }
 
@@ -665,21 +696,27 @@ mod tests {
         let pe = PathElement::from_fields_key(r#"k:{"protocol":"TCP","containerPort":80}"#)
             .expect("parse")
             .expect("known");
-        assert_eq!(pe.to_fields_key(), r#"k:{"containerPort":80,"protocol":"TCP"}"#);
+        assert_eq!(
+            pe.to_fields_key(),
+            r#"k:{"containerPort":80,"protocol":"TCP"}"#
+        );
         assert_eq!(pe.to_string(), r#"[containerPort=80,protocol="TCP"]"#);
         let float = PathElement::Key(vec![
             ("containerPort".into(), json!(80.0)),
             ("protocol".into(), json!("TCP")),
         ]);
         assert_eq!(pe, float);
-        assert_eq!(PathElement::from_fields_key("x:foo").expect("unknown"), None);
+        assert_eq!(
+            PathElement::from_fields_key("x:foo").expect("unknown"),
+            None
+        );
         assert!(PathElement::from_fields_key("f").is_err());
         assert!(PathElement::from_fields_key("fx").is_err());
     }
 
     #[test]
     fn element_order_matches_kube() {
-        let mut v = vec![
+        let mut v = [
             PathElement::Index(0),
             PathElement::Value(json!("a")),
             PathElement::Value(json!(1)),
@@ -689,7 +726,10 @@ mod tests {
         ];
         v.sort();
         let keys: Vec<String> = v.iter().map(PathElement::to_fields_key).collect();
-        assert_eq!(keys, vec!["f:B", "f:z", r#"k:{"a":"b"}"#, "v:1", r#"v:"a""#, "i:0"]);
+        assert_eq!(
+            keys,
+            vec!["f:B", "f:z", r#"k:{"a":"b"}"#, "v:1", r#"v:"a""#, "i:0"]
+        );
     }
 
     #[test]
@@ -705,7 +745,9 @@ mod tests {
         assert!(a.intersection(&b).has(&[f("spec"), f("b")]));
         assert!(!a.intersection(&b).has(&[f("status")]));
         let d = a.difference(&b);
-        assert!(d.has(&[f("spec"), f("a")]) && !d.has(&[f("spec"), f("b")]) && d.has(&[f("status")]));
+        assert!(
+            d.has(&[f("spec"), f("a")]) && !d.has(&[f("spec"), f("b")]) && d.has(&[f("status")])
+        );
         let mut x = Set::new();
         x.insert(&[f("spec")]);
         let r = a.recursive_difference(&x);
@@ -720,7 +762,10 @@ mod tests {
         let v = json!({"f:a": {".": {}, "f:b": {}}, "z:zz": {}, "f:c": {}});
         let s = Set::from_fields_v1(&v).expect("decode");
         assert!(s.has(&[f("a")]) && s.has(&[f("a"), f("b")]) && s.has(&[f("c")]));
-        assert_eq!(s.to_fields_v1_string(), r#"{"f:a":{".":{},"f:b":{}},"f:c":{}}"#);
+        assert_eq!(
+            s.to_fields_v1_string(),
+            r#"{"f:a":{".":{},"f:b":{}},"f:c":{}}"#
+        );
         assert!(Set::from_fields_v1(&json!({"f:a": 1})).is_err());
         assert!(Set::from_fields_v1(&json!({"k:notjson": {}})).is_err());
         assert!(Set::from_fields_v1(&json!({})).expect("empty").is_empty());

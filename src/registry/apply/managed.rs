@@ -48,7 +48,12 @@ pub(crate) struct Managed {
 // ---------------------------------------------------------------- identifiers
 
 /// The identifier kube derives from an entry (`BuildManagerIdentifier`).
-pub(crate) fn manager_id(manager: &str, operation: &str, api_version: &str, subresource: &str) -> String {
+pub(crate) fn manager_id(
+    manager: &str,
+    operation: &str,
+    api_version: &str,
+    subresource: &str,
+) -> String {
     let mut s = String::from("{");
     let mut first = true;
     let mut field = |name: &str, value: &str, s: &mut String| {
@@ -78,7 +83,12 @@ pub(crate) fn manager_id(manager: &str, operation: &str, api_version: &str, subr
 fn parse_id(id: &str) -> (String, String, String, String) {
     let v: Value = serde_json::from_str(id).unwrap_or(Value::Null);
     let get = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-    (get("manager"), get("operation"), get("apiVersion"), get("subresource"))
+    (
+        get("manager"),
+        get("operation"),
+        get("apiVersion"),
+        get("subresource"),
+    )
 }
 
 /// kube's `printManager`: `"m"`, `"m" with subresource "status"`, and for
@@ -91,7 +101,10 @@ pub(crate) fn describe_manager(id: &str) -> String {
     let get = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("");
     let mut s = go_quote(get("manager"));
     if !get("subresource").is_empty() {
-        s.push_str(&format!(" with subresource {}", go_quote(get("subresource"))));
+        s.push_str(&format!(
+            " with subresource {}",
+            go_quote(get("subresource"))
+        ));
     }
     if get("operation") == "Update" {
         s.push_str(&format!(" using {}", get("apiVersion")));
@@ -120,7 +133,15 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { yoe + era * 400 + 1 } else { yoe + era * 400 }, m, d)
+    (
+        if m <= 2 {
+            yoe + era * 400 + 1
+        } else {
+            yoe + era * 400
+        },
+        m,
+        d,
+    )
 }
 
 /// Parses RFC 3339 (as Go's `time.RFC3339` accepts) into unix seconds.
@@ -134,10 +155,23 @@ pub(crate) fn parse_time(s: &str) -> Option<i64> {
             None
         }
     };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
-    let (y, mo, d, h, mi, se) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    let (y, mo, d, h, mi, se) = (
+        num(0..4)?,
+        num(5..7)?,
+        num(8..10)?,
+        num(11..13)?,
+        num(14..16)?,
+        num(17..19)?,
+    );
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 59 {
         return None;
     }
@@ -171,7 +205,12 @@ pub(crate) fn parse_time(s: &str) -> Option<i64> {
 pub(crate) fn format_time(secs: i64) -> String {
     let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
     let rem = secs.rem_euclid(86_400);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 // ------------------------------------------------------------ encode / decode
@@ -207,24 +246,38 @@ pub(crate) fn decode(entries: Option<&Value>) -> Result<Managed, String> {
         match text("fieldsType")?.as_str() {
             "FieldsV1" => {}
             "" => return Err(format!("missing fieldsType in managed fields entry {i}")),
-            other => return Err(format!("invalid fieldsType {} in managed fields entry {i}", go_quote(other))),
+            other => {
+                return Err(format!(
+                    "invalid fieldsType {} in managed fields entry {i}",
+                    go_quote(other)
+                ))
+            }
         }
         let time = match e.get("time") {
             None | Some(Value::Null) => None,
-            Some(Value::String(t)) => {
-                Some(parse_time(t).ok_or_else(|| format!("invalid time {} in managed fields entry {i}", go_quote(t)))?)
-            }
+            Some(Value::String(t)) => Some(parse_time(t).ok_or_else(|| {
+                format!("invalid time {} in managed fields entry {i}", go_quote(t))
+            })?),
             Some(other) => return Err(format!("invalid time {other} in managed fields entry {i}")),
         };
         let set = match e.get("fieldsV1") {
             None | Some(Value::Null) => Set::new(),
-            Some(v) => Set::from_fields_v1(v).map_err(|err| format!("error decoding set: {err}"))?,
+            Some(v) => {
+                Set::from_fields_v1(v).map_err(|err| format!("error decoding set: {err}"))?
+            }
         };
         let manager = text("manager")?;
         let subresource = text("subresource")?;
         let id = manager_id(&manager, &operation, &api_version, &subresource);
         let applied = operation == "Apply";
-        managed.fields.insert(id.clone(), VersionedSet { set, api_version, applied });
+        managed.fields.insert(
+            id.clone(),
+            VersionedSet {
+                set,
+                api_version,
+                applied,
+            },
+        );
         match time {
             Some(t) => managed.times.insert(id, t),
             None => managed.times.remove(&id),
@@ -254,7 +307,11 @@ pub(crate) fn encode(managed: &Managed) -> Option<Value> {
             let (manager, operation, _, subresource) = parse_id(id);
             Entry {
                 manager,
-                operation: if vs.applied { "Apply".into() } else { operation },
+                operation: if vs.applied {
+                    "Apply".into()
+                } else {
+                    operation
+                },
                 api_version: vs.api_version.clone(),
                 subresource,
                 time: managed.times.get(id).copied(),
@@ -299,10 +356,14 @@ fn metadata(obj: &Value) -> Option<&Map<String, Value>> {
 }
 
 fn set_managed_fields(obj: &mut Value, encoded: Option<Value>) {
-    let Some(root) = obj.as_object_mut() else { return };
+    let Some(root) = obj.as_object_mut() else {
+        return;
+    };
     match encoded {
         Some(list) => {
-            let meta = root.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+            let meta = root
+                .entry("metadata")
+                .or_insert_with(|| Value::Object(Map::new()));
             if !meta.is_object() {
                 *meta = Value::Object(Map::new());
             }
@@ -331,7 +392,10 @@ fn is_reset_request(entries: Option<&Value>) -> bool {
 }
 
 fn has_uid(obj: &Value) -> bool {
-    metadata(obj).and_then(|m| m.get("uid")).and_then(Value::as_str).is_some_and(|u| !u.is_empty())
+    metadata(obj)
+        .and_then(|m| m.get("uid"))
+        .and_then(Value::as_str)
+        .is_some_and(|u| !u.is_empty())
 }
 
 /// Fields kube never tracks (`stripmeta`).
@@ -385,7 +449,13 @@ fn gvk_string(obj: &Value) -> String {
 }
 
 fn object_gvknn(obj: &Value) -> String {
-    let get = |k: &str| metadata(obj).and_then(|m| m.get(k)).and_then(Value::as_str).unwrap_or("").to_string();
+    let get = |k: &str| {
+        metadata(obj)
+            .and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
     format!("{}/{}; {}", get("namespace"), get("name"), gvk_string(obj))
 }
 
@@ -459,7 +529,13 @@ impl FieldManager<'_> {
     }
 
     /// `Updater.Update`: the writer owns what it added or changed.
-    fn structured_update(&self, live: &Value, new: &Value, fields: &mut BTreeMap<String, VersionedSet>, id: &str) {
+    fn structured_update(
+        &self,
+        live: &Value,
+        new: &Value,
+        fields: &mut BTreeMap<String, VersionedSet>,
+        id: &str,
+    ) {
         let Ok(cmp) = self.update_owners(live, new, fields, id, true) else {
             return; // forced: no conflicts are reported
         };
@@ -472,7 +548,14 @@ impl FieldManager<'_> {
         if set.is_empty() {
             fields.remove(id);
         } else {
-            fields.insert(id.into(), VersionedSet { set, api_version: self.api_version.clone(), applied: false });
+            fields.insert(
+                id.into(),
+                VersionedSet {
+                    set,
+                    api_version: self.api_version.clone(),
+                    applied: false,
+                },
+            );
         }
     }
 
@@ -490,7 +573,14 @@ impl FieldManager<'_> {
         let merged = merge(self.root(), Some(live), Some(config)).unwrap_or(Value::Null);
         let last = fields.get(id).cloned();
         let set = field_set(self.root(), config).recursive_difference(&self.reset);
-        fields.insert(id.into(), VersionedSet { set, api_version: self.api_version.clone(), applied: true });
+        fields.insert(
+            id.into(),
+            VersionedSet {
+                set,
+                api_version: self.api_version.clone(),
+                applied: true,
+            },
+        );
         let merged = self.prune(merged, fields, last.as_ref());
         self.update_owners(live, &merged, fields, id, force)?;
         Ok((!super::fieldpath::values_equal(live, &merged)).then_some(merged))
@@ -498,7 +588,12 @@ impl FieldManager<'_> {
 
     /// Removes fields the applier owned last time and no longer applies,
     /// unless another manager (or the new configuration) still owns them.
-    fn prune(&self, merged: Value, fields: &BTreeMap<String, VersionedSet>, last: Option<&VersionedSet>) -> Value {
+    fn prune(
+        &self,
+        merged: Value,
+        fields: &BTreeMap<String, VersionedSet>,
+        last: Option<&VersionedSet>,
+    ) -> Value {
         let Some(last) = last.filter(|l| !l.set.is_empty()) else {
             return merged;
         };
@@ -506,27 +601,47 @@ impl FieldManager<'_> {
         let ensure = |s: &Set| ensure_named_fields_are_members(root, s);
         let pruned = remove_items(root, &merged, &ensure(&last.set));
         // Add back what anybody owns.
-        let owned = fields.values().fold(Set::new(), |acc, vs| acc.union(&vs.set));
+        let owned = fields
+            .values()
+            .fold(Set::new(), |acc, vs| acc.union(&vs.set));
         let merged_set = ensure(&field_set(root, &merged));
         let keep = ensure(&field_set(root, &pruned)).union(&ensure(&owned));
         let pruned = remove_items(root, &merged, &merged_set.difference(&keep));
         // Only drop what the applier itself had owned; parents emptied as a
         // side effect come back.
         let pruned_set = ensure(&field_set(root, &pruned));
-        let dangling = merged_set.difference(&pruned_set).intersection(&ensure(&last.set));
+        let dangling = merged_set
+            .difference(&pruned_set)
+            .intersection(&ensure(&last.set));
         remove_items(root, &merged, &dangling)
     }
 
     // ------------------------------------------------------ manager layers
 
     fn update_id(&self, manager: &str) -> String {
-        let manager = if manager.is_empty() { "unknown" } else { manager };
-        manager_id(manager, "Update", &self.api_version, self.subresource.as_deref().unwrap_or(""))
+        let manager = if manager.is_empty() {
+            "unknown"
+        } else {
+            manager
+        };
+        manager_id(
+            manager,
+            "Update",
+            &self.api_version,
+            self.subresource.as_deref().unwrap_or(""),
+        )
     }
 
     /// Non-apply write through kube's layers: strip meta, merge the fields
     /// into the writer's entry with a fresh time, cap Update managers.
-    fn layered_update(&self, live: &Value, new: &Value, mut managed: Managed, manager: &str, now: i64) -> Managed {
+    fn layered_update(
+        &self,
+        live: &Value,
+        new: &Value,
+        mut managed: Managed,
+        manager: &str,
+        now: i64,
+    ) -> Managed {
         let id = self.update_id(manager);
         self.structured_update(live, new, &mut managed.fields, CURRENT_OPERATION);
         strip(&mut managed.fields, CURRENT_OPERATION);
@@ -535,7 +650,14 @@ impl FieldManager<'_> {
                 Some(prev) => vs.set.union(&prev.set),
                 None => vs.set,
             };
-            managed.fields.insert(id.clone(), VersionedSet { set, api_version: vs.api_version, applied: vs.applied });
+            managed.fields.insert(
+                id.clone(),
+                VersionedSet {
+                    set,
+                    api_version: vs.api_version,
+                    applied: vs.applied,
+                },
+            );
             managed.times.insert(id, now);
         }
         cap_update_managers(&mut managed);
@@ -554,9 +676,15 @@ impl FieldManager<'_> {
         now: i64,
     ) -> Result<(Value, Managed), Conflicts> {
         if managed.fields.is_empty() {
-            managed = self.layered_update(&empty_object(live), live, managed, BEFORE_FIRST_APPLY, now);
+            managed =
+                self.layered_update(&empty_object(live), live, managed, BEFORE_FIRST_APPLY, now);
         }
-        let id = manager_id(manager, "Apply", "", self.subresource.as_deref().unwrap_or(""));
+        let id = manager_id(
+            manager,
+            "Apply",
+            "",
+            self.subresource.as_deref().unwrap_or(""),
+        );
         let new = self.structured_apply(live, config, &mut managed.fields, &id, force)?;
         strip(&mut managed.fields, &id);
         let obj = match new {
@@ -581,14 +709,19 @@ impl FieldManager<'_> {
         force: bool,
         now: i64,
     ) -> Result<(Value, Managed), Conflicts> {
-        let conflicts = match self.layered_apply(live, config, managed.clone(), manager, force, now) {
+        let conflicts = match self.layered_apply(live, config, managed.clone(), manager, force, now)
+        {
             Err(c) if manager == "kubectl" => c,
             other => return other,
         };
         let Some(allowed) = self.allowed_from_last_applied(live) else {
             return Err(conflicts);
         };
-        let remaining: Conflicts = conflicts.iter().filter(|(_, p)| !allowed.has(p)).cloned().collect();
+        let remaining: Conflicts = conflicts
+            .iter()
+            .filter(|(_, p)| !allowed.has(p))
+            .cloned()
+            .collect();
         if !remaining.is_empty() {
             return Err(remaining);
         }
@@ -597,7 +730,10 @@ impl FieldManager<'_> {
 
     /// Fields of the last-applied annotation whose live value is unchanged.
     fn allowed_from_last_applied(&self, live: &Value) -> Option<Set> {
-        let text = metadata(live)?.get("annotations")?.get(LAST_APPLIED_ANNOTATION)?.as_str()?;
+        let text = metadata(live)?
+            .get("annotations")?
+            .get(LAST_APPLIED_ANNOTATION)?
+            .as_str()?;
         if text.is_empty() {
             return None;
         }
@@ -625,9 +761,12 @@ impl FieldManager<'_> {
         now: &str,
     ) -> Result<(), ApplyError> {
         if !new.is_object() {
-            return Err(ApplyError::BadRequest("object must be a JSON object".into()));
+            return Err(ApplyError::BadRequest(
+                "object must be a JSON object".into(),
+            ));
         }
-        let now = parse_time(now).ok_or_else(|| ApplyError::Internal(format!("invalid time {now:?}")))?;
+        let now =
+            parse_time(now).ok_or_else(|| ApplyError::Internal(format!("invalid time {now:?}")))?;
         let live = match old {
             Some(o) => at_version(o, &self.api_version),
             None => empty_object(new),
@@ -666,15 +805,25 @@ impl FieldManager<'_> {
         now: &str,
     ) -> Result<Value, ApplyError> {
         if !config.is_object() {
-            return Err(ApplyError::BadRequest("apply configuration must be an object".into()));
+            return Err(ApplyError::BadRequest(
+                "apply configuration must be an object".into(),
+            ));
         }
-        let now = parse_time(now).ok_or_else(|| ApplyError::Internal(format!("invalid time {now:?}")))?;
+        let now =
+            parse_time(now).ok_or_else(|| ApplyError::Internal(format!("invalid time {now:?}")))?;
         let kind_matches = live.is_none_or(|l| l.get("kind") == config.get("kind"));
-        if config.get("apiVersion").and_then(Value::as_str) != Some(self.api_version.as_str()) || !kind_matches {
-            return Err(ApplyError::BadRequest(format!("invalid object type: {}", gvk_string(config))));
+        if config.get("apiVersion").and_then(Value::as_str) != Some(self.api_version.as_str())
+            || !kind_matches
+        {
+            return Err(ApplyError::BadRequest(format!(
+                "invalid object type: {}",
+                gvk_string(config)
+            )));
         }
         if metadata(config).is_some_and(|m| m.contains_key("managedFields")) {
-            return Err(ApplyError::BadRequest("metadata.managedFields must be nil".into()));
+            return Err(ApplyError::BadRequest(
+                "metadata.managedFields must be nil".into(),
+            ));
         }
         if let Err(e) = validate(self.root(), config) {
             return Err(ApplyError::Internal(format!(
@@ -730,7 +879,10 @@ fn has_last_applied(obj: &Value) -> bool {
 /// (sorted keys, HTML-escaped) plus newline, without the annotation itself.
 fn build_last_applied(config: &Value) -> String {
     let mut c = config.clone();
-    if let Some(a) = c.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
+    if let Some(a) = c
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
         a.remove(LAST_APPLIED_ANNOTATION);
     }
     let mut out = String::new();
@@ -740,7 +892,10 @@ fn build_last_applied(config: &Value) -> String {
 }
 
 fn set_last_applied(obj: &mut Value, text: String) {
-    if let Some(a) = obj.pointer_mut("/metadata/annotations").and_then(Value::as_object_mut) {
+    if let Some(a) = obj
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
         a.insert(LAST_APPLIED_ANNOTATION.into(), Value::String(text));
     }
 }
@@ -748,8 +903,12 @@ fn set_last_applied(obj: &mut Value, text: String) {
 /// Folds the oldest Update managers into one "ancient-changes" entry per
 /// version once there are more than ten (kube's capManagers).
 fn cap_update_managers(managed: &mut Managed) {
-    let mut updaters: Vec<String> =
-        managed.fields.iter().filter(|(_, vs)| !vs.applied).map(|(id, _)| id.clone()).collect();
+    let mut updaters: Vec<String> = managed
+        .fields
+        .iter()
+        .filter(|(_, vs)| !vs.applied)
+        .map(|(id, _)| id.clone())
+        .collect();
     if updaters.len() <= MAX_UPDATE_MANAGERS {
         return;
     }
@@ -761,7 +920,9 @@ fn cap_update_managers(managed: &mut Managed) {
         if length <= MAX_UPDATE_MANAGERS {
             break;
         }
-        let Some(vs) = managed.fields.get(&id).cloned() else { continue };
+        let Some(vs) = managed.fields.get(&id).cloned() else {
+            continue;
+        };
         let t = managed.times.get(&id).copied();
         let bucket = manager_id(ANCIENT_CHANGES, "Update", &vs.api_version, "");
         match first_by_version.get(&vs.api_version) {
@@ -771,8 +932,16 @@ fn cap_update_managers(managed: &mut Managed) {
                         managed.fields.insert(bucket.clone(), s);
                     }
                 }
-                let prev = managed.fields.get(&bucket).map(|b| b.set.clone()).unwrap_or_default();
-                let merged = VersionedSet { set: vs.set.union(&prev), api_version: vs.api_version, applied: vs.applied };
+                let prev = managed
+                    .fields
+                    .get(&bucket)
+                    .map(|b| b.set.clone())
+                    .unwrap_or_default();
+                let merged = VersionedSet {
+                    set: vs.set.union(&prev),
+                    api_version: vs.api_version,
+                    applied: vs.applied,
+                };
                 managed.fields.insert(bucket.clone(), merged);
                 managed.fields.remove(&id);
                 length -= 1;
@@ -805,19 +974,37 @@ mod tests {
     #[test]
     fn identifiers_and_descriptions() {
         let id = manager_id("kubectl", "Update", "demo.kshard.dev/v1", "");
-        assert_eq!(id, r#"{"manager":"kubectl","operation":"Update","apiVersion":"demo.kshard.dev/v1"}"#);
-        assert_eq!(describe_manager(&id), r#""kubectl" using demo.kshard.dev/v1"#);
+        assert_eq!(
+            id,
+            r#"{"manager":"kubectl","operation":"Update","apiVersion":"demo.kshard.dev/v1"}"#
+        );
+        assert_eq!(
+            describe_manager(&id),
+            r#""kubectl" using demo.kshard.dev/v1"#
+        );
         let id = manager_id("m", "Apply", "v1", "status");
-        assert_eq!(id, r#"{"manager":"m","operation":"Apply","subresource":"status"}"#);
+        assert_eq!(
+            id,
+            r#"{"manager":"m","operation":"Apply","subresource":"status"}"#
+        );
         assert_eq!(describe_manager(&id), r#""m" with subresource "status""#);
     }
 
     #[test]
     fn decode_rejects_bad_entries_and_encode_sorts() {
-        assert!(decode(Some(&json!([{"operation": "Patch", "apiVersion": "v1", "fieldsType": "FieldsV1"}]))).is_err());
-        assert!(decode(Some(&json!([{"operation": "Update", "fieldsType": "FieldsV1"}]))).is_err());
+        assert!(decode(Some(
+            &json!([{"operation": "Patch", "apiVersion": "v1", "fieldsType": "FieldsV1"}])
+        ))
+        .is_err());
+        assert!(decode(Some(
+            &json!([{"operation": "Update", "fieldsType": "FieldsV1"}])
+        ))
+        .is_err());
         assert!(decode(Some(&json!([{"operation": "Update", "apiVersion": "v1"}]))).is_err());
-        assert!(decode(Some(&json!([{"operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV2"}]))).is_err());
+        assert!(decode(Some(
+            &json!([{"operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV2"}])
+        ))
+        .is_err());
         let entries = json!([
             {"manager": "b", "operation": "Update", "apiVersion": "v1", "time": "2024-01-01T00:00:02Z",
              "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:b": {}}}},
@@ -828,7 +1015,12 @@ mod tests {
         ]);
         let m = decode(Some(&entries)).expect("decode");
         let out = encode(&m).expect("encode");
-        let names: Vec<&str> = out.as_array().expect("list").iter().map(|e| e["manager"].as_str().expect("m")).collect();
+        let names: Vec<&str> = out
+            .as_array()
+            .expect("list")
+            .iter()
+            .map(|e| e["manager"].as_str().expect("m"))
+            .collect();
         assert_eq!(names, vec!["z", "a", "b"]);
         assert_eq!(out[0]["time"], json!("2024-01-01T00:00:09Z"));
         assert_eq!(
@@ -844,7 +1036,14 @@ mod tests {
             let id = manager_id(&format!("m{i:02}"), "Update", "v1", "");
             let mut set = Set::new();
             set.insert(&[PathElement::Field(format!("f{i}"))]);
-            m.fields.insert(id.clone(), VersionedSet { set, api_version: "v1".into(), applied: false });
+            m.fields.insert(
+                id.clone(),
+                VersionedSet {
+                    set,
+                    api_version: "v1".into(),
+                    applied: false,
+                },
+            );
             m.times.insert(id, i);
         }
         cap_update_managers(&mut m);

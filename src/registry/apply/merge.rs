@@ -51,12 +51,19 @@ pub(crate) fn list_item_element(list: &ListType, item: &Value) -> Result<PathEle
         for key in &list.keys {
             if let Some(v) = m.get(key) {
                 fields.push((key.clone(), v.clone()));
-            } else if let Some(d) = elem_map.and_then(|em| em.fields.get(key)).and_then(|f| f.default.clone()) {
+            } else if let Some(d) = elem_map
+                .and_then(|em| em.fields.get(key))
+                .and_then(|f| f.default.clone())
+            {
                 fields.push((key.clone(), d));
             }
         }
         if fields.is_empty() {
-            let quoted: Vec<String> = list.keys.iter().map(|k| super::fieldpath::go_quote(k)).collect();
+            let quoted: Vec<String> = list
+                .keys
+                .iter()
+                .map(|k| super::fieldpath::go_quote(k))
+                .collect();
             return Err(format!(
                 "associative list with keys has an element that omits all key fields [{}] (and doesn't have default values for any key fields)",
                 quoted.join(" ")
@@ -66,9 +73,13 @@ pub(crate) fn list_item_element(list: &ListType, item: &Value) -> Result<PathEle
         return Ok(PathElement::Key(fields));
     }
     match item {
-        Value::Object(_) => Err("associative list without keys has an element that's a map type".into()),
+        Value::Object(_) => {
+            Err("associative list without keys has an element that's a map type".into())
+        }
         Value::Array(_) => Err("not supported: associative list with lists as elements".into()),
-        Value::Null => Err("associative list without keys has an element that's an explicit null".into()),
+        Value::Null => {
+            Err("associative list without keys has an element that's an explicit null".into())
+        }
         v => Ok(PathElement::Value(v.clone())),
     }
 }
@@ -99,14 +110,17 @@ fn at(path: &str, msg: impl std::fmt::Display) -> String {
 fn validate_at(ty: &TypeRef, v: &Value, path: &str, errs: &mut Vec<String>) {
     match ty.atom().shape_for(Some(v)) {
         Shape::Scalar(kind) => {
-            let ok = match (kind, v) {
-                (_, Value::Null) => true,
-                (ScalarKind::Numeric, Value::Number(_)) => true,
-                (ScalarKind::String, Value::String(_)) => true,
-                (ScalarKind::Boolean, Value::Bool(_)) => true,
-                (ScalarKind::Untyped, Value::Number(_) | Value::String(_) | Value::Bool(_)) => true,
-                _ => false,
-            };
+            let ok = matches!(
+                (kind, v),
+                (_, Value::Null)
+                    | (ScalarKind::Numeric, Value::Number(_))
+                    | (ScalarKind::String, Value::String(_))
+                    | (ScalarKind::Boolean, Value::Bool(_))
+                    | (
+                        ScalarKind::Untyped,
+                        Value::Number(_) | Value::String(_) | Value::Bool(_)
+                    )
+            );
             if !ok {
                 let want = match kind {
                     ScalarKind::Numeric => "numeric (int or float)",
@@ -178,8 +192,10 @@ fn field_set_at(ty: &TypeRef, v: &Value, path: &mut Path, set: &mut Set) {
                 return set.insert(path);
             }
             let Value::Array(items) = v else { return };
-            let pes: Vec<Option<PathElement>> =
-                items.iter().map(|i| list_item_element(list, i).ok()).collect();
+            let pes: Vec<Option<PathElement>> = items
+                .iter()
+                .map(|i| list_item_element(list, i).ok())
+                .collect();
             // Duplicated keys (tolerated in live objects) are owned as a whole.
             let mut seen = BTreeSet::new();
             let mut dups = BTreeSet::new();
@@ -255,13 +271,23 @@ pub(crate) fn merge(ty: &TypeRef, lhs: Option<&Value>, rhs: Option<&Value>) -> O
     }
 }
 
-fn merge_map(map: &MapType, l: Option<&Map<String, Value>>, r: Option<&Map<String, Value>>) -> Option<Value> {
+fn merge_map(
+    map: &MapType,
+    l: Option<&Map<String, Value>>,
+    r: Option<&Map<String, Value>>,
+) -> Option<Value> {
     let mut out = Map::new();
     let keys = l.into_iter().flat_map(Map::keys).chain(
-        r.into_iter().flat_map(Map::keys).filter(|k| !l.is_some_and(|l| l.contains_key(*k))),
+        r.into_iter()
+            .flat_map(Map::keys)
+            .filter(|k| !l.is_some_and(|l| l.contains_key(*k))),
     );
     for k in keys {
-        let merged = merge(map.field_type(k), l.and_then(|m| m.get(k)), r.and_then(|m| m.get(k)));
+        let merged = merge(
+            map.field_type(k),
+            l.and_then(|m| m.get(k)),
+            r.and_then(|m| m.get(k)),
+        );
         if let Some(v) = merged {
             out.insert(k.clone(), v);
         }
@@ -280,7 +306,9 @@ fn index_items<'a>(
     let mut pes = Vec::new();
     let mut observed: BTreeMap<PathElement, &Value> = BTreeMap::new();
     for item in items {
-        let Ok(pe) = list_item_element(list, item) else { continue };
+        let Ok(pe) = list_item_element(list, item) else {
+            continue;
+        };
         if observed.contains_key(&pe) {
             if !allow_dups {
                 continue;
@@ -300,13 +328,14 @@ fn index_items<'a>(
 fn merge_list(list: &ListType, lhs: &[Value], rhs: &[Value]) -> Option<Value> {
     let (rhs_pes, observed_rhs) = index_items(list, rhs, false);
     let (lhs_pes, observed_lhs) = index_items(list, lhs, true);
-    let mut shared: std::collections::VecDeque<&PathElement> =
-        rhs_pes.iter().filter(|pe| observed_lhs.contains_key(*pe)).collect();
+    let mut shared: std::collections::VecDeque<&PathElement> = rhs_pes
+        .iter()
+        .filter(|pe| observed_lhs.contains_key(*pe))
+        .collect();
     let mut next_shared = shared.pop_front();
     let mut merged_rhs = BTreeSet::new();
     let mut out = Vec::new();
-    let item = |pe: &PathElement, l: Option<&Value>, r: Option<&Value>, out: &mut Vec<Value>| {
-        let _ = pe;
+    let item = |l: Option<&Value>, r: Option<&Value>, out: &mut Vec<Value>| {
         if let Some(v) = merge(&list.elem, l, r) {
             out.push(v);
         }
@@ -317,7 +346,11 @@ fn merge_list(list: &ListType, lhs: &[Value], rhs: &[Value]) -> Option<Value> {
             let pe = &lhs_pes[li];
             if *pe == rhs_pes[ri] {
                 merged_rhs.insert(pe.clone());
-                item(pe, observed_lhs.get(pe).copied(), observed_rhs.get(pe).copied(), &mut out);
+                item(
+                    observed_lhs.get(pe).copied(),
+                    observed_rhs.get(pe).copied(),
+                    &mut out,
+                );
                 li += 1;
                 ri += 1;
                 next_shared = shared.pop_front();
@@ -331,7 +364,7 @@ fn merge_list(list: &ListType, lhs: &[Value], rhs: &[Value]) -> Option<Value> {
         if li < lhs_pes.len() {
             let pe = &lhs_pes[li];
             if !observed_rhs.contains_key(pe) {
-                item(pe, lhs.get(lhs_index(list, lhs, li)), None, &mut out);
+                item(lhs.get(lhs_index(list, lhs, li)), None, &mut out);
                 li += 1;
                 continue;
             } else if merged_rhs.contains(pe) {
@@ -341,7 +374,11 @@ fn merge_list(list: &ListType, lhs: &[Value], rhs: &[Value]) -> Option<Value> {
         if ri < rhs_pes.len() {
             let pe = &rhs_pes[ri];
             merged_rhs.insert(pe.clone());
-            item(pe, observed_lhs.get(pe).copied(), observed_rhs.get(pe).copied(), &mut out);
+            item(
+                observed_lhs.get(pe).copied(),
+                observed_rhs.get(pe).copied(),
+                &mut out,
+            );
             ri += 1;
             if next_shared == Some(pe) {
                 next_shared = shared.pop_front();
@@ -389,7 +426,13 @@ pub(crate) fn compare(ty: &TypeRef, lhs: &Value, rhs: &Value) -> Comparison {
     c
 }
 
-fn compare_at(ty: &TypeRef, lhs: Option<&Value>, rhs: Option<&Value>, path: &mut Path, c: &mut Comparison) {
+fn compare_at(
+    ty: &TypeRef,
+    lhs: Option<&Value>,
+    rhs: Option<&Value>,
+    path: &mut Path,
+    c: &mut Comparison,
+) {
     if lhs.is_none() && rhs.is_none() {
         return;
     }
@@ -415,7 +458,13 @@ fn compare_at(ty: &TypeRef, lhs: Option<&Value>, rhs: Option<&Value>, path: &mut
                 leaf(c, path);
                 true
             } else {
-                compare_list(list, l.map_or(&[][..], |v| v), r.map_or(&[][..], |v| v), path, c);
+                compare_list(
+                    list,
+                    l.map_or(&[][..], |v| v),
+                    r.map_or(&[][..], |v| v),
+                    path,
+                    c,
+                );
                 false
             }
         }
@@ -427,11 +476,20 @@ fn compare_at(ty: &TypeRef, lhs: Option<&Value>, rhs: Option<&Value>, path: &mut
                 leaf(c, path);
                 true
             } else {
-                let keys: BTreeSet<&String> =
-                    l.into_iter().flat_map(Map::keys).chain(r.into_iter().flat_map(Map::keys)).collect();
+                let keys: BTreeSet<&String> = l
+                    .into_iter()
+                    .flat_map(Map::keys)
+                    .chain(r.into_iter().flat_map(Map::keys))
+                    .collect();
                 for k in keys {
                     path.push(PathElement::Field(k.clone()));
-                    compare_at(map.field_type(k), l.and_then(|m| m.get(k)), r.and_then(|m| m.get(k)), path, c);
+                    compare_at(
+                        map.field_type(k),
+                        l.and_then(|m| m.get(k)),
+                        r.and_then(|m| m.get(k)),
+                        path,
+                        c,
+                    );
                     path.pop();
                 }
                 false
@@ -447,12 +505,20 @@ fn compare_at(ty: &TypeRef, lhs: Option<&Value>, rhs: Option<&Value>, path: &mut
     }
 }
 
-fn compare_list(list: &ListType, lhs: &[Value], rhs: &[Value], path: &mut Path, c: &mut Comparison) {
+fn compare_list(
+    list: &ListType,
+    lhs: &[Value],
+    rhs: &[Value],
+    path: &mut Path,
+    c: &mut Comparison,
+) {
     let mut order: Vec<PathElement> = Vec::new();
     let mut lvals: BTreeMap<PathElement, Vec<&Value>> = BTreeMap::new();
     let mut rvals: BTreeMap<PathElement, Vec<&Value>> = BTreeMap::new();
     for item in lhs {
-        let Ok(pe) = list_item_element(list, item) else { continue };
+        let Ok(pe) = list_item_element(list, item) else {
+            continue;
+        };
         let e = lvals.entry(pe.clone()).or_default();
         if e.is_empty() {
             order.push(pe);
@@ -460,7 +526,9 @@ fn compare_list(list: &ListType, lhs: &[Value], rhs: &[Value], path: &mut Path, 
         e.push(item);
     }
     for item in rhs {
-        let Ok(pe) = list_item_element(list, item) else { continue };
+        let Ok(pe) = list_item_element(list, item) else {
+            continue;
+        };
         let e = rvals.entry(pe.clone()).or_default();
         if e.is_empty() && !lvals.contains_key(&pe) {
             order.push(pe);
@@ -473,7 +541,9 @@ fn compare_list(list: &ListType, lhs: &[Value], rhs: &[Value], path: &mut Path, 
         path.push(pe);
         match (l.len(), r.len()) {
             (0, 0) => {}
-            (0..=1, 0..=1) => compare_at(&list.elem, l.first().copied(), r.first().copied(), path, c),
+            (0..=1, 0..=1) => {
+                compare_at(&list.elem, l.first().copied(), r.first().copied(), path, c)
+            }
             (2.., 2..) => {
                 let same = l.len() == r.len() && l.iter().zip(r).all(|(a, b)| values_equal(a, b));
                 if !same {
@@ -506,7 +576,9 @@ pub(crate) fn remove_items(ty: &TypeRef, v: &Value, to_remove: &Set) -> Value {
         Shape::Scalar(_) => v.clone(),
         Shape::Invalid => Value::Null,
         Shape::List(list) => {
-            let Value::Array(items) = v else { return Value::Null };
+            let Value::Array(items) = v else {
+                return Value::Null;
+            };
             if items.is_empty() || list.atomic {
                 return Value::Null;
             }
@@ -531,7 +603,9 @@ pub(crate) fn remove_items(ty: &TypeRef, v: &Value, to_remove: &Set) -> Value {
             }
         }
         Shape::Map(map) => {
-            let Value::Object(m) = v else { return Value::Null };
+            let Value::Object(m) = v else {
+                return Value::Null;
+            };
             if m.is_empty() || map.atomic {
                 return Value::Null;
             }
@@ -606,7 +680,7 @@ mod tests {
     }
 
     #[test]
-    fn map_list_merge_keeps_live_order_and_inserts_new_after_shared() {
+    fn map_list_merge_keeps_live_order_and_appends_new_items() {
         let s = schema();
         let live = json!({"spec": {"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}});
         let cfg = json!({"spec": {"items": [{"name": "b", "v": "1"}, {"name": "x"}]}});
@@ -617,7 +691,8 @@ mod tests {
             .iter()
             .map(|i| i["name"].as_str().expect("name"))
             .collect();
-        assert_eq!(names, vec!["a", "b", "x", "c"]);
+        // Live items not in the config keep their place; new items follow.
+        assert_eq!(names, vec!["a", "b", "c", "x"]);
         assert_eq!(out["spec"]["items"][1]["v"], json!("1"));
     }
 
@@ -626,8 +701,11 @@ mod tests {
         let s = schema();
         let e = validate(&s.root, &json!({"spec": {"bogus": 1}})).expect_err("undeclared");
         assert_eq!(e, ".spec.bogus: field not declared in schema");
-        let e = validate(&s.root, &json!({"spec": {"items": [{"name": "a"}, {"name": "a"}]}}))
-            .expect_err("dup");
+        let e = validate(
+            &s.root,
+            &json!({"spec": {"items": [{"name": "a"}, {"name": "a"}]}}),
+        )
+        .expect_err("dup");
         assert_eq!(e, r#".spec.items: duplicate entries for key [name="a"]"#);
         let e = validate(&s.root, &json!({"spec": {"items": [{"v": "a"}]}})).expect_err("nokey");
         assert!(e.starts_with(".spec.items: element 0: associative list with keys has an element that omits all key fields [\"name\"]"));
@@ -642,8 +720,12 @@ mod tests {
         let c = compare(&s.root, &a, &b);
         let f = |n: &str| PathElement::Field(n.into());
         assert!(c.modified.has(&[f("spec"), f("replicas")]));
-        assert!(c.added.has(&[f("spec"), f("tags"), PathElement::Value(json!("z"))]));
-        assert!(c.removed.has(&[f("spec"), f("tags"), PathElement::Value(json!("x"))]));
+        assert!(c
+            .added
+            .has(&[f("spec"), f("tags"), PathElement::Value(json!("z"))]));
+        assert!(c
+            .removed
+            .has(&[f("spec"), f("tags"), PathElement::Value(json!("x"))]));
         let mut rm = Set::new();
         rm.insert(&[f("spec"), f("tags"), PathElement::Value(json!("x"))]);
         let out = remove_items(&s.root, &a, &rm);

@@ -92,7 +92,10 @@ impl ApplyError {
 /// manager (sorted by manager identifier) with one path per line.
 fn conflicts_message(conflicts: &[Conflict]) -> String {
     if let [c] = conflicts {
-        return format!("Apply failed with 1 conflict: conflict with {}: {}", c.description, c.field);
+        return format!(
+            "Apply failed with 1 conflict: conflict with {}: {}",
+            c.description, c.field
+        );
     }
     let mut ids: Vec<&str> = conflicts.iter().map(|c| c.id.as_str()).collect();
     ids.sort();
@@ -105,7 +108,11 @@ fn conflicts_message(conflicts: &[Conflict]) -> String {
         }
         lines.extend(mine.iter().map(|c| format!("- {}", c.field)));
     }
-    format!("Apply failed with {} conflicts: {}", conflicts.len(), lines.join("\n"))
+    format!(
+        "Apply failed with {} conflicts: {}",
+        conflicts.len(),
+        lines.join("\n")
+    )
 }
 
 /// Tracks field ownership for one resource version and endpoint.
@@ -148,7 +155,13 @@ impl<'a> FieldManager<'a> {
     /// list of `[]` or `[{}]` resets tracking (the object then has none until
     /// applied to); an invalid request list is ignored in favour of the live
     /// one. `now` is RFC 3339.
-    pub fn update(&self, old: Option<&Value>, new: &mut Value, manager: &str, now: &str) -> Result<(), ApplyError> {
+    pub fn update(
+        &self,
+        old: Option<&Value>,
+        new: &mut Value,
+        manager: &str,
+        now: &str,
+    ) -> Result<(), ApplyError> {
         self.do_update(old, new, manager, now)
     }
 

@@ -74,14 +74,30 @@ impl MapType {
 
 static DEDUCED: LazyLock<Atom> = LazyLock::new(|| Atom {
     scalar: Some(ScalarKind::Untyped),
-    list: Some(ListType { atomic: true, keys: Vec::new(), elem: TypeRef::UntypedAtomic }),
-    map: Some(MapType { fields: BTreeMap::new(), elem: TypeRef::Deduced, atomic: false }),
+    list: Some(ListType {
+        atomic: true,
+        keys: Vec::new(),
+        elem: TypeRef::UntypedAtomic,
+    }),
+    map: Some(MapType {
+        fields: BTreeMap::new(),
+        elem: TypeRef::Deduced,
+        atomic: false,
+    }),
 });
 
 static UNTYPED_ATOMIC: LazyLock<Atom> = LazyLock::new(|| Atom {
     scalar: Some(ScalarKind::Untyped),
-    list: Some(ListType { atomic: true, keys: Vec::new(), elem: TypeRef::UntypedAtomic }),
-    map: Some(MapType { fields: BTreeMap::new(), elem: TypeRef::UntypedAtomic, atomic: true }),
+    list: Some(ListType {
+        atomic: true,
+        keys: Vec::new(),
+        elem: TypeRef::UntypedAtomic,
+    }),
+    map: Some(MapType {
+        fields: BTreeMap::new(),
+        elem: TypeRef::UntypedAtomic,
+        atomic: true,
+    }),
 });
 
 static EMPTY: LazyLock<Atom> = LazyLock::new(Atom::default);
@@ -156,7 +172,9 @@ impl MergeSchema {
     /// list atomic, metadata included.
     pub fn from_openapi(schema: Option<&Value>) -> MergeSchema {
         let Some(schema) = schema else {
-            return MergeSchema { root: TypeRef::Deduced };
+            return MergeSchema {
+                root: TypeRef::Deduced,
+            };
         };
         let mut root = parse(schema, false);
         // kube's CRD OpenAPI builder adds TypeMeta and replaces metadata with ObjectMeta.
@@ -167,12 +185,15 @@ impl MergeSchema {
         });
         map.atomic = false;
         for name in ["apiVersion", "kind"] {
-            map.fields.insert(name.into(), field(scalar(ScalarKind::String)));
+            map.fields
+                .insert(name.into(), field(scalar(ScalarKind::String)));
         }
         map.fields.insert("metadata".into(), field(object_meta()));
         root.scalar = None;
         root.list = None;
-        MergeSchema { root: TypeRef::Inline(Box::new(root)) }
+        MergeSchema {
+            root: TypeRef::Inline(Box::new(root)),
+        }
     }
 
     /// A schema where every field is deduced (what kube uses without a schema).
@@ -186,13 +207,19 @@ fn field(ty: TypeRef) -> StructField {
 }
 
 fn scalar(kind: ScalarKind) -> TypeRef {
-    TypeRef::Inline(Box::new(Atom { scalar: Some(kind), ..Atom::default() }))
+    TypeRef::Inline(Box::new(Atom {
+        scalar: Some(kind),
+        ..Atom::default()
+    }))
 }
 
 fn struct_of(fields: &[(&str, TypeRef)]) -> TypeRef {
     TypeRef::Inline(Box::new(Atom {
         map: Some(MapType {
-            fields: fields.iter().map(|(n, t)| (n.to_string(), field(t.clone()))).collect(),
+            fields: fields
+                .iter()
+                .map(|(n, t)| (n.to_string(), field(t.clone())))
+                .collect(),
             elem: TypeRef::Undeclared,
             atomic: false,
         }),
@@ -213,7 +240,11 @@ fn string_map() -> TypeRef {
 
 fn list_of(atomic: bool, keys: &[&str], elem: TypeRef) -> TypeRef {
     TypeRef::Inline(Box::new(Atom {
-        list: Some(ListType { atomic, keys: keys.iter().map(|k| k.to_string()).collect(), elem }),
+        list: Some(ListType {
+            atomic,
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            elem,
+        }),
         ..Atom::default()
     }))
 }
@@ -266,12 +297,30 @@ fn parse(schema: &Value, preserve: bool) -> Atom {
             list: Some(parse_list(schema, preserve)),
             map: Some(parse_object(schema, preserve)),
         },
-        "object" => Atom { map: Some(parse_object(schema, preserve)), ..Atom::default() },
-        "array" => Atom { list: Some(parse_list(schema, preserve)), ..Atom::default() },
-        "integer" | "number" => Atom { scalar: Some(ScalarKind::Numeric), ..Atom::default() },
-        "string" => Atom { scalar: Some(ScalarKind::String), ..Atom::default() },
-        "boolean" => Atom { scalar: Some(ScalarKind::Boolean), ..Atom::default() },
-        _ => Atom { scalar: Some(ScalarKind::Untyped), ..Atom::default() },
+        "object" => Atom {
+            map: Some(parse_object(schema, preserve)),
+            ..Atom::default()
+        },
+        "array" => Atom {
+            list: Some(parse_list(schema, preserve)),
+            ..Atom::default()
+        },
+        "integer" | "number" => Atom {
+            scalar: Some(ScalarKind::Numeric),
+            ..Atom::default()
+        },
+        "string" => Atom {
+            scalar: Some(ScalarKind::String),
+            ..Atom::default()
+        },
+        "boolean" => Atom {
+            scalar: Some(ScalarKind::Boolean),
+            ..Atom::default()
+        },
+        _ => Atom {
+            scalar: Some(ScalarKind::Untyped),
+            ..Atom::default()
+        },
     }
 }
 
@@ -305,7 +354,11 @@ fn parse_object(schema: &Value, preserve: bool) -> MapType {
         Some(sub) => TypeRef::Inline(Box::new(parse(sub, preserve))),
     };
     let atomic = schema.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic");
-    MapType { fields, elem, atomic }
+    MapType {
+        fields,
+        elem,
+        atomic,
+    }
 }
 
 fn parse_list(schema: &Value, preserve: bool) -> ListType {
@@ -315,7 +368,12 @@ fn parse_list(schema: &Value, preserve: bool) -> ListType {
             let keys = schema
                 .get("x-kubernetes-list-map-keys")
                 .and_then(Value::as_array)
-                .map(|ks| ks.iter().filter_map(Value::as_str).map(String::from).collect())
+                .map(|ks| {
+                    ks.iter()
+                        .filter_map(Value::as_str)
+                        .map(String::from)
+                        .collect()
+                })
                 .unwrap_or_default();
             (false, keys)
         }
@@ -361,8 +419,24 @@ mod tests {
         assert_eq!(ports.keys, vec!["port", "protocol"]);
         let item = ports.elem.atom().map.as_ref().expect("item");
         assert_eq!(item.fields["protocol"].default, Some(json!("TCP")));
-        assert!(spec.fields["args"].ty.atom().list.as_ref().expect("args").atomic);
-        assert!(spec.fields["sel"].ty.atom().map.as_ref().expect("sel").atomic);
+        assert!(
+            spec.fields["args"]
+                .ty
+                .atom()
+                .list
+                .as_ref()
+                .expect("args")
+                .atomic
+        );
+        assert!(
+            spec.fields["sel"]
+                .ty
+                .atom()
+                .map
+                .as_ref()
+                .expect("sel")
+                .atomic
+        );
         let free = spec.fields["free"].ty.atom().map.as_ref().expect("free");
         assert!(matches!(free.elem, TypeRef::Deduced));
         assert!(spec.elem.is_undeclared());

@@ -25,12 +25,7 @@ pub fn is_valid(format: &str, s: &str) -> bool {
             matches_re!(r"^[^@\s<>]+@[^@\s<>]+$", s)
                 || matches_re!(r"^[^<>]*<[^@\s<>]+@[^@\s<>]+>$", s)
         }
-        "hostname" => {
-            matches_re!(
-                r"^[a-zA-Z0-9\p{S}\p{L}](([a-zA-Z0-9\p{S}\p{L}-]{0,63})|([a-zA-Z0-9\p{S}\p{L}-]{0,61}[a-zA-Z0-9\p{S}\p{L}]))?(\.[a-zA-Z0-9\p{S}\p{L}](([a-zA-Z0-9\p{S}\p{L}-]{0,63})|([a-zA-Z0-9\p{S}\p{L}-]{0,61}[a-zA-Z0-9\p{S}\p{L}]))?)*\.?$",
-                s
-            ) && s.len() <= 255
-        }
+        "hostname" => is_hostname(s),
         "ipv4" => s.parse::<std::net::Ipv4Addr>().is_ok(),
         // Go's net.ParseIP accepts IPv4 too; strfmt only checks ParseIP succeeds.
         "ipv6" => s.parse::<std::net::IpAddr>().is_ok(),
@@ -93,6 +88,30 @@ fn is_request_uri(s: &str) -> bool {
     matches_re!(r"^[A-Za-z][A-Za-z0-9+.-]*:[^#]*(#.*)?$", s)
 }
 
+/// strfmt's hostname regex, spelled out (with `{0,63}` over Unicode classes the regex
+/// would exceed the regex crate's size limit): dot-separated labels that start with a
+/// letter, digit or symbol and continue with those or `-`, 255 bytes at most.
+fn is_hostname(s: &str) -> bool {
+    if s.is_empty() || s.len() > 255 {
+        return false;
+    }
+    let body = s.strip_suffix('.').unwrap_or(s);
+    let ok_char = |c: char| c.is_alphanumeric() || is_symbol(c);
+    body.split('.').all(|label| {
+        let mut chars = label.chars();
+        match chars.next() {
+            Some(c) if ok_char(c) => {}
+            _ => return false,
+        }
+        let rest: Vec<char> = chars.collect();
+        rest.len() <= 63 && rest.iter().all(|&c| ok_char(c) || c == '-')
+    })
+}
+
+fn is_symbol(c: char) -> bool {
+    matches_re!(r"^\p{S}$", c.encode_utf8(&mut [0u8; 4]))
+}
+
 fn is_cidr(s: &str) -> bool {
     let Some((ip, bits)) = s.split_once('/') else {
         return false;
@@ -121,7 +140,7 @@ fn is_isbn10(s: &str) -> bool {
         };
         sum += (10 - i as u32) * v;
     }
-    sum % 11 == 0
+    sum.is_multiple_of(11)
 }
 
 fn is_isbn13(s: &str) -> bool {
@@ -138,7 +157,7 @@ fn is_isbn13(s: &str) -> bool {
         .enumerate()
         .map(|(i, d)| if i % 2 == 0 { *d } else { d * 3 })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// strfmt's duration: Go `time.ParseDuration`, or its own `<n> <unit>` form.

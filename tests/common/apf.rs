@@ -1,0 +1,178 @@
+//! Flow-control scenarios shared by the tests and the fairness benchmark.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kshard::flowcontrol::{bootstrap, FlowSchema, PriorityLevelConfiguration};
+use serde_json::json;
+
+use super::TestServer;
+
+pub fn level(
+    name: &str,
+    shares: u32,
+    limit_response: serde_json::Value,
+) -> PriorityLevelConfiguration {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"type": "Limited", "limited": {
+            "nominalConcurrencyShares": shares, "lendablePercent": 0, "borrowingLimitPercent": 0,
+            "limitResponse": limit_response,
+        }},
+    }))
+    .expect("level")
+}
+
+pub fn schema(name: &str, group: &str, level: &str) -> FlowSchema {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "priorityLevelConfiguration": {"name": level},
+            "matchingPrecedence": 1000,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "Group", "group": {"name": group}}],
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "namespaces": ["*"], "clusterScope": true}],
+            }],
+        },
+    }))
+    .expect("schema")
+}
+
+pub fn install(s: &TestServer, schemas: Vec<FlowSchema>, levels: Vec<PriorityLevelConfiguration>) {
+    let mut fs = bootstrap::all_flow_schemas();
+    fs.extend(schemas);
+    let mut pl = bootstrap::all_priority_levels();
+    pl.extend(levels);
+    let report = s.running.apf.replace_config(fs, pl);
+    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+}
+
+/// A LIST that is expensive for the server and cheap for the client: an exact
+/// read of history through storage with a selector nothing matches.
+pub fn wide_list_base(s: &TestServer) -> String {
+    let rv = s.running.registry.store.revision();
+    format!(
+        "{}?resourceVersion={rv}&resourceVersionMatch=Exact&labelSelector=app%3Dnobody",
+        super::WIDGETS
+    )
+}
+
+pub fn as_user<'a>(user: &'a str, group: &'a str) -> [(&'static str, &'a str); 2] {
+    [("impersonate-user", user), ("impersonate-group", group)]
+}
+
+pub async fn fill(s: &TestServer, n: usize) {
+    let payload = "x".repeat(900);
+    let mut tasks = Vec::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    for _ in 0..16 {
+        let client = s.client.clone();
+        let next = next.clone();
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return;
+                }
+                let mut w = super::widget(&format!("big{i:05}"), 1);
+                w["spec"]["payload"] = json!(payload);
+                let req = http::Request::post(super::WIDGETS)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&w).expect("json"),
+                    ))
+                    .expect("req");
+                let resp = client.send(req).await.expect("send");
+                assert_eq!(resp.status(), 201);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("fill");
+    }
+}
+
+/// Runs an elephant (many concurrent wide LISTs) against a mouse (sequential small
+/// GETs) from another user of the same level; returns (mouse latencies, elephant 429s,
+/// elephant successes, mouse failures).
+pub async fn elephant_and_mouse(
+    s: &TestServer,
+    elephants: usize,
+    run_for: Duration,
+) -> (Vec<Duration>, usize, usize, usize) {
+    let stop = Instant::now() + run_for;
+    let rejected = Arc::new(AtomicUsize::new(0));
+    let served = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    let uri = wide_list_base(s);
+    for _ in 0..elephants {
+        let client = s.client.clone();
+        let (rejected, served) = (rejected.clone(), served.clone());
+        let uri = uri.clone();
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < stop {
+                let req = http::Request::get(uri.as_str())
+                    .header("impersonate-user", "elephant")
+                    .header("impersonate-group", "tenants")
+                    .body(kube::client::Body::empty())
+                    .expect("req");
+                let resp = client.send(req).await.expect("send");
+                let status = resp.status();
+                let _ = resp.into_body().collect_bytes().await;
+                if status == 429 {
+                    rejected.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                } else {
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let mut mouse = Vec::new();
+    let mut mouse_failed = 0;
+    let mut peak = (0, 0);
+    while Instant::now() < stop {
+        if let Some(l) = s
+            .running
+            .apf
+            .snapshot()
+            .levels
+            .iter()
+            .find(|l| l.name == "tenants")
+        {
+            peak = (
+                peak.0.max(l.executing_seats),
+                peak.1.max(l.waiting_requests),
+            );
+        }
+        let t = Instant::now();
+        let r = s
+            .raw(
+                "GET",
+                &format!("{}/big00001", super::WIDGETS),
+                &as_user("mouse", "tenants"),
+                vec![],
+            )
+            .await;
+        if r.status == 200 {
+            mouse.push(t.elapsed());
+        } else {
+            mouse_failed += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for t in tasks {
+        t.await.expect("elephant");
+    }
+    eprintln!("peak executing seats {}, waiting {}", peak.0, peak.1);
+    mouse.sort();
+    (
+        mouse,
+        rejected.load(Ordering::Relaxed),
+        served.load(Ordering::Relaxed),
+        mouse_failed,
+    )
+}
