@@ -254,6 +254,69 @@ fn form_values(q: &Query, key: &str) -> Vec<String> {
     q.get(key).map(|v| vec![v.to_string()]).unwrap_or_default()
 }
 
+/// Create/update/patch options: dryRun, fieldValidation and the field manager
+/// (from `fieldManager`, else derived from the User-Agent; required for apply).
+pub fn write_options(
+    q: &Query,
+    headers: &http::HeaderMap,
+    is_apply: bool,
+) -> Result<crate::registry::WriteOptions, ApiError> {
+    use crate::registry::FieldValidation;
+    let field_validation = match q.get("fieldValidation").unwrap_or("") {
+        "" | "Warn" => FieldValidation::Warn,
+        "Strict" => FieldValidation::Strict,
+        "Ignore" => FieldValidation::Ignore,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "fieldValidation: Unsupported value: {}: supported values: \"Ignore\", \"Strict\", \"Warn\"",
+                quote(other)
+            )))
+        }
+    };
+    let explicit = q.get("fieldManager").unwrap_or("");
+    if explicit.chars().count() > 128 {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            if is_apply {
+                "PatchOptions"
+            } else {
+                "CreateOptions"
+            },
+            "",
+            &[FieldError::new(
+                crate::status::FieldErrorKind::TooLong,
+                "fieldManager",
+                None,
+                "may not be more than 128 bytes",
+            )],
+        ));
+    }
+    let manager = if !explicit.is_empty() {
+        explicit.to_string()
+    } else if is_apply {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "PatchOptions",
+            "",
+            &[FieldError::required(
+                "fieldManager",
+                "is required for apply patch",
+            )],
+        ));
+    } else {
+        let ua = headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        crate::registry::apply::default_manager(ua)
+    };
+    Ok(crate::registry::WriteOptions {
+        dry_run: dry_run(q)?,
+        field_validation,
+        manager,
+    })
+}
+
 /// DeleteOptions from the query and an optional JSON body.
 pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteOptions, ApiError> {
     let mut opts = crate::registry::DeleteOptions {

@@ -9,7 +9,7 @@ use http::{header, HeaderMap, StatusCode};
 use serde_json::Value;
 
 use super::negotiate::negotiate;
-use super::options::{delete_options, dry_run, ListOptions, Query};
+use super::options::{delete_options, write_options, ListOptions, Query};
 use super::request::{ResourceRequest, Verb};
 use super::response::{self, error_response, ListMeta};
 use super::ApiState;
@@ -167,63 +167,95 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         }
         Verb::Create => {
             let out = negotiate(accept, true)?;
+            let wo = write_options(&q, call.headers, false)?;
             let obj = decode_body(call.headers, &call.body, &rt.kind)?;
-            let item = reg.create(&t, obj, dry_run(&q)?).await?;
-            Ok(response::object(
-                StatusCode::CREATED,
-                &t,
-                &item,
-                &out,
-                include,
+            let done = reg.create(&t, obj, &wo).await?;
+            Ok(with_warnings(
+                response::object(StatusCode::CREATED, &t, &done.item, &out, include),
+                &done.warnings,
             ))
         }
         Verb::Update => {
             let out = negotiate(accept, true)?;
-            let dry = dry_run(&q)?;
+            let wo = write_options(&q, call.headers, false)?;
             let obj = decode_body(call.headers, &call.body, &rt.kind)?;
             if sub == Some("scale") {
                 let spec = scale_spec(&t)?;
-                let item = reg
-                    .update_with(&t, &name, Subresource::Main, dry, |cur| {
+                let done = reg
+                    .update_with(&t, &name, Subresource::Main, &wo, |cur| {
                         apply_scale(&spec, cur, &obj, &t.rt.kind, &t.rt.group)
                     })
                     .await?;
-                return Ok(scale_response(&t, &item, StatusCode::OK));
+                return Ok(scale_response(&t, &done.item, StatusCode::OK));
             }
             let sr = if sub == Some("status") {
                 Subresource::Status
             } else {
                 Subresource::Main
             };
-            let item = reg.update(&t, &name, obj, sr, dry).await?;
-            Ok(response::object(StatusCode::OK, &t, &item, &out, include))
+            let done = reg.update(&t, &name, obj, sr, &wo).await?;
+            Ok(with_warnings(
+                response::object(StatusCode::OK, &t, &done.item, &out, include),
+                &done.warnings,
+            ))
         }
         Verb::Patch => {
             let out = negotiate(accept, true)?;
-            let dry = dry_run(&q)?;
             let ct = content_type(call.headers);
+            let media = ct.split(';').next().unwrap_or("").trim();
+            let is_apply = media == "application/apply-patch+yaml";
+            let wo = write_options(&q, call.headers, is_apply)?;
+            let sr = if sub == Some("status") {
+                Subresource::Status
+            } else {
+                Subresource::Main
+            };
+            if is_apply {
+                let force = q.bool("force")?.unwrap_or(false);
+                let text = std::str::from_utf8(&call.body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+                let config: Value = serde_saphyr::from_str(text)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+                if sub == Some("scale") {
+                    return Err(ApiError::unsupported_media_type(&PATCH_TYPES[..2]));
+                }
+                let done = reg.apply(&t, &name, config, force, sr, &wo).await?;
+                return Ok(with_warnings(
+                    response::object(StatusCode::OK, &t, &done.item, &out, include),
+                    &done.warnings,
+                ));
+            }
+            if q.get("force").is_some() {
+                return Err(ApiError::invalid(
+                    "meta.k8s.io",
+                    "PatchOptions",
+                    "",
+                    &[crate::status::FieldError::forbidden(
+                        "force",
+                        "may not be specified for non-apply patch",
+                    )],
+                ));
+            }
             let kind = PatchType::from_content_type(ct)
                 .ok_or_else(|| ApiError::unsupported_media_type(PATCH_TYPES))?;
             let body = call.body.clone();
             if sub == Some("scale") {
                 let spec = scale_spec(&t)?;
-                let item = reg
-                    .update_with(&t, &name, Subresource::Main, dry, |cur| {
+                let done = reg
+                    .update_with(&t, &name, Subresource::Main, &wo, |cur| {
                         let scale = patch::apply(kind, &to_scale(&spec, cur), &body)?;
                         apply_scale(&spec, cur, &scale, &t.rt.kind, &t.rt.group)
                     })
                     .await?;
-                return Ok(scale_response(&t, &item, StatusCode::OK));
+                return Ok(scale_response(&t, &done.item, StatusCode::OK));
             }
-            let sr = if sub == Some("status") {
-                Subresource::Status
-            } else {
-                Subresource::Main
-            };
-            let item = reg
-                .update_with(&t, &name, sr, dry, |cur| patch::apply(kind, cur, &body))
+            let done = reg
+                .update_with(&t, &name, sr, &wo, |cur| patch::apply(kind, cur, &body))
                 .await?;
-            Ok(response::object(StatusCode::OK, &t, &item, &out, include))
+            Ok(with_warnings(
+                response::object(StatusCode::OK, &t, &done.item, &out, include),
+                &done.warnings,
+            ))
         }
         Verb::Delete => {
             let out = negotiate(accept, true)?;
@@ -268,6 +300,17 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             ))
         }
     }
+}
+
+/// Adds one `Warning: 299 - "..."` header per warning, as kube does.
+fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let value = format!("299 - {}", crate::status::quote(w));
+        if let Ok(v) = http::HeaderValue::from_str(&value) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
 }
 
 fn scale_spec(t: &Target) -> Result<crate::registry::catalog::ScaleSpec, ApiError> {

@@ -58,6 +58,10 @@ pub struct Version {
     /// JSONPaths (`.spec.color`) usable in field selectors, besides name and namespace.
     pub selectable_fields: Vec<String>,
     pub schema: Option<Value>,
+    /// The structural schema: pruning, defaulting, validation (CEL included).
+    pub validation: Option<Arc<super::schema::Schema>>,
+    /// The merge view of the schema for server-side apply and managedFields.
+    pub merge: Arc<super::apply::MergeSchema>,
 }
 
 /// One served resource type (one CRD).
@@ -359,6 +363,15 @@ fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, Stri
         .and_then(|s| s.open_api_v3_schema.as_ref())
         .map(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
         .transpose()?;
+    let validation = schema
+        .as_ref()
+        .map(|s| {
+            super::schema::Schema::compile(s)
+                .map(Arc::new)
+                .map_err(|e| format!("spec.versions[{}].schema.openAPIV3Schema: {e}", v.name))
+        })
+        .transpose()?;
+    let merge = Arc::new(super::apply::MergeSchema::from_openapi(schema.as_ref()));
     Ok(Version {
         name: v.name.clone(),
         served: v.served,
@@ -368,6 +381,8 @@ fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, Stri
         printer_columns,
         selectable_fields,
         schema,
+        validation,
+        merge,
     })
 }
 

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::write::{finalizers, is_deleting, FINALIZER_FOREGROUND, FINALIZER_ORPHAN};
-use super::{DeleteOptions, Propagation, Registry, Subresource, Target};
+use super::{
+    DeleteOptions, FieldValidation, Propagation, Registry, Subresource, Target, WriteOptions,
+};
 use crate::storage::{EventType, StorageError};
 use crate::watch::split_key;
 
@@ -79,6 +81,14 @@ enum Action {
         dependent: String,
         owner: String,
     },
+}
+
+fn gc_write_options() -> WriteOptions {
+    WriteOptions {
+        dry_run: false,
+        field_validation: FieldValidation::Ignore,
+        manager: "kshard-garbage-collector".into(),
+    }
 }
 
 pub fn spawn(registry: Arc<Registry>) -> tokio::task::JoinHandle<()> {
@@ -256,7 +266,7 @@ async fn execute(registry: &Registry, graph: &Graph, action: Action) {
                 return;
             };
             registry
-                .update_with(&t, &name, Subresource::Main, false, |cur| {
+                .update_with(&t, &name, Subresource::Main, &gc_write_options(), |cur| {
                     let mut v = cur.clone();
                     if let Some(list) = v
                         .pointer_mut("/metadata/finalizers")
@@ -278,7 +288,7 @@ async fn execute(registry: &Registry, graph: &Graph, action: Action) {
                 return;
             };
             registry
-                .update_with(&t, &name, Subresource::Main, false, |cur| {
+                .update_with(&t, &name, Subresource::Main, &gc_write_options(), |cur| {
                     let mut v = cur.clone();
                     if let Some(refs) = v
                         .pointer_mut("/metadata/ownerReferences")

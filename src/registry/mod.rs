@@ -3,6 +3,7 @@
 //! (create/update/delete/finalizers/generation), subresources, selectors,
 //! tables and garbage collection.
 
+pub mod apply;
 pub mod catalog;
 mod continuation;
 pub mod gc;
@@ -11,6 +12,7 @@ pub mod meta;
 pub mod patch;
 pub mod read;
 pub mod scale;
+pub mod schema;
 pub mod selector;
 pub mod table;
 mod write;
@@ -23,7 +25,9 @@ use serde_json::Value;
 pub use catalog::{Catalog, ResourceType};
 pub use continuation::ContinueToken;
 pub use read::{Item, ListResult, ReadAt};
-pub use write::{DeleteOptions, DeleteOutcome, Propagation, Subresource};
+pub use write::{
+    DeleteOptions, DeleteOutcome, FieldValidation, Outcome, Propagation, Subresource, WriteOptions,
+};
 
 use crate::status::ApiError;
 use crate::storage::{StorageError, Store};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use super::apply::{ApplyError, FieldManager};
 use super::meta::{go_string_slice, path_segment_errors, validate_object_meta};
 use super::read::Item;
 use super::{convert_json, convert_value, now_rfc3339, storage_error, Registry, Selectors, Target};
@@ -34,6 +35,33 @@ pub struct DeleteOptions {
     pub precondition_resource_version: Option<String>,
     pub propagation: Option<Propagation>,
     pub dry_run: bool,
+}
+
+/// How unknown fields in a request body are treated (`fieldValidation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FieldValidation {
+    /// 400 listing every unknown field.
+    Strict,
+    /// Dropped, with one `Warning` header each.
+    #[default]
+    Warn,
+    /// Dropped silently.
+    Ignore,
+}
+
+/// Options every create/update/patch carries.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    pub dry_run: bool,
+    pub field_validation: FieldValidation,
+    /// The field manager recorded in managedFields (empty: not tracked).
+    pub manager: String,
+}
+
+/// A successful write and the warnings to send with it.
+pub struct Outcome {
+    pub item: Item,
+    pub warnings: Vec<String>,
 }
 
 pub enum DeleteOutcome {
@@ -192,6 +220,161 @@ impl Registry {
         Ok(())
     }
 
+    /// Decoding against the schema: unknown fields pruned (and reported as
+    /// `fieldValidation` asks), defaults filled in.
+    fn decode_schema(
+        &self,
+        t: &Target,
+        obj: &mut Value,
+        opts: &WriteOptions,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), ApiError> {
+        let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) else {
+            return Ok(());
+        };
+        let unknown: Vec<String> = schema
+            .prune(obj)
+            .iter()
+            .map(|p| format!("unknown field {}", quote(p)))
+            .collect();
+        if !unknown.is_empty() {
+            match opts.field_validation {
+                FieldValidation::Strict => {
+                    return Err(ApiError::bad_request(format!(
+                        "strict decoding error: {}",
+                        unknown.join(", ")
+                    )))
+                }
+                FieldValidation::Warn => warnings.extend(unknown),
+                FieldValidation::Ignore => {}
+            }
+        }
+        schema.apply_defaults(obj);
+        Ok(())
+    }
+
+    /// The schema's value validations and CEL rules (`old` for transition rules).
+    fn validate_schema(
+        &self,
+        t: &Target,
+        obj: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) else {
+            return Ok(());
+        };
+        let errs = schema.validate(obj, old);
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(
+                &t.rt.group,
+                &t.rt.kind,
+                meta_str(obj, "name"),
+                &errs,
+            ))
+        }
+    }
+
+    fn field_manager<'a>(&self, t: &'a Target, sub: Subresource) -> Option<FieldManager<'a>> {
+        let v = t.version_info()?;
+        let subresource = (sub == Subresource::Status).then_some("status");
+        Some(FieldManager::new(
+            &v.merge,
+            &t.api_version(),
+            subresource,
+            v.status_subresource,
+        ))
+    }
+
+    /// Records `manager`'s Update entry in the new object's managedFields.
+    fn track(
+        &self,
+        t: &Target,
+        old: Option<&Value>,
+        new: &mut Value,
+        sub: Subresource,
+        manager: &str,
+    ) -> Result<(), ApiError> {
+        if manager.is_empty() {
+            return Ok(());
+        }
+        let Some(fm) = self.field_manager(t, sub) else {
+            return Ok(());
+        };
+        fm.update(old, new, manager, &now_rfc3339())
+            .map_err(|e| apply_error(t, meta_str(new, "name"), e))
+    }
+
+    /// Server-side apply: merges `config` into the live object (creating it when
+    /// absent) with field ownership and conflicts, then runs the usual pipeline.
+    pub async fn apply(
+        &self,
+        t: &Target,
+        name: &str,
+        mut config: Value,
+        force: bool,
+        sub: Subresource,
+        opts: &WriteOptions,
+    ) -> Result<Outcome, ApiError> {
+        self.check_body(t, &mut config)?;
+        let config_name = meta_str(&config, "name");
+        if !config_name.is_empty() && config_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({config_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        if let Some(m) = meta_mut(&mut config) {
+            m.insert("name".into(), Value::String(name.to_string()));
+        }
+        let fm = self
+            .field_manager(t, sub)
+            .ok_or_else(ApiError::not_found_path)?;
+        for _ in 0..MAX_RETRIES {
+            let live = match self.read_current(t, name).await {
+                Ok(found) => Some(found),
+                Err(e) if e.code == 404 => None,
+                Err(e) => return Err(e),
+            };
+            let mut merged = fm
+                .apply(
+                    live.as_ref().map(|(_, v)| v),
+                    &config,
+                    &opts.manager,
+                    force,
+                    &now_rfc3339(),
+                )
+                .map_err(|e| apply_error(t, name, e))?;
+            let mut warnings = Vec::new();
+            self.decode_schema(t, &mut merged, opts, &mut warnings)?;
+            let Some((current_rev, current)) = live else {
+                if sub == Subresource::Status {
+                    return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
+                }
+                match self.create_tracked(t, merged, opts.dry_run).await {
+                    Ok(item) => return Ok(Outcome { item, warnings }),
+                    // Someone created it meanwhile: apply onto theirs.
+                    Err(e) if e.reason == "AlreadyExists" => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            if let Some(m) = meta_mut(&mut merged) {
+                m.insert(
+                    "resourceVersion".into(),
+                    Value::String(current_rev.to_string()),
+                );
+            }
+            match self
+                .commit_update(t, name, current_rev, &current, merged, sub, opts, false)
+                .await?
+            {
+                Commit::Done(item) => return Ok(Outcome { item, warnings }),
+                Commit::Raced => continue,
+            }
+        }
+        Err(ApiError::modified(&t.rt.group, &t.rt.plural, name))
+    }
+
     fn validate_meta(&self, t: &Target, obj: &Value) -> Result<(), ApiError> {
         let meta = obj
             .get("metadata")
@@ -243,9 +426,23 @@ impl Registry {
         &self,
         t: &Target,
         mut obj: Value,
+        opts: &WriteOptions,
+    ) -> Result<Outcome, ApiError> {
+        self.check_body(t, &mut obj)?;
+        let mut warnings = Vec::new();
+        self.decode_schema(t, &mut obj, opts, &mut warnings)?;
+        self.track(t, None, &mut obj, Subresource::Main, &opts.manager)?;
+        let item = self.create_tracked(t, obj, opts.dry_run).await?;
+        Ok(Outcome { item, warnings })
+    }
+
+    /// Create of an object whose body checks and managedFields are done.
+    async fn create_tracked(
+        &self,
+        t: &Target,
+        mut obj: Value,
         dry_run: bool,
     ) -> Result<Item, ApiError> {
-        self.check_body(t, &mut obj)?;
         let has_status = t.has_status();
         if let Some(o) = obj.as_object_mut() {
             if has_status {
@@ -295,6 +492,7 @@ impl Registry {
             }
             self.validate_meta(t, &probe)?;
         }
+        self.validate_schema(t, &obj, None)?;
         let attempts = if explicit_name.is_empty() {
             GENERATE_NAME_ATTEMPTS
         } else {
@@ -377,9 +575,11 @@ impl Registry {
         name: &str,
         mut obj: Value,
         sub: Subresource,
-        dry_run: bool,
-    ) -> Result<Item, ApiError> {
+        opts: &WriteOptions,
+    ) -> Result<Outcome, ApiError> {
         self.check_body(t, &mut obj)?;
+        let mut warnings = Vec::new();
+        self.decode_schema(t, &mut obj, opts, &mut warnings)?;
         let body_name = meta_str(&obj, "name").to_string();
         if body_name.is_empty() {
             if let Some(m) = meta_mut(&mut obj) {
@@ -410,10 +610,10 @@ impl Registry {
             return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
         }
         match self
-            .commit_update(t, name, current_rev, &current, obj, sub, dry_run)
+            .commit_update(t, name, current_rev, &current, obj, sub, opts, true)
             .await?
         {
-            Commit::Done(item) => Ok(item),
+            Commit::Done(item) => Ok(Outcome { item, warnings }),
             Commit::Raced => Err(ApiError::modified(&t.rt.group, &t.rt.plural, name)),
         }
     }
@@ -425,9 +625,9 @@ impl Registry {
         t: &Target,
         name: &str,
         sub: Subresource,
-        dry_run: bool,
+        opts: &WriteOptions,
         mut change: F,
-    ) -> Result<Item, ApiError>
+    ) -> Result<Outcome, ApiError>
     where
         F: FnMut(&Value) -> Result<Value, ApiError>,
     {
@@ -435,6 +635,8 @@ impl Registry {
             let (current_rev, current) = self.read_current(t, name).await?;
             let mut obj = change(&current)?;
             self.check_body(t, &mut obj)?;
+            let mut warnings = Vec::new();
+            self.decode_schema(t, &mut obj, opts, &mut warnings)?;
             let body_name = meta_str(&obj, "name");
             if body_name != name {
                 return Err(ApiError::bad_request(format!(
@@ -449,10 +651,10 @@ impl Registry {
                 }
             }
             match self
-                .commit_update(t, name, current_rev, &current, obj, sub, dry_run)
+                .commit_update(t, name, current_rev, &current, obj, sub, opts, true)
                 .await?
             {
-                Commit::Done(item) => return Ok(item),
+                Commit::Done(item) => return Ok(Outcome { item, warnings }),
                 Commit::Raced => continue,
             }
         }
@@ -466,10 +668,15 @@ impl Registry {
         name: &str,
         current_rev: Revision,
         current: &Value,
-        obj: Value,
+        mut obj: Value,
         sub: Subresource,
-        dry_run: bool,
+        opts: &WriteOptions,
+        track: bool,
     ) -> Result<Commit, ApiError> {
+        let dry_run = opts.dry_run;
+        if track {
+            self.track(t, Some(current), &mut obj, sub, &opts.manager)?;
+        }
         let has_status = t.has_status();
         let mut new = match sub {
             Subresource::Main => {
@@ -568,6 +775,7 @@ impl Registry {
             }
         }
         self.validate_meta(t, &new)?;
+        self.validate_schema(t, &new, Some(current))?;
 
         if new == *current {
             // Nothing changed: no write, no new revision (as kube does).
@@ -747,6 +955,33 @@ impl Registry {
                 quote(name),
                 errs.join(";")
             )))
+        }
+    }
+}
+
+/// Maps field-manager failures to kube's Status (conflicts carry one cause per field).
+fn apply_error(t: &Target, name: &str, e: ApplyError) -> ApiError {
+    match &e {
+        ApplyError::Conflicts(conflicts) => {
+            let mut err = ApiError::conflict(&t.rt.group, &t.rt.plural, name, "");
+            err.message = e.to_string();
+            if let Some(d) = err.details.as_mut() {
+                d.causes = conflicts
+                    .iter()
+                    .map(|c| crate::status::Cause {
+                        reason: "FieldManagerConflict".into(),
+                        message: c.cause_message(),
+                        field: c.field.clone(),
+                    })
+                    .collect();
+            }
+            err
+        }
+        ApplyError::BadRequest(m) => ApiError::bad_request(m.clone()),
+        ApplyError::Internal(m) => {
+            let mut err = ApiError::internal(m);
+            err.message = m.clone();
+            err
         }
     }
 }
