@@ -8,6 +8,7 @@ pub mod options;
 pub mod request;
 pub mod resource;
 pub mod response;
+pub mod strict;
 pub mod watch;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -168,16 +168,18 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         Verb::Create => {
             let out = negotiate(accept, true)?;
             let wo = write_options(&q, call.headers, false)?;
+            let dups = duplicate_check(&call.body, &wo)?;
             let obj = decode_body(call.headers, &call.body, &rt.kind)?;
             let done = reg.create(&t, obj, &wo).await?;
             Ok(with_warnings(
                 response::object(StatusCode::CREATED, &t, &done.item, &out, include),
-                &done.warnings,
+                &merge_warnings(dups, &done.warnings),
             ))
         }
         Verb::Update => {
             let out = negotiate(accept, true)?;
             let wo = write_options(&q, call.headers, false)?;
+            let dups = duplicate_check(&call.body, &wo)?;
             let obj = decode_body(call.headers, &call.body, &rt.kind)?;
             if sub == Some("scale") {
                 let spec = scale_spec(&t)?;
@@ -196,7 +198,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let done = reg.update(&t, &name, obj, sr, &wo).await?;
             Ok(with_warnings(
                 response::object(StatusCode::OK, &t, &done.item, &out, include),
-                &done.warnings,
+                &merge_warnings(dups, &done.warnings),
             ))
         }
         Verb::Patch => {
@@ -300,6 +302,32 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             ))
         }
     }
+}
+
+/// Repeated JSON keys: an error under Strict, warnings under Warn (as kube's
+/// strict decoder reports them).
+fn duplicate_check(
+    body: &[u8],
+    wo: &crate::registry::WriteOptions,
+) -> Result<Vec<String>, ApiError> {
+    let dups: Vec<String> = super::strict::duplicate_fields(body)
+        .iter()
+        .map(|p| format!("duplicate field {}", crate::status::quote(p)))
+        .collect();
+    match wo.field_validation {
+        _ if dups.is_empty() => Ok(dups),
+        crate::registry::FieldValidation::Strict => Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            dups.join(", ")
+        ))),
+        crate::registry::FieldValidation::Warn => Ok(dups),
+        crate::registry::FieldValidation::Ignore => Ok(Vec::new()),
+    }
+}
+
+fn merge_warnings(mut first: Vec<String>, rest: &[String]) -> Vec<String> {
+    first.extend(rest.iter().cloned());
+    first
 }
 
 /// Adds one `Warning: 299 - "..."` header per warning, as kube does.

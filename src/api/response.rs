@@ -15,6 +15,15 @@ use crate::status::ApiError;
 
 pub const JSON: &str = "application/json";
 
+/// The approximate size of a streamed body (its length is not known up front),
+/// so compression can decide as kube does (gzip above 128 KiB).
+#[derive(Debug, Clone, Copy)]
+pub struct SizeEstimate(pub u64);
+
+/// Marks responses that are never compressed (watch streams).
+#[derive(Debug, Clone, Copy)]
+pub struct NoCompression;
+
 pub fn bytes_response(code: StatusCode, content_type: &str, body: impl Into<Body>) -> Response {
     let mut r = Response::new(body.into());
     *r.status_mut() = code;
@@ -134,6 +143,9 @@ pub fn list(
             let mut prefix = head;
             prefix.pop();
             prefix.extend_from_slice(b",\"items\":[");
+            let estimate = prefix.len() as u64
+                + items.iter().map(|i| i.json.len() as u64 + 1).sum::<u64>()
+                + 2;
             let body = Body::from_stream(ListChunks {
                 prefix: Some(Bytes::from(prefix)),
                 items: items.into_iter(),
@@ -141,7 +153,9 @@ pub fn list(
                 first: true,
                 done: false,
             });
-            bytes_response(StatusCode::OK, JSON, body)
+            let mut r = bytes_response(StatusCode::OK, JSON, body);
+            r.extensions_mut().insert(SizeEstimate(estimate));
+            r
         }
         Output::Yaml => {
             let values: Vec<Value> = items

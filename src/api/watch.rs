@@ -122,7 +122,9 @@ pub async fn serve(
         frames,
         Ok::<_, std::convert::Infallible>,
     ));
-    Ok(bytes_response(StatusCode::OK, JSON, body))
+    let mut r = bytes_response(StatusCode::OK, JSON, body);
+    r.extensions_mut().insert(super::response::NoCompression);
+    Ok(r)
 }
 
 fn too_large(e: WatchError) -> ApiError {

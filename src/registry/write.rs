@@ -543,6 +543,9 @@ impl Registry {
                     }
                     return Err(e);
                 }
+                Err(StorageError::TooLarge { size, limit }) => {
+                    return Err(too_large(t, &name, size, limit))
+                }
                 Err(e) => return Err(storage_error(e)),
             }
         }
@@ -814,6 +817,7 @@ impl Registry {
         match e {
             StorageError::NotFound => ApiError::not_found(&t.rt.group, &t.rt.plural, name),
             StorageError::Conflict { .. } => ApiError::modified(&t.rt.group, &t.rt.plural, name),
+            StorageError::TooLarge { size, limit } => too_large(t, name, size, limit),
             other => storage_error(other),
         }
     }
@@ -957,6 +961,21 @@ impl Registry {
             )))
         }
     }
+}
+
+/// An object too large to store: 422, as kube answers for oversized custom resources.
+fn too_large(t: &Target, name: &str, size: usize, limit: usize) -> ApiError {
+    ApiError::invalid(
+        &t.rt.group,
+        &t.rt.kind,
+        name,
+        &[FieldError::new(
+            crate::status::FieldErrorKind::TooLong,
+            "<root>",
+            Some(size.to_string()),
+            format!("may not be more than {limit} bytes"),
+        )],
+    )
 }
 
 /// Maps field-manager failures to kube's Status (conflicts carry one cause per field).

@@ -201,6 +201,51 @@ fn app(state: Arc<ApiState>, apf: Arc<Apf>, registry: Arc<Registry>) -> Router {
             filters,
             filters::filter,
         ))
+        .layer(
+            tower_http::compression::CompressionLayer::new()
+                .gzip(true)
+                .compress_when(LargeBodies),
+        )
+}
+
+/// kube compresses responses over 128 KiB when the client accepts gzip; watch
+/// streams are left alone.
+#[derive(Debug, Clone, Copy)]
+struct LargeBodies;
+
+const GZIP_THRESHOLD: u64 = 128 * 1024;
+
+impl tower_http::compression::Predicate for LargeBodies {
+    fn should_compress<B>(&self, response: &http::Response<B>) -> bool
+    where
+        B: http_body::Body,
+    {
+        if response
+            .extensions()
+            .get::<api::response::NoCompression>()
+            .is_some()
+        {
+            return false;
+        }
+        let size = response
+            .body()
+            .size_hint()
+            .exact()
+            .or_else(|| {
+                response
+                    .headers()
+                    .get(http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+            })
+            .or_else(|| {
+                response
+                    .extensions()
+                    .get::<api::response::SizeEstimate>()
+                    .map(|s| s.0)
+            });
+        size.is_some_and(|n| n > GZIP_THRESHOLD)
+    }
 }
 
 fn text(body: String) -> axum::response::Response {

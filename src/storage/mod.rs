@@ -20,6 +20,9 @@ use writer::{Op, Writer};
 
 pub type Revision = u64;
 
+/// Largest encoded object one write may store (etcd's default request limit).
+pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
+
 /// Decides from an object's stored JSON whether a list includes it.
 pub type ValueFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
@@ -44,6 +47,8 @@ pub enum StorageError {
     Invalid(String),
     #[error("storage is shut down")]
     Closed,
+    #[error("object is {size} bytes, more than the {limit} bytes one write may store")]
+    TooLarge { size: usize, limit: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

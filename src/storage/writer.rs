@@ -185,6 +185,12 @@ fn apply(txn: &mut dyn WriteTxn, write: &Write, rev: Revision) -> Result<Event, 
     let json =
         Bytes::from(serde_json::to_vec(&object).map_err(|e| StorageError::Invalid(e.to_string()))?);
     let deleted = kind == EventType::Deleted;
+    if !deleted && json.len() > super::MAX_OBJECT_BYTES {
+        return Err(StorageError::TooLarge {
+            size: json.len(),
+            limit: super::MAX_OBJECT_BYTES,
+        });
+    }
     txn.put(&keys::latest(key), &keys::encode_latest(rev, deleted))?;
     // A deletion leaves an empty tombstone version so lists at later revisions skip it.
     txn.put(
