@@ -235,7 +235,7 @@ async fn kubectl_explain_recursive_and_real_world_crds() {
 
     // PolicyReport: printer columns (priority ones only with -o wide), enums enforced.
     let report = "apiVersion: reports.x-k8s.io/v1beta2\nkind: PolicyReport\nmetadata:\n  name: r1\nscope:\n  kind: Pod\n  name: web\nsummary:\n  pass: 3\n  fail: 1\nresults:\n- policy: require-labels\n  result: fail\n  severity: high\n";
-    let out = s.kubectl_stdin(&["create", "-f", "-"], &report);
+    let out = s.kubectl_stdin(&["create", "-f", "-"], report);
     assert!(
         out.status.success(),
         "{}",
