@@ -287,3 +287,114 @@ async fn client_side_apply_then_server_side() {
         .collect();
     assert!(ops.contains(&"kubectl/Apply".to_string()), "{ops:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_server_side_apply_conflicts_force_and_edit() {
+    let s = common::start().await;
+    let out = s.kubectl_stdin(&["apply", "--server-side", "-f", "-"], THING);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains("thing.test.kshard.dev/t1 serverside-applied"));
+    // Change through the same manager: no conflict.
+    let out = s.kubectl_stdin(
+        &["apply", "--server-side", "-f", "-"],
+        &THING.replace("replicas: 2", "replicas: 3"),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Another field manager wanting a different value: kubectl exits 1 with kube's message.
+    let theirs = THING.replace("replicas: 2", "replicas: 4");
+    let out = s.kubectl_stdin(
+        &["apply", "--server-side", "--field-manager=ops", "-f", "-"],
+        &theirs,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("Apply failed with 1 conflict: conflict with \"kubectl\": .spec.replicas"),
+        "{err}"
+    );
+    assert!(
+        err.contains("Please review the fields above--they currently have other managers"),
+        "{err}"
+    );
+    // --force-conflicts takes the field.
+    let out = s.kubectl_stdin(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=ops",
+            "--force-conflicts",
+            "-f",
+            "-",
+        ],
+        &theirs,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        s.kubectl_ok(&["get", "thing", "t1", "-o", "jsonpath={.spec.replicas}"]),
+        "4"
+    );
+    // Now kubectl conflicts on that field in turn.
+    let out = s.kubectl_stdin(
+        &["apply", "--server-side", "-f", "-"],
+        &THING.replace("replicas: 2", "replicas: 5"),
+    );
+    assert!(
+        stderr(&out).contains("conflict with \"ops\""),
+        "{}",
+        stderr(&out)
+    );
+
+    // kubectl patch and kubectl edit with a scripted editor.
+    s.kubectl_ok(&[
+        "patch",
+        "thing",
+        "t1",
+        "--type=json",
+        "-p",
+        r#"[{"op":"add","path":"/spec/tags","value":["a"]}]"#,
+    ]);
+    s.kubectl_ok(&[
+        "patch",
+        "thing",
+        "t1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"size":"S"}}"#,
+    ]);
+    let editor = s.dir.path().join("editor.sh");
+    std::fs::write(&editor, "#!/bin/sh\nsed -i 's/size: S/size: L/' \"$1\"\n").expect("editor");
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&s.running.kubeconfig)
+        .args(["edit", "thing", "t1"])
+        .env("KUBE_EDITOR", &editor)
+        .output()
+        .expect("kubectl edit");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("thing.test.kshard.dev/t1 edited"));
+    let got = s.kubectl_ok(&[
+        "get",
+        "thing",
+        "t1",
+        "-o",
+        "jsonpath={.spec.size} {.spec.tags}",
+    ]);
+    assert_eq!(got, "L [\"a\"]");
+    let managers = s.kubectl_ok(&[
+        "get",
+        "thing",
+        "t1",
+        "--show-managed-fields",
+        "-o",
+        "jsonpath={.metadata.managedFields[*].manager}",
+    ]);
+    for m in ["kubectl", "ops", "kubectl-patch", "kubectl-edit"] {
+        assert!(
+            managers.split_whitespace().any(|x| x == m),
+            "{m} in {managers}"
+        );
+    }
+}
