@@ -398,3 +398,41 @@ async fn kubectl_server_side_apply_conflicts_force_and_edit() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn updates_ratchet_over_values_they_do_not_change() {
+    let s = common::start().await;
+    // An object stored before today's rules (written below the API, as an old server would have).
+    let legacy = json!({"apiVersion": "test.kshard.dev/v1", "kind": "Thing",
+        "metadata": {"name": "legacy", "namespace": "default", "uid": "u-1", "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
+        "spec": {"id": "l", "size": "L", "replicas": 50}});
+    s.running
+        .registry
+        .store
+        .write(kshard::storage::Write::Create {
+            key: "test.kshard.dev/things/default/legacy".into(),
+            object: legacy,
+        })
+        .await
+        .expect("seed");
+    let api = things(&s.client);
+    // Touching something else is fine: the invalid replicas value is unchanged.
+    api.patch(
+        "legacy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await
+    .expect("ratcheted");
+    // Changing it to another invalid value is not.
+    let e = api
+        .patch(
+            "legacy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 60}})),
+        )
+        .await
+        .expect_err("still validated");
+    let kube::Error::Api(st) = e else { panic!() };
+    assert!(st.message.contains("spec.replicas: Invalid value: 60: spec.replicas in body should be less than or equal to 10"), "{}", st.message);
+}

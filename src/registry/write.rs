@@ -263,7 +263,15 @@ impl Registry {
         let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) else {
             return Ok(());
         };
-        let errs = schema.validate(obj, old);
+        let mut errs = schema.validate(obj, old);
+        if let Some(old) = old {
+            // Ratcheting (kube 1.30+): a value the update did not change is not held
+            // against it, so objects stored under older rules stay updatable.
+            errs.retain(|e| {
+                let (new_v, old_v) = (value_at(obj, &e.field), value_at(old, &e.field));
+                new_v.is_none() || new_v != old_v
+            });
+        }
         if errs.is_empty() {
             Ok(())
         } else {
@@ -963,6 +971,30 @@ impl Registry {
     }
 }
 
+/// The value at a kube field path (`spec.items[2].name`, `spec.map[key]`).
+fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = root;
+    let mut rest = path;
+    while !rest.is_empty() {
+        if let Some(inner) = rest.strip_prefix('[') {
+            let end = inner.find(']')?;
+            let key = &inner[..end];
+            cur = match cur {
+                Value::Array(a) => a.get(key.parse::<usize>().ok()?)?,
+                Value::Object(o) => o.get(key)?,
+                _ => return None,
+            };
+            rest = &inner[end + 1..];
+        } else {
+            let seg_end = rest.find(['.', '[']).unwrap_or(rest.len());
+            cur = cur.get(&rest[..seg_end])?;
+            rest = &rest[seg_end..];
+        }
+        rest = rest.strip_prefix('.').unwrap_or(rest);
+    }
+    Some(cur)
+}
+
 /// An object too large to store: 422, as kube answers for oversized custom resources.
 fn too_large(t: &Target, name: &str, size: usize, limit: usize) -> ApiError {
     ApiError::invalid(
@@ -1012,4 +1044,19 @@ fn precondition_failed(t: &Target, gk: &str, name: &str, why: String) -> ApiErro
         d.kind = t.rt.kind.clone();
     }
     e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::value_at;
+    use serde_json::json;
+
+    #[test]
+    fn field_paths_resolve_like_kube_prints_them() {
+        let v = json!({"spec": {"items": [{"name": "a"}, {"name": "b"}], "map": {"k.x": 1}}});
+        assert_eq!(value_at(&v, "spec.items[1].name"), Some(&json!("b")));
+        assert_eq!(value_at(&v, "spec.map[k.x]"), Some(&json!(1)));
+        assert_eq!(value_at(&v, "spec.missing"), None);
+        assert_eq!(value_at(&v, "spec.items[9]"), None);
+    }
 }
