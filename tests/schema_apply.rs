@@ -436,3 +436,32 @@ async fn updates_ratchet_over_values_they_do_not_change() {
     let kube::Error::Api(st) = e else { panic!() };
     assert!(st.message.contains("spec.replicas: Invalid value: 60: spec.replicas in body should be less than or equal to 10"), "{}", st.message);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn defaults_apply_on_read_too() {
+    let s = common::start().await;
+    // Stored before `size` and `replicas` had defaults.
+    let old = json!({"apiVersion": "test.kshard.dev/v1", "kind": "Thing",
+        "metadata": {"name": "old", "namespace": "default", "uid": "u-2", "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
+        "spec": {"id": "o"}});
+    let w = s
+        .running
+        .registry
+        .store
+        .write(kshard::storage::Write::Create {
+            key: "test.kshard.dev/things/default/old".into(),
+            object: old,
+        })
+        .await
+        .expect("seed");
+    let got = things(&s.client).get("old").await.expect("get");
+    assert_eq!(
+        (
+            got.data["spec"]["size"].as_str(),
+            got.data["spec"]["replicas"].as_i64()
+        ),
+        (Some("M"), Some(1))
+    );
+    let r = s.get(&format!("/apis/test.kshard.dev/v1/namespaces/default/things?resourceVersion={}&resourceVersionMatch=Exact", w.revision)).await;
+    assert_eq!(r.json()["items"][0]["spec"]["size"], "M");
+}

@@ -157,6 +157,24 @@ impl Registry {
     }
 }
 
+/// Fills in the defaults of a resource's storage-version schema (kube defaults
+/// objects when reading them from storage too, so defaults added to a CRD
+/// later show up without a write). Returns whether anything changed.
+pub fn default_on_read(catalog: &Catalog, resource: &str, obj: &mut Value) -> bool {
+    let Some(schema) = catalog
+        .resources
+        .iter()
+        .find(|r| r.id() == resource)
+        .and_then(|rt| rt.version(&rt.storage_version))
+        .and_then(|v| v.validation.clone())
+    else {
+        return false;
+    };
+    let before = obj.clone();
+    schema.apply_defaults(obj);
+    *obj != before
+}
+
 /// Renders a stored object for the version a client asked for (conversion
 /// strategy None: only `apiVersion` changes).
 pub fn convert_json(json: &Bytes, value: &Value, api_version: &str) -> Bytes {

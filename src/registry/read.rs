@@ -74,7 +74,12 @@ impl Registry {
                     .await
                     .map_err(storage_error)?
                     .ok_or_else(not_found)?;
-                let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+                let mut value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+                let json = if super::default_on_read(&self.catalog, &t.rt.id(), &mut value) {
+                    Bytes::from(serde_json::to_vec(&value).map_err(ApiError::internal)?)
+                } else {
+                    json
+                };
                 Ok(Item {
                     json,
                     value: Arc::new(value),
@@ -199,8 +204,14 @@ impl Registry {
             })?;
         let resource_prefix = format!("{}/", t.rt.id());
         let mut items = Vec::with_capacity(page.items.len());
+        let resource = t.rt.id();
         for (_, json) in page.items {
-            let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+            let mut value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+            let json = if super::default_on_read(&self.catalog, &resource, &mut value) {
+                Bytes::from(serde_json::to_vec(&value).map_err(ApiError::internal)?)
+            } else {
+                json
+            };
             items.push(Item {
                 json,
                 value: Arc::new(value),

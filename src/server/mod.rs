@@ -112,7 +112,12 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
 
     let engine = Arc::new(Embedded::open(&cfg.data_dir.join("store.redb"))?);
     let store = Store::open(engine)?;
-    let cache = Cache::start(store.clone(), cfg.watch_history).await?;
+    let defaults_catalog = catalog.clone();
+    let on_load: crate::watch::OnLoad =
+        Arc::new(move |resource: &str, obj: &mut serde_json::Value| {
+            crate::registry::default_on_read(&defaults_catalog, resource, obj)
+        });
+    let cache = Cache::start_with(store.clone(), cfg.watch_history, Some(on_load)).await?;
     let registry = Registry::new(catalog, store.clone(), cache);
     let mut tasks = vec![
         gc::spawn(registry.clone()),

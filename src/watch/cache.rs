@@ -10,6 +10,9 @@ use crate::storage::{Batch, EventType, Revision, StorageError, Store};
 
 use super::split_key;
 
+/// Rewrites an object of a resource (`group/resource`) on load; true if changed.
+pub type OnLoad = Arc<dyn Fn(&str, &mut Value) -> bool + Send + Sync>;
+
 /// Events kept per resource before trimming (older than 75 s) may begin.
 pub const DEFAULT_RING_CAPACITY: usize = 10_000;
 /// Events younger than this are never trimmed unless the ring is far over capacity.
@@ -172,6 +175,17 @@ pub struct Cache {
 impl Cache {
     /// Loads the current state from `store` and follows its change feed.
     pub async fn start(store: Arc<Store>, ring_capacity: usize) -> Result<Arc<Self>, StorageError> {
+        Self::start_with(store, ring_capacity, None).await
+    }
+
+    /// Like [`Cache::start`]; `on_load` may rewrite stored objects as they are
+    /// first read (the registry fills in schema defaults added since they were
+    /// written) and returns whether it changed anything.
+    pub async fn start_with(
+        store: Arc<Store>,
+        ring_capacity: usize,
+        on_load: Option<OnLoad>,
+    ) -> Result<Arc<Self>, StorageError> {
         let (rev, mut feed) = store.subscribe();
         let page = store.list("", rev, None, None, Arc::new(|_| true)).await?;
         let mut resources: HashMap<String, ResourceState> = HashMap::new();
@@ -179,8 +193,14 @@ impl Cache {
             let Some((resource, sub)) = split_key(&key) else {
                 continue;
             };
-            let value: Value =
+            let mut value: Value =
                 serde_json::from_slice(&json).map_err(|e| StorageError::Corrupt(e.to_string()))?;
+            let mut json = json;
+            if on_load.as_ref().is_some_and(|f| f(resource, &mut value)) {
+                json = Bytes::from(
+                    serde_json::to_vec(&value).map_err(|e| StorageError::Corrupt(e.to_string()))?,
+                );
+            }
             let revision = object_revision(&value);
             let state = resources
                 .entry(resource.to_string())

@@ -5,7 +5,7 @@
 mod cache;
 
 pub use cache::{
-    frame, Cache, CachedObject, Filter, Start, Subscription, WatchError, WatchEvent,
+    frame, Cache, CachedObject, Filter, OnLoad, Start, Subscription, WatchError, WatchEvent,
     DEFAULT_RING_CAPACITY,
 };
 
