@@ -2,6 +2,7 @@
 //! negotiation, discovery, OpenAPI, and the resource and watch handlers.
 
 pub mod discovery;
+pub mod encoding;
 pub mod negotiate;
 pub mod openapi;
 pub mod options;

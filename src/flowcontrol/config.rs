@@ -57,7 +57,7 @@ fn is_zero_i64(v: &i64) -> bool {
     *v == 0
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum ConditionStatus {
     True,
     False,
@@ -65,7 +65,7 @@ pub enum ConditionStatus {
 }
 
 /// Shared shape of FlowSchema and PriorityLevelConfiguration conditions.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
@@ -92,7 +92,25 @@ pub struct FlowSchema {
     pub status: Option<FlowSchemaStatus>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The spec; `kube::CustomResource` also generates `FlowSchemaResource`, the
+/// `flowcontrol.kshard.dev/v1` object operators write (see `crds/flowcontrol/`).
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, kube::CustomResource,
+)]
+#[kube(
+    group = "flowcontrol.kshard.dev",
+    version = "v1",
+    kind = "FlowSchema",
+    root = "FlowSchemaResource",
+    status = "FlowSchemaStatus",
+    shortname = "fs",
+    category = "kshard",
+    printcolumn = r#"{"name":"PriorityLevel","type":"string","jsonPath":".spec.priorityLevelConfiguration.name"}"#,
+    printcolumn = r#"{"name":"MatchingPrecedence","type":"integer","jsonPath":".spec.matchingPrecedence"}"#,
+    printcolumn = r#"{"name":"DistinguisherMethod","type":"string","jsonPath":".spec.distinguisherMethod.type"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"MissingPL","type":"string","jsonPath":".status.conditions[?(@.type=='Dangling')].status"}"#
+)]
 #[serde(rename_all = "camelCase")]
 pub struct FlowSchemaSpec {
     pub priority_level_configuration: PriorityLevelConfigurationReference,
@@ -105,14 +123,14 @@ pub struct FlowSchemaSpec {
     pub rules: Vec<PolicyRulesWithSubjects>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PriorityLevelConfigurationReference {
     #[serde(default)]
     pub name: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FlowDistinguisherMethod {
     #[serde(rename = "type")]
     pub type_: String,
@@ -121,7 +139,7 @@ pub struct FlowDistinguisherMethod {
 pub const BY_USER: &str = "ByUser";
 pub const BY_NAMESPACE: &str = "ByNamespace";
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyRulesWithSubjects {
     #[serde(default)]
@@ -132,7 +150,7 @@ pub struct PolicyRulesWithSubjects {
     pub non_resource_rules: Vec<NonResourcePolicyRule>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Subject {
     /// "User", "Group" or "ServiceAccount"; a string so that invalid
@@ -177,23 +195,23 @@ impl Subject {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct UserSubject {
     pub name: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct GroupSubject {
     pub name: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ServiceAccountSubject {
     pub namespace: String,
     pub name: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourcePolicyRule {
     #[serde(default)]
@@ -208,7 +226,7 @@ pub struct ResourcePolicyRule {
     pub namespaces: Vec<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NonResourcePolicyRule {
     #[serde(default)]
@@ -217,7 +235,7 @@ pub struct NonResourcePolicyRule {
     pub non_resource_urls: Vec<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FlowSchemaStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -244,7 +262,26 @@ pub const TYPE_LIMITED: &str = "Limited";
 pub const LIMIT_RESPONSE_QUEUE: &str = "Queue";
 pub const LIMIT_RESPONSE_REJECT: &str = "Reject";
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The spec; `kube::CustomResource` also generates
+/// `PriorityLevelConfigurationResource` (`flowcontrol.kshard.dev/v1`).
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, kube::CustomResource,
+)]
+#[kube(
+    group = "flowcontrol.kshard.dev",
+    version = "v1",
+    kind = "PriorityLevelConfiguration",
+    root = "PriorityLevelConfigurationResource",
+    status = "PriorityLevelConfigurationStatus",
+    shortname = "plc",
+    category = "kshard",
+    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.type"}"#,
+    printcolumn = r#"{"name":"NominalConcurrencyShares","type":"integer","jsonPath":".spec.limited.nominalConcurrencyShares"}"#,
+    printcolumn = r#"{"name":"Queues","type":"integer","jsonPath":".spec.limited.limitResponse.queuing.queues"}"#,
+    printcolumn = r#"{"name":"HandSize","type":"integer","jsonPath":".spec.limited.limitResponse.queuing.handSize"}"#,
+    printcolumn = r#"{"name":"QueueLengthLimit","type":"integer","jsonPath":".spec.limited.limitResponse.queuing.queueLengthLimit"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
 #[serde(rename_all = "camelCase")]
 pub struct PriorityLevelConfigurationSpec {
     /// "Exempt" or "Limited".
@@ -256,7 +293,7 @@ pub struct PriorityLevelConfigurationSpec {
     pub exempt: Option<ExemptPriorityLevelConfiguration>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LimitedPriorityLevelConfiguration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -269,7 +306,7 @@ pub struct LimitedPriorityLevelConfiguration {
     pub borrowing_limit_percent: Option<i32>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExemptPriorityLevelConfiguration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -278,7 +315,7 @@ pub struct ExemptPriorityLevelConfiguration {
     pub lendable_percent: Option<i32>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LimitResponse {
     /// "Queue" or "Reject".
@@ -288,7 +325,7 @@ pub struct LimitResponse {
     pub queuing: Option<QueuingConfiguration>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueuingConfiguration {
     #[serde(default)]
@@ -299,7 +336,7 @@ pub struct QueuingConfiguration {
     pub queue_length_limit: i32,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PriorityLevelConfigurationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

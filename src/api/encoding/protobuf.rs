@@ -374,9 +374,7 @@ impl<'a> Fields<'a> {
     }
 
     fn get(&self, key: &str) -> Option<&'a Value> {
-        self.map
-            .and_then(|m| m.get(key))
-            .filter(|v| !v.is_null())
+        self.map.and_then(|m| m.get(key)).filter(|v| !v.is_null())
     }
 
     fn opt_str(&self, key: &str) -> Result<Option<String>, ProtobufError> {
@@ -450,7 +448,10 @@ impl<'a> Fields<'a> {
                     key: Some(k.clone()),
                     value: Some(s.clone()),
                 }),
-                _ => Err(invalid(&format!("{}.{k}", self.path(key)), "expected a string")),
+                _ => Err(invalid(
+                    &format!("{}.{k}", self.path(key)),
+                    "expected a string",
+                )),
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Go's generated marshaller sorts map keys (byte order, like str's Ord).
@@ -590,7 +591,9 @@ pub fn status_from_json(v: &Value) -> Result<Status, ProtobufError> {
         }
     };
     Ok(Status {
-        metadata: Some(list_meta_from_json(f.get("metadata").unwrap_or(&Value::Null))?),
+        metadata: Some(list_meta_from_json(
+            f.get("metadata").unwrap_or(&Value::Null),
+        )?),
         status: f.str("status")?,
         message: f.str("message")?,
         reason: f.str("reason")?,
@@ -601,7 +604,9 @@ pub fn status_from_json(v: &Value) -> Result<Status, ProtobufError> {
 
 /// Builds `PartialObjectMetadata` from any JSON object with a `metadata`
 /// member (a full custom resource or an existing PartialObjectMetadata).
-pub fn partial_object_metadata_from_json(v: &Value) -> Result<PartialObjectMetadata, ProtobufError> {
+pub fn partial_object_metadata_from_json(
+    v: &Value,
+) -> Result<PartialObjectMetadata, ProtobufError> {
     let f = Fields::new("object", v)?;
     Ok(PartialObjectMetadata {
         metadata: Some(object_meta_from_json(
@@ -617,7 +622,9 @@ pub fn partial_object_metadata_list_from_json(
 ) -> Result<PartialObjectMetadataList, ProtobufError> {
     let f = Fields::new("list", v)?;
     Ok(PartialObjectMetadataList {
-        metadata: Some(list_meta_from_json(f.get("metadata").unwrap_or(&Value::Null))?),
+        metadata: Some(list_meta_from_json(
+            f.get("metadata").unwrap_or(&Value::Null),
+        )?),
         items: f
             .array("items")?
             .iter()
@@ -665,13 +672,22 @@ mod tests {
         assert_eq!(tm.kind.as_deref(), Some("PartialObjectMetadata"));
         assert_eq!(raw, b"xyz");
 
-        assert!(matches!(decode_envelope(&[]), Err(ProtobufError::EmptyData)));
-        assert!(matches!(decode_envelope(&[0x6b]), Err(ProtobufError::MissingMagic)));
+        assert!(matches!(
+            decode_envelope(&[]),
+            Err(ProtobufError::EmptyData)
+        ));
+        assert!(matches!(
+            decode_envelope(&[0x6b]),
+            Err(ProtobufError::MissingMagic)
+        ));
         assert!(matches!(
             decode_envelope(&[0x6b, 0x38, 0x73, 0x01, 0x0a, 0x00]),
             Err(ProtobufError::MissingMagic)
         ));
-        assert!(matches!(decode_envelope(&MAGIC), Err(ProtobufError::EmptyBody)));
+        assert!(matches!(
+            decode_envelope(&MAGIC),
+            Err(ProtobufError::EmptyBody)
+        ));
         assert!(matches!(
             decode_envelope(&[0x6b, 0x38, 0x73, 0x00, 0x0a, 0x05, 0x01]),
             Err(ProtobufError::Decode(_))
@@ -685,7 +701,9 @@ mod tests {
         wire.extend_from_slice(b"other/version");
         wire.extend_from_slice(&[0x12, 0x04]);
         wire.extend_from_slice(b"test");
-        wire.extend_from_slice(&[0x12, 0x07, 0x6b, 0x38, 0x73, 0x00, 1, 2, 3, 0x1a, 0x00, 0x22, 0x00]);
+        wire.extend_from_slice(&[
+            0x12, 0x07, 0x6b, 0x38, 0x73, 0x00, 1, 2, 3, 0x1a, 0x00, 0x22, 0x00,
+        ]);
         let (tm, raw) = decode_envelope(&wire).unwrap();
         assert_eq!(tm.kind.as_deref(), Some("test"));
         assert_eq!(raw, [0x6b, 0x38, 0x73, 0x00, 1, 2, 3]);
@@ -720,21 +738,21 @@ mod tests {
         .unwrap();
         let got = hex(&meta.encode_to_vec());
         let want = [
-            "0a0161",             // 1 name "a"
-            "1200",               // 2 generateName ""
-            "1a026e73",           // 3 namespace "ns"
-            "2200",               // 4 selfLink ""
-            "2a0175",             // 5 uid "u"
-            "320137",             // 6 resourceVersion "7"
-            "3802",               // 7 generation 2
-            "420408641000",       // 8 creationTimestamp {seconds 100, nanos 0}
-            "4a0408011000",       // 9 deletionTimestamp {seconds 1, nanos 0}
-            "501e",               // 10 deletionGracePeriodSeconds 30
-            "5a060a0162120176",   // 11 labels b=v (sorted first)
-            "5a050a017a1200",     // 11 labels z="" (value still written)
+            "0a0161",           // 1 name "a"
+            "1200",             // 2 generateName ""
+            "1a026e73",         // 3 namespace "ns"
+            "2200",             // 4 selfLink ""
+            "2a0175",           // 5 uid "u"
+            "320137",           // 6 resourceVersion "7"
+            "3802",             // 7 generation 2
+            "420408641000",     // 8 creationTimestamp {seconds 100, nanos 0}
+            "4a0408011000",     // 9 deletionTimestamp {seconds 1, nanos 0}
+            "501e",             // 10 deletionGracePeriodSeconds 30
+            "5a060a0162120176", // 11 labels b=v (sorted first)
+            "5a050a017a1200",   // 11 labels z="" (value still written)
             // 13 ownerReferences: kind(1) name(3) uid(4) apiVersion(5) controller(6)
             "6a0f0a014b1a016f2201782a0276313001",
-            "720166",             // 14 finalizers "f"
+            "720166", // 14 finalizers "f"
         ]
         .concat();
         assert_eq!(got, want);
@@ -755,7 +773,10 @@ mod tests {
             entry.fields_v1.as_ref().and_then(|f| f.raw.as_deref()),
             Some(&br#"{"f:metadata":{"f:labels":{}}}"#[..])
         );
-        assert_eq!(entry.time.as_ref().and_then(|t| t.seconds), Some(1_704_164_645));
+        assert_eq!(
+            entry.time.as_ref().and_then(|t| t.seconds),
+            Some(1_704_164_645)
+        );
         assert_eq!(entry.subresource.as_deref(), Some(""));
         // Field 17 has a two-byte key: (17 << 3 | 2) = 0x8a 0x01.
         let bytes = meta.encode_to_vec();
@@ -814,7 +835,10 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(list.items.len(), 2);
-        assert_eq!(list.metadata.as_ref().unwrap().remaining_item_count, Some(3));
+        assert_eq!(
+            list.metadata.as_ref().unwrap().remaining_item_count,
+            Some(3)
+        );
         let bytes = list.encode_to_vec();
         assert_eq!(PartialObjectMetadataList::decode(&bytes[..]).unwrap(), list);
 

@@ -128,7 +128,17 @@ fn validate_at(ty: &TypeRef, v: &Value, path: &str, errs: &mut Vec<String>) {
                     ScalarKind::Boolean => "boolean",
                     ScalarKind::Untyped => "any scalar",
                 };
-                errs.push(at(path, format!("expected {want}, got {v}")));
+                // kube prints the Go type of the value for numeric fields (`%T`).
+                let got = match (kind, v) {
+                    (ScalarKind::Numeric, Value::String(_)) => "string".to_string(),
+                    (ScalarKind::Numeric, Value::Bool(_)) => "bool".to_string(),
+                    (ScalarKind::Numeric, Value::Array(_)) => "[]interface {}".to_string(),
+                    (ScalarKind::Numeric, Value::Object(_)) => {
+                        "map[string]interface {}".to_string()
+                    }
+                    _ => v.to_string(),
+                };
+                errs.push(at(path, format!("expected {want}, got {got}")));
             }
         }
         Shape::List(list) => {

@@ -199,4 +199,6 @@ pub fn default_manager(user_agent: &str) -> String {
 }
 
 #[cfg(test)]
+mod scenarios;
+#[cfg(test)]
 mod tests;
