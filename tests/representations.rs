@@ -198,9 +198,17 @@ async fn metadata_only_clients() {
         }
     }
     assert!(seen.contains(&"m1".to_string()));
-    // Only metadata in a way the server cannot serve: 406.
-    let r = s.raw("GET", WIDGETS, &[("accept", "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1")], vec![]).await;
+    // Only a form the server cannot serve (a Table has no protobuf message): 406.
+    let r = s
+        .raw(
+            "GET",
+            WIDGETS,
+            &[("accept", "application/json;as=Table;g=meta.k8s.io;v=v2")],
+            vec![],
+        )
+        .await;
     assert_eq!(r.status, 406);
+    assert_eq!(r.json()["reason"], "NotAcceptable");
     // The legacy /watch/ prefix streams too.
     let req = http::Request::get(
         "/apis/demo.kshard.dev/v1/watch/namespaces/default/widgets?timeoutSeconds=1",

@@ -8,6 +8,9 @@ use crate::status::ApiError;
 pub enum Output {
     Json,
     Yaml,
+    Cbor,
+    /// `meta.k8s.io/<version>` PartialObjectMetadata(List) in the protobuf envelope.
+    ProtoMeta(String),
     /// `meta.k8s.io/<version>` Table.
     Table(String),
     /// `meta.k8s.io/<version>` PartialObjectMetadata(List).
@@ -18,6 +21,7 @@ pub const ACCEPTED: &[&str] = &[
     "application/json",
     "application/yaml",
     "application/vnd.kubernetes.protobuf",
+    "application/cbor",
 ];
 
 struct Range {
@@ -79,6 +83,23 @@ pub fn negotiate(accept: Option<&str>, allow_meta: bool) -> Result<Output, ApiEr
             "application/json" | "*/*" | "application/*"
         );
         let yaml = r.media == "application/yaml";
+        if r.media == "application/vnd.kubernetes.protobuf" {
+            // Custom resources have no protobuf form; their metadata views do.
+            let meta = matches!(
+                r.as_.as_str(),
+                "PartialObjectMetadata" | "PartialObjectMetadataList"
+            );
+            if allow_meta && meta && r.g == "meta.k8s.io" && (r.v == "v1" || r.v == "v1beta1") {
+                return Ok(Output::ProtoMeta(format!("meta.k8s.io/{}", r.v)));
+            }
+            continue;
+        }
+        if r.media == "application/cbor" {
+            if r.as_.is_empty() {
+                return Ok(Output::Cbor);
+            }
+            continue;
+        }
         if !(json_like || yaml) {
             asked_meta_only = false;
             continue;

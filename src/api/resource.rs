@@ -23,11 +23,13 @@ const BODY_TYPES: &[&str] = &[
     "application/json",
     "application/yaml",
     "application/vnd.kubernetes.protobuf",
+    "application/cbor",
 ];
 const PATCH_TYPES: &[&str] = &[
     "application/json-patch+json",
     "application/merge-patch+json",
     "application/apply-patch+yaml",
+    "application/apply-patch+cbor",
 ];
 
 pub struct Call<'a> {
@@ -53,6 +55,8 @@ pub fn decode_body(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<Value
         "" | "application/json" | "*/*" => serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!("the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e}"))
         })?,
+        "application/cbor" => super::encoding::cbor::from_cbor(body)
+            .map_err(|e| ApiError::bad_request(format!("the object provided is unrecognized (must be of type {kind}): {e}")))?,
         "application/yaml" => {
             let text = std::str::from_utf8(body)
                 .map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
@@ -65,9 +69,14 @@ pub fn decode_body(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<Value
 }
 
 pub async fn handle(state: &ApiState, call: Call<'_>) -> Response {
+    let accept = call
+        .headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     match dispatch(state, call).await {
         Ok(r) => r,
-        Err(e) => error_response(&e),
+        Err(e) => response::error_for(accept.as_deref(), &e),
     }
 }
 
@@ -205,7 +214,10 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let out = negotiate(accept, true)?;
             let ct = content_type(call.headers);
             let media = ct.split(';').next().unwrap_or("").trim();
-            let is_apply = media == "application/apply-patch+yaml";
+            let is_apply = matches!(
+                media,
+                "application/apply-patch+yaml" | "application/apply-patch+cbor"
+            );
             let wo = write_options(&q, call.headers, is_apply)?;
             let sr = if sub == Some("status") {
                 Subresource::Status
@@ -214,10 +226,15 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             };
             if is_apply {
                 let force = q.bool("force")?.unwrap_or(false);
-                let text = std::str::from_utf8(&call.body)
-                    .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-                let config: Value = serde_saphyr::from_str(text)
-                    .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+                let config: Value = if media == "application/apply-patch+cbor" {
+                    super::encoding::cbor::from_cbor(&call.body)
+                        .map_err(|e| ApiError::bad_request(format!("error decoding CBOR: {e}")))?
+                } else {
+                    let text = std::str::from_utf8(&call.body)
+                        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+                    serde_saphyr::from_str(text)
+                        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+                };
                 if sub == Some("scale") {
                     return Err(ApiError::unsupported_media_type(&PATCH_TYPES[..2]));
                 }

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
+use super::encoding::{cbor, protobuf};
 use super::negotiate::Output;
 use crate::registry::table::{partial_metadata, table, Columns, IncludeObject};
 use crate::registry::Item;
@@ -55,6 +56,50 @@ impl axum::response::IntoResponse for ApiError {
     }
 }
 
+fn cbor_response(code: StatusCode, value: &Value) -> Response {
+    bytes_response(code, cbor::MEDIA_TYPE, cbor::to_cbor(value))
+}
+
+/// A Status error in the form the client prefers: protobuf when it asked for
+/// protobuf first (metadata informers do), else JSON.
+pub fn error_for(accept: Option<&str>, e: &ApiError) -> Response {
+    let prefers_protobuf = accept
+        .and_then(|a| a.split(',').next())
+        .is_some_and(|first| first.trim().starts_with(protobuf::MEDIA_TYPE));
+    if !prefers_protobuf {
+        return error_response(e);
+    }
+    let Ok(status) = protobuf::status_from_json(&e.to_json()) else {
+        return error_response(e);
+    };
+    let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = bytes_response(
+        code,
+        protobuf::MEDIA_TYPE,
+        protobuf::encode_object("v1", "Status", &status),
+    );
+    if let Some(n) = e.retry_after() {
+        if let Ok(v) = HeaderValue::from_str(&n.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    r
+}
+
+fn proto_meta_response(code: StatusCode, v: &str, value: &Value, list: bool) -> Response {
+    let encoded = if list {
+        protobuf::partial_object_metadata_list_from_json(value)
+            .map(|m| protobuf::encode_object(v, "PartialObjectMetadataList", &m))
+    } else {
+        protobuf::partial_object_metadata_from_json(value)
+            .map(|m| protobuf::encode_object(v, "PartialObjectMetadata", &m))
+    };
+    match encoded {
+        Ok(bytes) => bytes_response(code, protobuf::MEDIA_TYPE, bytes),
+        Err(e) => error_response(&ApiError::internal(e)),
+    }
+}
+
 fn yaml_response(code: StatusCode, value: &Value) -> Response {
     match serde_saphyr::to_string(value) {
         Ok(s) => bytes_response(code, "application/yaml", s),
@@ -81,6 +126,11 @@ pub fn object(
             code,
             &crate::registry::convert_value(&item.value, &api_version),
         ),
+        Output::Cbor => cbor_response(
+            code,
+            &crate::registry::convert_value(&item.value, &api_version),
+        ),
+        Output::ProtoMeta(v) => proto_meta_response(code, v, &item.value, false),
         Output::Table(v) => {
             let cols = Columns::for_target(t);
             let obj = crate::registry::convert_value(&item.value, &api_version);
@@ -157,14 +207,25 @@ pub fn list(
             r.extensions_mut().insert(SizeEstimate(estimate));
             r
         }
-        Output::Yaml => {
+        Output::Yaml | Output::Cbor => {
             let values: Vec<Value> = items
                 .iter()
                 .map(|i| crate::registry::convert_value(&i.value, &api_version))
                 .collect();
-            yaml_response(
+            let doc = json!({"apiVersion": api_version, "kind": t.rt.list_kind, "metadata": meta.to_json(), "items": values});
+            if *out == Output::Cbor {
+                cbor_response(StatusCode::OK, &doc)
+            } else {
+                yaml_response(StatusCode::OK, &doc)
+            }
+        }
+        Output::ProtoMeta(v) => {
+            let values: Vec<Value> = items.iter().map(|i| (*i.value).clone()).collect();
+            proto_meta_response(
                 StatusCode::OK,
-                &json!({"apiVersion": api_version, "kind": t.rt.list_kind, "metadata": meta.to_json(), "items": values}),
+                v,
+                &json!({"metadata": meta.to_json(), "items": values}),
+                true,
             )
         }
         Output::Table(v) => {

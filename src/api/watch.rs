@@ -11,6 +11,7 @@ use http::StatusCode;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use super::encoding::{cbor, protobuf};
 use super::negotiate::{negotiate, Output};
 use super::options::{ListOptions, WatchStart};
 use super::response::{bytes_response, JSON};
@@ -54,6 +55,19 @@ pub async fn serve(
     initial_events_sent: Option<InitialEventsSent>,
 ) -> Result<Response, ApiError> {
     let out = negotiate(accept, true)?;
+    if out == Output::Yaml {
+        return Err(ApiError::not_acceptable(&[
+            "application/json;stream=watch",
+            "application/vnd.kubernetes.protobuf;stream=watch",
+            "application/cbor-seq",
+        ]));
+    }
+    let out_kind = out.clone();
+    let content_type = match &out {
+        Output::Cbor => cbor::SEQ_MEDIA_TYPE,
+        Output::ProtoMeta(_) => protobuf::WATCH_MEDIA_TYPE,
+        _ => JSON,
+    };
     let (start, end_bookmark) = opts.watch_start()?;
     let sel = Selectors::parse(t, &opts.label_selector, &opts.field_selector)?;
     if let (Some(n), Some(want)) = (name, sel.fields.required_value("metadata.name")) {
@@ -110,10 +124,7 @@ pub async fn serve(
         Err(WatchError::TooOld { requested, oldest }) => {
             let status =
                 ApiError::expired(format!("too old resource version: {requested} ({oldest})"));
-            let _ = tx.try_send(frame(
-                "ERROR",
-                &serde_json::to_vec(&status.to_json()).unwrap_or_default(),
-            ));
+            let _ = tx.try_send(error_frame(&out_kind, &status));
         }
         Err(e) => return Err(too_large(e)),
     }
@@ -122,9 +133,34 @@ pub async fn serve(
         frames,
         Ok::<_, std::convert::Infallible>,
     ));
-    let mut r = bytes_response(StatusCode::OK, JSON, body);
+    let mut r = bytes_response(StatusCode::OK, content_type, body);
     r.extensions_mut().insert(super::response::NoCompression);
     Ok(r)
+}
+
+/// One protobuf watch frame carrying PartialObjectMetadata.
+fn proto_frame(kind: &str, api_version: &str, value: &Value) -> Option<Bytes> {
+    let meta = protobuf::partial_object_metadata_from_json(value).ok()?;
+    let inner = protobuf::encode_object(api_version, "PartialObjectMetadata", &meta);
+    Some(Bytes::from(protobuf::watch_event_frame(kind, &inner)))
+}
+
+/// The ERROR event that ends a watch, in the stream's encoding.
+fn error_frame(out: &Output, status: &ApiError) -> Bytes {
+    let st = status.to_json();
+    match out {
+        Output::Cbor => Bytes::from(cbor::cbor_seq_frame(
+            &json!({"type": "ERROR", "object": st}),
+        )),
+        Output::ProtoMeta(_) => match protobuf::status_from_json(&st) {
+            Ok(s) => Bytes::from(protobuf::watch_event_frame(
+                "ERROR",
+                &protobuf::encode_object("v1", "Status", &s),
+            )),
+            Err(_) => Bytes::new(),
+        },
+        _ => frame("ERROR", &serde_json::to_vec(&st).unwrap_or_default()),
+    }
 }
 
 fn too_large(e: WatchError) -> ApiError {
@@ -254,6 +290,13 @@ impl Stream {
                 m["apiVersion"] = json!(v);
                 Some(frame(kind, &serde_json::to_vec(&m).ok()?))
             }
+            Output::Cbor => {
+                let obj = crate::registry::convert_value(&value, &api_version);
+                Some(Bytes::from(cbor::cbor_seq_frame(
+                    &json!({"type": kind, "object": obj}),
+                )))
+            }
+            Output::ProtoMeta(v) => proto_frame(kind, v, &value),
         }
     }
 
@@ -273,6 +316,16 @@ impl Stream {
                 "apiVersion": v, "kind": "Table", "metadata": {"resourceVersion": rev.to_string()},
                 "rows": [{"cells": [], "object": {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": metadata}}],
             }),
+            Output::Cbor => {
+                let obj = json!({"apiVersion": self.t.api_version(), "kind": self.t.rt.kind, "metadata": metadata});
+                return Bytes::from(cbor::cbor_seq_frame(
+                    &json!({"type": "BOOKMARK", "object": obj}),
+                ));
+            }
+            Output::ProtoMeta(v) => {
+                return proto_frame("BOOKMARK", v, &json!({"metadata": metadata}))
+                    .unwrap_or_default();
+            }
         };
         frame("BOOKMARK", &serde_json::to_vec(&obj).unwrap_or_default())
     }

@@ -95,7 +95,15 @@ pub struct FlowSchema {
 /// The spec; `kube::CustomResource` also generates `FlowSchemaResource`, the
 /// `flowcontrol.kshard.dev/v1` object operators write (see `crds/flowcontrol/`).
 #[derive(
-    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, kube::CustomResource,
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    kube::CustomResource,
 )]
 #[kube(
     group = "flowcontrol.kshard.dev",
@@ -265,7 +273,15 @@ pub const LIMIT_RESPONSE_REJECT: &str = "Reject";
 /// The spec; `kube::CustomResource` also generates
 /// `PriorityLevelConfigurationResource` (`flowcontrol.kshard.dev/v1`).
 #[derive(
-    Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, kube::CustomResource,
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    kube::CustomResource,
 )]
 #[kube(
     group = "flowcontrol.kshard.dev",

@@ -81,6 +81,12 @@ impl TestServer {
         body: Vec<u8>,
     ) -> Reply {
         let mut b = http::Request::builder().method(method).uri(uri);
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("user-agent"))
+        {
+            b = b.header("user-agent", "kshard-tests/0.1");
+        }
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
