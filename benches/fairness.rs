@@ -43,12 +43,12 @@ fn bars(rows: &[(&str, f64)], title: &str) -> String {
 fn main() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let s = common::start().await;
+        let s = common::start_with_flowcontrol().await;
         install(
             &s,
             vec![schema("tenants", "tenants", "tenants")],
             vec![level("tenants", 9, json!({"type": "Queue", "queuing": {"queues": 16, "handSize": 2, "queueLengthLimit": 4}}))],
-        );
+        ).await;
         eprintln!("filling 2000 objects...");
         fill(&s, 2000).await;
         eprintln!("mouse alone for 3 s...");

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod controller;
 pub mod flowcontrol;
 pub mod registry;
 pub mod server;

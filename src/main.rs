@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Serve the API.
     Serve(ServeArgs),
+    /// Print the flowcontrol.kshard.dev CustomResourceDefinitions (YAML).
+    Crds,
 }
 
 #[derive(clap::Args)]
@@ -50,6 +52,10 @@ struct ServeArgs {
     /// Mutating share of the server concurrency limit (API Priority and Fairness).
     #[arg(long, default_value_t = 200)]
     max_mutating_requests_inflight: u32,
+    /// Cluster whose FlowSchema/PriorityLevelConfiguration objects configure flow
+    /// control (default: kshard itself, which then serves those CRDs).
+    #[arg(long)]
+    flowcontrol_kubeconfig: Option<PathBuf>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -94,6 +100,7 @@ fn main() -> anyhow::Result<()> {
                     bookmark_interval: a.bookmark_interval,
                     max_requests_inflight: a.max_requests_inflight,
                     max_mutating_requests_inflight: a.max_mutating_requests_inflight,
+                    flowcontrol_kubeconfig: a.flowcontrol_kubeconfig,
                     ..Default::default()
                 };
                 let running = kshard::server::start(cfg)
@@ -108,6 +115,10 @@ fn main() -> anyhow::Result<()> {
                     .await
                     .context("waiting for ctrl-c")?;
                 running.shutdown();
+                Ok(())
+            }
+            Command::Crds => {
+                print!("{}", kshard::controller::crd::manifests_yaml());
                 Ok(())
             }
         }

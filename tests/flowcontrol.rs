@@ -13,7 +13,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_response_is_classified() {
-    let s = common::start().await;
+    let s = common::start_with_flowcontrol().await;
     let r = s.get(common::WIDGETS).await;
     let fs = r
         .headers
@@ -101,12 +101,13 @@ async fn every_response_is_classified() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reject_level_answers_429_and_watch_releases_its_seat() {
-    let s = common::start().await;
+    let s = common::start_with_flowcontrol().await;
     install(
         &s,
         vec![schema("solo", "solo", "solo")],
         vec![level("solo", 1, json!({"type": "Reject"}))],
-    );
+    )
+    .await;
     assert_eq!(
         s.running
             .apf
@@ -201,7 +202,7 @@ async fn reject_level_answers_429_and_watch_releases_its_seat() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mouse_keeps_being_served_while_elephant_gets_429s() {
-    let s = common::start().await;
+    let s = common::start_with_flowcontrol().await;
     install(
         &s,
         vec![schema("tenants", "tenants", "tenants")],
@@ -210,7 +211,7 @@ async fn mouse_keeps_being_served_while_elephant_gets_429s() {
             9,
             json!({"type": "Queue", "queuing": {"queues": 16, "handSize": 2, "queueLengthLimit": 4}}),
         )],
-    );
+    ).await;
     fill(&s, 1000).await;
     let (idle, _, _, failed) = elephant_and_mouse(&s, 0, Duration::from_millis(500)).await;
     assert_eq!(failed, 0);

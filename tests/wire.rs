@@ -277,8 +277,15 @@ async fn discovery_health_version_openapi() {
         .iter()
         .filter_map(|g| g["name"].as_str())
         .collect();
-    assert_eq!(groups, ["demo.kshard.dev", "test.kshard.dev"]);
-    assert_eq!(apis["groups"][1]["preferredVersion"]["version"], "v1");
+    assert_eq!(
+        groups,
+        [
+            "demo.kshard.dev",
+            "flowcontrol.kshard.dev",
+            "test.kshard.dev"
+        ]
+    );
+    assert_eq!(apis["groups"][2]["preferredVersion"]["version"], "v1");
     let g = s.get("/apis/test.kshard.dev").await.json();
     assert_eq!(g["kind"], "APIGroup");
     let versions: Vec<&str> = g["versions"]

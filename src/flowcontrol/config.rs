@@ -92,8 +92,9 @@ pub struct FlowSchema {
     pub status: Option<FlowSchemaStatus>,
 }
 
-/// The spec; `kube::CustomResource` also generates `FlowSchemaResource`, the
-/// `flowcontrol.kshard.dev/v1` object operators write (see `crds/flowcontrol/`).
+/// FlowSchemaSpec describes how the FlowSchema's specification looks like.
+// `kube::CustomResource` also generates `FlowSchemaResource`, the
+// `flowcontrol.kshard.dev/v1` object operators write (see `crds/flowcontrol/`).
 #[derive(
     Clone,
     Debug,
@@ -270,8 +271,9 @@ pub const TYPE_LIMITED: &str = "Limited";
 pub const LIMIT_RESPONSE_QUEUE: &str = "Queue";
 pub const LIMIT_RESPONSE_REJECT: &str = "Reject";
 
-/// The spec; `kube::CustomResource` also generates
-/// `PriorityLevelConfigurationResource` (`flowcontrol.kshard.dev/v1`).
+/// PriorityLevelConfigurationSpec specifies the configuration of a priority level.
+// `kube::CustomResource` also generates `PriorityLevelConfigurationResource`
+// (`flowcontrol.kshard.dev/v1`).
 #[derive(
     Clone,
     Debug,

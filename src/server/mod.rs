@@ -60,6 +60,10 @@ pub struct ServeConfig {
     /// sum is the server concurrency limit API Priority and Fairness divides.
     pub max_requests_inflight: u32,
     pub max_mutating_requests_inflight: u32,
+    /// Where the flow-control objects live; `None`: kshard itself serves them.
+    pub flowcontrol_kubeconfig: Option<PathBuf>,
+    /// Run the flow-control controller (off: the built-in configuration stays).
+    pub flowcontrol_controller: bool,
 }
 
 impl Default for ServeConfig {
@@ -74,6 +78,8 @@ impl Default for ServeConfig {
             watch_history: DEFAULT_RING_CAPACITY,
             max_requests_inflight: 400,
             max_mutating_requests_inflight: 200,
+            flowcontrol_kubeconfig: None,
+            flowcontrol_controller: true,
         }
     }
 }
@@ -105,7 +111,19 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // Only the ring provider is compiled in; installing it again is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let catalog = Arc::new(Catalog::load(&cfg.crds)?);
+    let mut catalog = Catalog::load(&cfg.crds)?;
+    if cfg.flowcontrol_kubeconfig.is_none()
+        && catalog
+            .find("flowcontrol.kshard.dev", "v1", "flowschemas")
+            .is_none()
+    {
+        // Standalone, flow control is configured through kshard's own API.
+        catalog.add_manifests(
+            std::path::Path::new("<built-in flowcontrol.kshard.dev CRDs>"),
+            &crate::controller::crd::manifests_yaml(),
+        )?;
+    }
+    let catalog = Arc::new(catalog);
     tracing::info!(resources = catalog.resources.len(), "catalog loaded");
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(io(format!("creating {}", cfg.data_dir.display())))?;
@@ -170,6 +188,19 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         insecure_addr = Some(l.local_addr().map_err(io("local address"))?);
         tracing::warn!(addr = %a, "serving plain HTTP without authentication");
         tasks.push(tokio::spawn(serve_plain(l, app)));
+    }
+    let flowcontrol_kubeconfig = cfg
+        .flowcontrol_kubeconfig
+        .clone()
+        .unwrap_or_else(|| kubeconfig.clone());
+    if cfg.flowcontrol_controller {
+        match controller_client(&flowcontrol_kubeconfig).await {
+            Ok(client) => tasks.push(crate::controller::spawn(client, apf.clone())),
+            Err(e) => tracing::error!(
+                error = %e,
+                "flow-control controller not started; built-in configuration stays in force"
+            ),
+        }
     }
     state.ready.store(true, Ordering::Release);
     tracing::info!(%addr, kubeconfig = %kubeconfig.display(), "kshard is serving");
@@ -288,6 +319,14 @@ async fn dump_requests(
         .get("includeRequestDetails")
         .is_some_and(|v| v == "1" || v == "true");
     text(apf.dump_requests(details))
+}
+
+async fn controller_client(kubeconfig: &std::path::Path) -> Result<kube::Client, String> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| e.to_string())?;
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
 fn tls_config(pki: &pki::Pki) -> Result<Arc<rustls::ServerConfig>, ServerError> {

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kshard::flowcontrol::{bootstrap, FlowSchema, PriorityLevelConfiguration};
+use kshard::flowcontrol::{FlowSchema, PriorityLevelConfiguration};
 use serde_json::json;
 
 use super::TestServer;
@@ -40,13 +40,38 @@ pub fn schema(name: &str, group: &str, level: &str) -> FlowSchema {
     .expect("schema")
 }
 
-pub fn install(s: &TestServer, schemas: Vec<FlowSchema>, levels: Vec<PriorityLevelConfiguration>) {
-    let mut fs = bootstrap::all_flow_schemas();
-    fs.extend(schemas);
-    let mut pl = bootstrap::all_priority_levels();
-    pl.extend(levels);
-    let report = s.running.apf.replace_config(fs, pl);
-    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+/// Configures flow control the way operators do: FlowSchema and
+/// PriorityLevelConfiguration objects through the API, reconciled by the
+/// controller; returns once the new levels are in force.
+pub async fn install(
+    s: &TestServer,
+    schemas: Vec<FlowSchema>,
+    levels: Vec<PriorityLevelConfiguration>,
+) {
+    use kshard::flowcontrol::config::{FlowSchemaResource, PriorityLevelConfigurationResource};
+    let pp = kube::api::PostParams::default();
+    let names: Vec<String> = levels.iter().map(|l| l.metadata.name.clone()).collect();
+    let pl_api: kube::Api<PriorityLevelConfigurationResource> = kube::Api::all(s.client.clone());
+    for l in levels {
+        let obj = PriorityLevelConfigurationResource::new(&l.metadata.name, l.spec);
+        pl_api.create(&pp, &obj).await.expect("create level");
+    }
+    let fs_api: kube::Api<FlowSchemaResource> = kube::Api::all(s.client.clone());
+    for f in schemas {
+        let obj = FlowSchemaResource::new(&f.metadata.name, f.spec);
+        fs_api.create(&pp, &obj).await.expect("create schema");
+    }
+    for _ in 0..100 {
+        let snap = s.running.apf.snapshot();
+        if names
+            .iter()
+            .all(|n| snap.levels.iter().any(|l| &l.name == n && !l.quiescing))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("flow-control objects {names:?} not in force");
 }
 
 /// A LIST that is expensive for the server and cheap for the client: an exact

@@ -23,8 +23,15 @@ pub fn repo_path(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
 }
 
+/// A server without the flow-control controller (whose own writes would move
+/// revisions under tests that count them); see [`start_with_flowcontrol`].
 pub async fn start() -> TestServer {
     start_with(|_| {}).await
+}
+
+/// A server whose flow control is configured by FlowSchema/PriorityLevelConfiguration objects.
+pub async fn start_with_flowcontrol() -> TestServer {
+    start_with(|c| c.flowcontrol_controller = true).await
 }
 
 pub async fn start_with(tune: impl FnOnce(&mut kshard::server::ServeConfig)) -> TestServer {
@@ -33,6 +40,7 @@ pub async fn start_with(tune: impl FnOnce(&mut kshard::server::ServeConfig)) -> 
         data_dir: dir.path().join("data"),
         listen: "127.0.0.1:0".parse().expect("addr"),
         crds: vec![repo_path("crds/examples"), repo_path("tests/fixtures/crds")],
+        flowcontrol_controller: false,
         ..Default::default()
     };
     tune(&mut cfg);
