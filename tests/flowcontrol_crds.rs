@@ -244,3 +244,70 @@ async fn gitops_configuration_takes_effect_and_recovers() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_share_one_configuration_without_fighting_over_status() {
+    let a = common::start_with_flowcontrol().await;
+    // A second kshard whose controller follows the first one's objects.
+    let kubeconfig = a.running.kubeconfig.clone();
+    let b = common::start_with(|c| {
+        c.flowcontrol_controller = true;
+        c.flowcontrol_kubeconfig = Some(kubeconfig);
+    })
+    .await;
+    let out = a.kubectl(&[
+        "apply",
+        "-k",
+        common::repo_path("manifests/flowcontrol")
+            .to_str()
+            .unwrap_or(""),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let levels: Api<PriorityLevelConfigurationResource> = Api::all(a.client.clone());
+    let pl_uid = levels
+        .get("tenant-a")
+        .await
+        .expect("level")
+        .metadata
+        .uid
+        .expect("uid");
+    within(
+        Duration::from_secs(3),
+        "both replicas use the level",
+        || async {
+            classified(&a, "tenant-a").await.1 == pl_uid
+                && classified(&b, "tenant-a").await.1 == pl_uid
+        },
+    )
+    .await;
+    // Both controllers write the same status under one field manager: it settles.
+    let schemas: Api<FlowSchemaResource> = Api::all(a.client.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rv1 = schemas
+        .get("tenant-a-controller")
+        .await
+        .expect("fs")
+        .metadata
+        .resource_version;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let fs = schemas.get("tenant-a-controller").await.expect("fs");
+    assert_eq!(
+        fs.metadata.resource_version, rv1,
+        "status is not rewritten back and forth"
+    );
+    let managers: Vec<String> = fs
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        managers.contains(&"kshard-flowcontrol".to_string()),
+        "{managers:?}"
+    );
+}
