@@ -157,6 +157,7 @@ async fn gitops_configuration_takes_effect_and_recovers() {
             st.conditions.iter().any(|c| {
                 c.type_ == "InForce"
                     && c.reason == "Invalid"
+                    && c.observed_generation == pl.metadata.generation
                     && c.message.contains("the last valid spec stays in force")
             })
         })

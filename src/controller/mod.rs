@@ -199,12 +199,13 @@ fn problems(errors: &[config::FieldError]) -> String {
         .join("; ")
 }
 
-fn condition(type_: &str, ok: bool, reason: &str, message: String) -> Value {
+fn in_force(ok: bool, reason: &str, message: String, generation: i64) -> Value {
     json!({
-        "type": type_,
+        "type": CONDITION_IN_FORCE,
         "status": if ok { "True" } else { "False" },
         "reason": reason,
         "message": message,
+        "observedGeneration": generation,
     })
 }
 
@@ -226,7 +227,7 @@ async fn reconcile(
             state.good_levels.insert(name.clone(), pl.clone());
             levels.push(pl);
             level_status.insert(name.clone(), json!({"conditions": [
-                condition(CONDITION_IN_FORCE, true, "Valid", format!("generation {generation} is in force")),
+                in_force(true, "Valid", format!("generation {generation} is in force"), generation),
             ]}));
         } else {
             let kept = state.good_levels.get(name).cloned();
@@ -243,7 +244,7 @@ async fn reconcile(
             level_status.insert(
                 name.clone(),
                 json!({"conditions": [
-                    condition(CONDITION_IN_FORCE, false, "Invalid", message),
+                    in_force(false, "Invalid", message, generation),
                 ]}),
             );
         }
@@ -279,13 +280,13 @@ async fn reconcile(
     for (name, o) in &state.schemas {
         let dangling = report.dangling.contains(name);
         let generation = o.metadata.generation.unwrap_or(0);
-        let in_force = match schema_errors.get(name) {
-            Some(m) => condition(CONDITION_IN_FORCE, false, "Invalid", m.clone()),
-            None => condition(
-                CONDITION_IN_FORCE,
+        let in_force_cond = match schema_errors.get(name) {
+            Some(m) => in_force(false, "Invalid", m.clone(), generation),
+            None => in_force(
                 true,
                 "Valid",
                 format!("generation {generation} is in force"),
+                generation,
             ),
         };
         let level = &o.spec.priority_level_configuration.name;
@@ -296,7 +297,7 @@ async fn reconcile(
             json!({"type": CONDITION_DANGLING, "status": "False", "reason": "Found",
                 "message": format!("This FlowSchema references the PriorityLevelConfiguration object named {level:?} and it exists")})
         };
-        let status = json!({"conditions": [dangling_cond, in_force]});
+        let status = json!({"conditions": [dangling_cond, in_force_cond]});
         let current = o
             .status
             .as_ref()
@@ -370,6 +371,7 @@ fn changed_status(current: &[config::Condition], mut wanted: Value) -> Option<Va
             old_status != Some(status.as_str())
                 || o.reason != c["reason"].as_str().unwrap_or("")
                 || o.message != c["message"].as_str().unwrap_or("")
+                || o.observed_generation != c["observedGeneration"].as_i64()
         }) {
             same = false;
         }

@@ -77,6 +77,9 @@ pub struct Condition {
     pub reason: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The generation of the spec the condition was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 // ---------------------------------------------------------------- FlowSchema
