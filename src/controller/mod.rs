@@ -392,25 +392,15 @@ async fn maintain(
         .iter()
         .map(level_of)
         .collect();
-    for action in bootstrap::plan_priority_levels(&existing) {
-        match action {
-            Action::Create(o) | Action::Update(o) => {
-                let obj = PriorityLevelConfigurationResource {
-                    metadata: kube_meta(&o.metadata),
-                    spec: o.spec.clone(),
-                    status: None,
-                };
-                write(levels, &o.metadata, obj).await?;
-            }
-            Action::Delete { name } => {
-                levels
-                    .delete(&name, &DeleteParams::default())
-                    .await
-                    .map(|_| ())
-                    .or_else(ignore_missing)?;
-            }
-        }
-    }
+    carry_out(levels, bootstrap::plan_priority_levels(&existing), |o| {
+        let obj = PriorityLevelConfigurationResource {
+            metadata: kube_meta(&o.metadata),
+            spec: o.spec,
+            status: None,
+        };
+        (o.metadata, obj)
+    })
+    .await?;
     let existing: Vec<config::FlowSchema> = schemas
         .list(&Default::default())
         .await?
@@ -418,23 +408,37 @@ async fn maintain(
         .iter()
         .map(schema_of)
         .collect();
-    for action in bootstrap::plan_flow_schemas(&existing) {
+    carry_out(schemas, bootstrap::plan_flow_schemas(&existing), |o| {
+        let obj = FlowSchemaResource {
+            metadata: kube_meta(&o.metadata),
+            spec: o.spec,
+            status: None,
+        };
+        (o.metadata, obj)
+    })
+    .await
+}
+
+/// Performs a maintenance plan against one kind.
+async fn carry_out<K, T>(
+    api: &Api<K>,
+    actions: Vec<Action<T>>,
+    to_resource: impl Fn(T) -> (config::ObjectMeta, K),
+) -> Result<(), ControllerError>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    for action in actions {
         match action {
             Action::Create(o) | Action::Update(o) => {
-                let obj = FlowSchemaResource {
-                    metadata: kube_meta(&o.metadata),
-                    spec: o.spec.clone(),
-                    status: None,
-                };
-                write(schemas, &o.metadata, obj).await?;
+                let (meta, obj) = to_resource(o);
+                write(api, &meta, obj).await?;
             }
-            Action::Delete { name } => {
-                schemas
-                    .delete(&name, &DeleteParams::default())
-                    .await
-                    .map(|_| ())
-                    .or_else(ignore_missing)?;
-            }
+            Action::Delete { name } => api
+                .delete(&name, &DeleteParams::default())
+                .await
+                .map(|_| ())
+                .or_else(ignore_missing)?,
         }
     }
     Ok(())
