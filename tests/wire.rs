@@ -402,3 +402,21 @@ async fn discovery_health_version_openapi() {
         "{out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn insecure_listener_serves_plain_http_for_debugging() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = common::start_with(|c| c.insecure_listen = Some("127.0.0.1:0".parse().expect("addr")))
+        .await;
+    let addr = s.running.insecure_addr.expect("insecure listener");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(
+        b"GET /apis/demo.kshard.dev/v1 HTTP/1.1\r\nHost: kshard\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut resp = String::new();
+    tcp.read_to_string(&mut resp).await.expect("read");
+    assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
+    assert!(resp.contains("\"kind\":\"APIResourceList\""), "{resp}");
+}
