@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the flowcontrol.kshard.dev CustomResourceDefinitions (YAML).
     Crds,
 }
@@ -56,6 +56,15 @@ struct ServeArgs {
     /// control (default: kshard itself, which then serves those CRDs).
     #[arg(long)]
     flowcontrol_kubeconfig: Option<PathBuf>,
+    /// Client certificates signed by this CA authenticate (CN user, O groups).
+    #[arg(long)]
+    client_ca_file: Option<PathBuf>,
+    /// CA of the front proxy (the host's aggregator) allowed to set X-Remote-* headers.
+    #[arg(long)]
+    requestheader_client_ca_file: Option<PathBuf>,
+    /// Front-proxy certificate CNs allowed (comma-separated; empty: any).
+    #[arg(long, value_delimiter = ',')]
+    requestheader_allowed_names: Vec<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -101,6 +110,9 @@ fn main() -> anyhow::Result<()> {
                     max_requests_inflight: a.max_requests_inflight,
                     max_mutating_requests_inflight: a.max_mutating_requests_inflight,
                     flowcontrol_kubeconfig: a.flowcontrol_kubeconfig,
+                    client_ca_file: a.client_ca_file,
+                    requestheader_client_ca_file: a.requestheader_client_ca_file,
+                    requestheader_allowed_names: a.requestheader_allowed_names,
                     ..Default::default()
                 };
                 let running = kshard::server::start(cfg)

@@ -1,9 +1,21 @@
 //! Who is asking. Standalone (dev) mode: every request is `system:admin` in
 //! `system:masters`, which may impersonate others with kube's `Impersonate-*`
-//! headers (as a cluster admin can). Front-proxy, client certificates,
-//! TokenReview and SubjectAccessReview come with the aggregation work.
+//! headers (as a cluster admin can). With `--client-ca-file` or
+//! `--requestheader-client-ca-file` set, requests authenticate as
+//! k8s.io/apiserver's delegating authenticator does: a front proxy whose client
+//! certificate chains to the requestheader CA (and whose CN is allowed) names
+//! the user in `X-Remote-*` headers; otherwise a client certificate from the
+//! client CA (CN user, O groups); anything else is anonymous and refused
+//! (health paths excepted). TokenReview and SubjectAccessReview are not here yet.
 
-use http::HeaderMap;
+pub mod x509;
+
+use std::collections::BTreeMap;
+
+use http::{HeaderMap, HeaderName};
+use rustls::pki_types::CertificateDer;
+
+pub use x509::{CaBundle, CaError};
 
 pub const GROUP_MASTERS: &str = "system:masters";
 pub const GROUP_AUTHENTICATED: &str = "system:authenticated";
@@ -13,6 +25,7 @@ pub struct Identity {
     pub user: String,
     pub groups: Vec<String>,
     pub uid: String,
+    pub extra: BTreeMap<String, Vec<String>>,
 }
 
 impl Identity {
@@ -21,6 +34,7 @@ impl Identity {
             user: "system:admin".into(),
             groups: vec![GROUP_MASTERS.into(), GROUP_AUTHENTICATED.into()],
             uid: String::new(),
+            extra: BTreeMap::new(),
         }
     }
 
@@ -57,7 +71,225 @@ pub fn authenticate_dev(headers: &HeaderMap) -> Identity {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string(),
+        extra: BTreeMap::new(),
     }
+}
+
+/// The verified client certificate chain of a TLS connection (leaf first).
+#[derive(Clone, Debug, Default)]
+pub struct PeerCertificates(pub std::sync::Arc<Vec<CertificateDer<'static>>>);
+
+/// Front-proxy (requestheader) settings, with k8s.io/apiserver's flag defaults.
+#[derive(Clone, Debug)]
+pub struct RequestHeader {
+    pub ca: CaBundle,
+    /// Allowed proxy certificate CNs; empty allows any certificate from `ca`.
+    pub allowed_names: Vec<String>,
+    pub username_headers: Vec<String>,
+    pub uid_headers: Vec<String>,
+    pub group_headers: Vec<String>,
+    pub extra_headers_prefix: Vec<String>,
+}
+
+impl RequestHeader {
+    pub fn new(ca: CaBundle) -> Self {
+        Self {
+            ca,
+            allowed_names: Vec::new(),
+            username_headers: vec!["X-Remote-User".into()],
+            uid_headers: vec!["X-Remote-Uid".into()],
+            group_headers: vec!["X-Remote-Group".into()],
+            extra_headers_prefix: vec!["X-Remote-Extra-".into()],
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub enum Authenticator {
+    /// Standalone development: every request is the admin.
+    #[default]
+    Dev,
+    Delegating {
+        client_ca: Option<CaBundle>,
+        request_header: Option<RequestHeader>,
+    },
+}
+
+/// kube's 401 answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Unauthorized")]
+pub struct Unauthorized;
+
+/// Paths anonymous requests may reach (probes).
+pub fn is_health_path(path: &str) -> bool {
+    ["/healthz", "/livez", "/readyz"]
+        .iter()
+        .any(|p| path == *p || path.starts_with(&format!("{p}/")))
+}
+
+fn header_values(headers: &HeaderMap, name: &str) -> Vec<String> {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Removes the request headers a front proxy may set, whoever sent them.
+fn strip_request_headers(headers: &mut HeaderMap, rh: &RequestHeader) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| {
+            let k = k.as_str();
+            rh.username_headers
+                .iter()
+                .chain(&rh.uid_headers)
+                .chain(&rh.group_headers)
+                .any(|h| h.eq_ignore_ascii_case(k))
+                || rh
+                    .extra_headers_prefix
+                    .iter()
+                    .any(|p| k.to_ascii_lowercase().starts_with(&p.to_ascii_lowercase()))
+        })
+        .cloned()
+        .collect();
+    for n in names {
+        headers.remove(n);
+    }
+}
+
+fn unescape_path(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+impl Authenticator {
+    pub fn is_dev(&self) -> bool {
+        matches!(self, Authenticator::Dev)
+    }
+
+    /// Authenticates a request (removing any front-proxy headers from it).
+    /// `Ok(None)` is an anonymous request on a path that allows one.
+    pub fn authenticate(
+        &self,
+        headers: &mut HeaderMap,
+        peer: Option<&PeerCertificates>,
+        path: &str,
+    ) -> Result<Identity, Unauthorized> {
+        let Authenticator::Delegating {
+            client_ca,
+            request_header,
+        } = self
+        else {
+            return Ok(authenticate_dev(headers));
+        };
+        let chain: &[CertificateDer<'static>] = peer.map(|p| p.0.as_slice()).unwrap_or(&[]);
+        let mut identity = None;
+        if let Some(rh) = request_header {
+            let proxy = !chain.is_empty()
+                && rh.ca.verifies(chain)
+                && (rh.allowed_names.is_empty()
+                    || x509::subject(&chain[0])
+                        .is_some_and(|(cn, _)| rh.allowed_names.contains(&cn)));
+            if proxy {
+                let user = rh
+                    .username_headers
+                    .iter()
+                    .find_map(|h| header_values(headers, h).into_iter().next());
+                if let Some(user) = user {
+                    let groups = rh
+                        .group_headers
+                        .iter()
+                        .flat_map(|h| header_values(headers, h))
+                        .collect();
+                    let uid = rh
+                        .uid_headers
+                        .iter()
+                        .find_map(|h| header_values(headers, h).into_iter().next())
+                        .unwrap_or_default();
+                    let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                    for (k, v) in headers.iter() {
+                        let lk = k.as_str().to_ascii_lowercase();
+                        for p in &rh.extra_headers_prefix {
+                            if let Some(key) = lk.strip_prefix(&p.to_ascii_lowercase()) {
+                                if let Ok(v) = v.to_str() {
+                                    extra
+                                        .entry(unescape_path(key).to_lowercase())
+                                        .or_default()
+                                        .push(v.to_string());
+                                }
+                            }
+                        }
+                    }
+                    identity = Some(Identity {
+                        user,
+                        groups,
+                        uid,
+                        extra,
+                    });
+                }
+            }
+            // The headers are only ever trusted above; never pass them on.
+            strip_request_headers(headers, rh);
+        }
+        if identity.is_none() {
+            if let (Some(ca), Some(leaf)) = (client_ca, chain.first()) {
+                if ca.verifies(chain) {
+                    if let Some((cn, orgs)) = x509::subject(leaf) {
+                        identity = Some(Identity {
+                            user: cn,
+                            groups: orgs,
+                            uid: String::new(),
+                            extra: BTreeMap::new(),
+                        });
+                    }
+                }
+            }
+        }
+        match identity {
+            Some(mut id) => {
+                if !id.groups.iter().any(|g| g == GROUP_AUTHENTICATED) {
+                    id.groups.push(GROUP_AUTHENTICATED.into());
+                }
+                Ok(id)
+            }
+            None if is_health_path(path) => Ok(Identity {
+                user: "system:anonymous".into(),
+                groups: vec!["system:unauthenticated".into()],
+                uid: String::new(),
+                extra: BTreeMap::new(),
+            }),
+            None => Err(Unauthorized),
+        }
+    }
+}
+
+/// Applies `Impersonate-*` headers for an authenticated identity: masters may
+/// impersonate (as in kube, where they hold every permission); anyone else is
+/// refused until SubjectAccessReview delegation exists. `Err` carries kube's
+/// Forbidden message.
+pub fn impersonate(identity: Identity, headers: &HeaderMap) -> Result<Identity, String> {
+    let Some(target) = headers
+        .get("impersonate-user")
+        .and_then(|v| v.to_str().ok())
+        .filter(|u| !u.is_empty())
+    else {
+        if headers.contains_key("impersonate-group") {
+            return Err("requested group impersonation without user impersonation".into());
+        }
+        return Ok(identity);
+    };
+    if !identity.is_master() {
+        return Err(format!(
+            "users {} is forbidden: User {} cannot impersonate resource \"users\" in API group \"\" at the cluster scope",
+            crate::status::quote(target),
+            crate::status::quote(&identity.user)
+        ));
+    }
+    Ok(authenticate_dev(headers))
 }
 
 #[cfg(test)]

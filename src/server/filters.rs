@@ -13,13 +13,18 @@ use http::{HeaderValue, StatusCode};
 use super::metrics::{record_request, RequestLabels};
 use crate::api::request::{route, Route, Verb};
 use crate::api::watch::InitialEventsSent;
-use crate::auth::{authenticate_dev, Identity};
+use crate::auth::Identity;
 use crate::flowcontrol::{Apf, EstimateInputs, RequestDigest, TOO_MANY_REQUESTS_BODY};
 use crate::registry::Registry;
 
 pub struct Filters {
     pub apf: Arc<Apf>,
     pub registry: Arc<Registry>,
+    pub auth: crate::auth::Authenticator,
+}
+
+fn status_response(e: &crate::status::ApiError) -> Response {
+    crate::api::response::error_response(e)
 }
 
 struct Info {
@@ -129,7 +134,28 @@ fn set_header(resp: &mut Response, name: &'static str, value: &str) {
 
 pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
-    let identity = authenticate_dev(req.headers());
+    let path = req.uri().path().to_string();
+    let peer = req
+        .extensions()
+        .get::<crate::auth::PeerCertificates>()
+        .cloned();
+    let identity = match f.auth.authenticate(req.headers_mut(), peer.as_ref(), &path) {
+        Ok(id) => id,
+        Err(_) => {
+            let mut e = crate::status::ApiError::forbidden("Unauthorized");
+            e.code = 401;
+            e.reason = "Unauthorized";
+            return status_response(&e);
+        }
+    };
+    let identity = if f.auth.is_dev() {
+        identity
+    } else {
+        match crate::auth::impersonate(identity, req.headers()) {
+            Ok(id) => id,
+            Err(m) => return status_response(&crate::status::ApiError::forbidden(m)),
+        }
+    };
     let info = request_info(&req, &identity);
     req.extensions_mut().insert(identity);
     let inputs = estimate(&f.registry, &info);

@@ -39,6 +39,8 @@ pub enum ServerError {
     Pki(#[from] pki::PkiError),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("authentication: {0}")]
+    Auth(#[from] crate::auth::CaError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -64,6 +66,13 @@ pub struct ServeConfig {
     pub flowcontrol_kubeconfig: Option<PathBuf>,
     /// Run the flow-control controller (off: the built-in configuration stays).
     pub flowcontrol_controller: bool,
+    /// `--client-ca-file`: client certificates from this CA authenticate (CN user, O groups).
+    pub client_ca_file: Option<PathBuf>,
+    /// `--requestheader-client-ca-file`: front proxies presenting a certificate
+    /// from this CA may name the user in `X-Remote-*` headers.
+    pub requestheader_client_ca_file: Option<PathBuf>,
+    /// `--requestheader-allowed-names`: allowed front-proxy CNs (empty: any).
+    pub requestheader_allowed_names: Vec<String>,
 }
 
 impl Default for ServeConfig {
@@ -80,6 +89,9 @@ impl Default for ServeConfig {
             max_mutating_requests_inflight: 200,
             flowcontrol_kubeconfig: None,
             flowcontrol_controller: true,
+            client_ca_file: None,
+            requestheader_client_ca_file: None,
+            requestheader_allowed_names: Vec::new(),
         }
     }
 }
@@ -153,7 +165,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     metrics::handle();
     apf.set_observer(Arc::new(metrics::Observer));
     tasks.push(apf.spawn_borrowing_loop());
-    let app = app(state.clone(), apf.clone(), registry.clone());
+    let auth = authenticator(&cfg)?;
+    let app = app(state.clone(), apf.clone(), registry.clone(), auth.clone());
 
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -177,7 +190,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         &format!("https://{host}:{}", addr.port()),
         &kubeconfig,
     )?;
-    let tls = tls_config(&pki)?;
+    let tls = tls_config(&pki, &auth)?;
     tasks.push(tokio::spawn(serve_tls(listener, tls, app.clone())));
 
     let mut insecure_addr = None;
@@ -215,7 +228,12 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
 }
 
 /// The API plus the server's own endpoints, behind the request filters.
-fn app(state: Arc<ApiState>, apf: Arc<Apf>, registry: Arc<Registry>) -> Router {
+fn app(
+    state: Arc<ApiState>,
+    apf: Arc<Apf>,
+    registry: Arc<Registry>,
+    auth: crate::auth::Authenticator,
+) -> Router {
     let own = Router::new()
         .route("/metrics", get(metrics_endpoint))
         .route(
@@ -231,7 +249,11 @@ fn app(state: Arc<ApiState>, apf: Arc<Apf>, registry: Arc<Registry>) -> Router {
             get(dump_requests),
         )
         .with_state(apf.clone());
-    let filters = Arc::new(filters::Filters { apf, registry });
+    let filters = Arc::new(filters::Filters {
+        apf,
+        registry,
+        auth,
+    });
     own.merge(api::router(state))
         .layer(axum::middleware::from_fn_with_state(
             filters,
@@ -329,15 +351,61 @@ async fn controller_client(kubeconfig: &std::path::Path) -> Result<kube::Client,
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
-fn tls_config(pki: &pki::Pki) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+fn authenticator(cfg: &ServeConfig) -> Result<crate::auth::Authenticator, ServerError> {
+    use crate::auth::{Authenticator, CaBundle, RequestHeader};
+    if cfg.client_ca_file.is_none() && cfg.requestheader_client_ca_file.is_none() {
+        return Ok(Authenticator::Dev);
+    }
+    let client_ca = cfg
+        .client_ca_file
+        .as_deref()
+        .map(CaBundle::load)
+        .transpose()?;
+    let request_header = match cfg.requestheader_client_ca_file.as_deref() {
+        Some(p) => {
+            let mut rh = RequestHeader::new(CaBundle::load(p)?);
+            rh.allowed_names = cfg.requestheader_allowed_names.clone();
+            Some(rh)
+        }
+        None => None,
+    };
+    Ok(Authenticator::Delegating {
+        client_ca,
+        request_header,
+    })
+}
+
+fn tls_config(
+    pki: &pki::Pki,
+    auth: &crate::auth::Authenticator,
+) -> Result<Arc<rustls::ServerConfig>, ServerError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.server_cert())
         .map_err(|e| ServerError::Tls(e.to_string()))?
         .collect::<Result<_, _>>()
         .map_err(|e| ServerError::Tls(e.to_string()))?;
     let key = PrivateKeyDer::from_pem_file(pki.server_key())
         .map_err(|e| ServerError::Tls(e.to_string()))?;
-    let mut config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
+    let builder = rustls::ServerConfig::builder();
+    let builder = match auth {
+        crate::auth::Authenticator::Dev => builder.with_no_client_auth(),
+        crate::auth::Authenticator::Delegating {
+            client_ca,
+            request_header,
+        } => {
+            // Ask for a certificate from any configured CA; which CA it chains to
+            // decides, per request, what it may assert.
+            let mut roots = rustls::RootCertStore::empty();
+            for bundle in client_ca.iter().chain(request_header.iter().map(|r| &r.ca)) {
+                roots.roots.extend(bundle.roots.roots.iter().cloned());
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| ServerError::Tls(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
         .with_single_cert(certs, key)
         .map_err(|e| ServerError::Tls(e.to_string()))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -365,7 +433,15 @@ async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: R
                     return;
                 }
             };
-            serve_connection(TokioIo::new(stream), app).await;
+            let peer_certs = crate::auth::PeerCertificates(Arc::new(
+                stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+                    .unwrap_or_default(),
+            ));
+            serve_connection(TokioIo::new(stream), app.layer(axum::Extension(peer_certs))).await;
         });
     }
 }

@@ -1,0 +1,202 @@
+//! Delegated authentication: client certificates and a front proxy's
+//! `X-Remote-*` headers, trusted only from a certificate of the requestheader
+//! CA with an allowed CN.
+
+mod common;
+
+use std::path::Path;
+
+use base64::Engine as _;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+struct Ca {
+    params: CertificateParams,
+    key: KeyPair,
+    pem: String,
+}
+
+fn ca(name: &str) -> Ca {
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let pem = params.self_signed(&key).expect("ca").pem();
+    Ca { params, key, pem }
+}
+
+/// A client certificate (PEM cert, PEM key) signed by `ca`.
+fn client(ca: &Ca, cn: &str, orgs: &[&str]) -> (String, String) {
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.distinguished_name.push(DnType::CommonName, cn);
+    for o in orgs {
+        params.distinguished_name.push(DnType::OrganizationName, *o);
+    }
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let issuer = Issuer::from_params(&ca.params, &ca.key);
+    (
+        params.signed_by(&key, &issuer).expect("cert").pem(),
+        key.serialize_pem(),
+    )
+}
+
+/// A kube client for the server with the given client certificate (or none).
+async fn client_with(
+    s: &common::TestServer,
+    cert: Option<&(String, String)>,
+    dir: &Path,
+    name: &str,
+) -> kube::Client {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let ca = std::fs::read_to_string(s.running.kubeconfig.with_file_name("pki").join("ca.crt"))
+        .expect("server ca");
+    let user = match cert {
+        Some((c, k)) => format!(
+            "    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(c),
+            b64(k)
+        ),
+        None => "    username: nobody\n".to_string(),
+    };
+    let kc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://{}\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n{user}contexts:\n- name: c\n  context: {{cluster: k, user: u}}\ncurrent-context: c\n",
+        s.running.addr,
+        b64(&ca)
+    );
+    let path = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, kc).expect("kubeconfig");
+    common::client_for(&path).await
+}
+
+async fn get(c: &kube::Client, uri: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut b = http::Request::get(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = c
+        .send(b.body(kube::client::Body::empty()).expect("req"))
+        .await
+        .expect("send");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect_bytes().await.expect("body");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn front_proxy_and_client_certificates() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let proxy_ca = ca("front-proxy-ca");
+    let users_ca = ca("client-ca");
+    let rogue_ca = ca("rogue-ca");
+    std::fs::write(dir.path().join("proxy-ca.crt"), &proxy_ca.pem).expect("write");
+    std::fs::write(dir.path().join("client-ca.crt"), &users_ca.pem).expect("write");
+    let (p, c) = (
+        dir.path().join("proxy-ca.crt"),
+        dir.path().join("client-ca.crt"),
+    );
+    let s = common::start_with(move |cfg| {
+        cfg.requestheader_client_ca_file = Some(p);
+        cfg.requestheader_allowed_names = vec!["front-proxy-client".into()];
+        cfg.client_ca_file = Some(c);
+    })
+    .await;
+    let widgets = common::WIDGETS;
+
+    // No credentials: 401 with kube's Status; probes still answer.
+    let anon = client_with(&s, None, dir.path(), "anon").await;
+    let (code, body) = get(&anon, widgets, &[]).await;
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("\"reason\":\"Unauthorized\""), "{body}");
+    assert_eq!(get(&anon, "/readyz", &[]).await.0, 200);
+    // X-Remote-* without a proxy certificate is ignored.
+    assert_eq!(
+        get(
+            &anon,
+            widgets,
+            &[
+                ("x-remote-user", "admin"),
+                ("x-remote-group", "system:masters")
+            ]
+        )
+        .await
+        .0,
+        401
+    );
+
+    // A user certificate from the client CA.
+    let alice = client(&users_ca, "alice", &["devs"]);
+    let alice_client = client_with(&s, Some(&alice), dir.path(), "alice").await;
+    assert_eq!(get(&alice_client, widgets, &[]).await.0, 200);
+    // ...which may not claim to be someone else through proxy headers or impersonation.
+    let (code, body) = get(&alice_client, widgets, &[("impersonate-user", "bob")]).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("User \\\"alice\\\" cannot impersonate resource \\\"users\\\""),
+        "{body}"
+    );
+
+    // The front proxy (right CA, allowed CN) names the user.
+    let proxy = client(&proxy_ca, "front-proxy-client", &[]);
+    let proxy_client = client_with(&s, Some(&proxy), dir.path(), "proxy").await;
+    let (code, _) = get(
+        &proxy_client,
+        widgets,
+        &[
+            ("x-remote-user", "carol"),
+            ("x-remote-group", "system:masters"),
+            ("x-remote-extra-scopes", "a"),
+        ],
+    )
+    .await;
+    assert_eq!(code, 200);
+    // A master named by the proxy may impersonate.
+    assert_eq!(
+        get(
+            &proxy_client,
+            widgets,
+            &[
+                ("x-remote-user", "carol"),
+                ("x-remote-group", "system:masters"),
+                ("impersonate-user", "dave")
+            ]
+        )
+        .await
+        .0,
+        200
+    );
+    // Without a user header the proxy certificate alone is nobody.
+    assert_eq!(get(&proxy_client, widgets, &[]).await.0, 401);
+
+    // A proxy certificate with a CN that is not allowed, or from another CA: headers not trusted.
+    let other = client(&proxy_ca, "someone-else", &[]);
+    let other_client = client_with(&s, Some(&other), dir.path(), "other").await;
+    assert_eq!(
+        get(&other_client, widgets, &[("x-remote-user", "carol")])
+            .await
+            .0,
+        401
+    );
+    let rogue = client(&rogue_ca, "front-proxy-client", &[]);
+    let rogue_client = client_with(&s, Some(&rogue), dir.path(), "rogue").await;
+    let rogue_result = rogue_client
+        .send(
+            http::Request::get(widgets)
+                .header("x-remote-user", "carol")
+                .body(kube::client::Body::empty())
+                .expect("req"),
+        )
+        .await;
+    // The TLS layer refuses a certificate from an unknown CA (or the request is 401).
+    if let Ok(resp) = rogue_result {
+        assert_eq!(resp.status().as_u16(), 401);
+    }
+
+    // kubectl with a user certificate works end to end.
+    let kc = dir.path().join("alice.kubeconfig");
+    let out = common::kubectl_with(&kc, &["get", "widgets", "-n", "default"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
