@@ -301,21 +301,9 @@ async fn reconcile(
         let current = o
             .status
             .as_ref()
-            .map(|s| s.conditions.clone())
+            .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
-        if let Some(status) = changed_status(&current, status) {
-            let body = json!({"apiVersion": "flowcontrol.kshard.dev/v1", "kind": "FlowSchema", "status": status});
-            if let Err(e) = schemas_api
-                .patch_status(
-                    name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&body),
-                )
-                .await
-            {
-                tracing::debug!(error = %e, name, "FlowSchema status write failed");
-            }
-        }
+        write_status(schemas_api, "FlowSchema", name, current, status).await;
     }
     for (name, o) in &state.levels {
         let Some(status) = level_status.remove(name) else {
@@ -324,21 +312,36 @@ async fn reconcile(
         let current = o
             .status
             .as_ref()
-            .map(|s| s.conditions.clone())
+            .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
-        if let Some(status) = changed_status(&current, status) {
-            let body = json!({"apiVersion": "flowcontrol.kshard.dev/v1", "kind": "PriorityLevelConfiguration", "status": status});
-            if let Err(e) = levels_api
-                .patch_status(
-                    name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&body),
-                )
-                .await
-            {
-                tracing::debug!(error = %e, name, "PriorityLevelConfiguration status write failed");
-            }
-        }
+        write_status(
+            levels_api,
+            "PriorityLevelConfiguration",
+            name,
+            current,
+            status,
+        )
+        .await;
+    }
+}
+
+/// Server-side applies `status` to one object when it differs from `current`.
+async fn write_status<K>(
+    api: &Api<K>,
+    kind: &str,
+    name: &str,
+    current: &[config::Condition],
+    status: Value,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Some(status) = changed_status(current, status) else {
+        return;
+    };
+    let body = json!({"apiVersion": "flowcontrol.kshard.dev/v1", "kind": kind, "status": status});
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    if let Err(e) = api.patch_status(name, &params, &Patch::Apply(&body)).await {
+        tracing::debug!(error = %e, kind, name, "status write failed");
     }
 }
 
