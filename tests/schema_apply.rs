@@ -366,13 +366,12 @@ async fn kubectl_server_side_apply_conflicts_force_and_edit() {
     std::fs::write(&editor, "#!/bin/sh\nsed -i 's/size: S/size: L/' \"$1\"\n").expect("editor");
     std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
+    let mut edit = std::process::Command::new("kubectl");
+    edit.arg("--kubeconfig")
         .arg(&s.running.kubeconfig)
         .args(["edit", "thing", "t1"])
-        .env("KUBE_EDITOR", &editor)
-        .output()
-        .expect("kubectl edit");
+        .env("KUBE_EDITOR", &editor);
+    let out = common::run_blocking(edit, None);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("thing.test.kshard.dev/t1 edited"));
     let got = s.kubectl_ok(&[

@@ -160,11 +160,32 @@ impl TestServer {
 }
 
 pub fn kubectl_with(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-    use std::io::Write;
     let mut cmd = std::process::Command::new("kubectl");
-    cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
+    // A hung request fails the test instead of the whole CI run.
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--request-timeout=60s")
+        .args(args);
     // No cache dir shared between tests: discovery must come from this server.
     cmd.env("KUBECACHEDIR", kubeconfig.with_file_name("kubecache"));
+    run_blocking(cmd, stdin)
+}
+
+/// Runs a child process to completion without stalling the test's runtime.
+/// The server under test shares that runtime: blocking a worker outright can
+/// strand a task it just woke (tokio's LIFO slot is not stealable) and the
+/// child then waits forever for a reply. `block_in_place` hands the worker's
+/// queue to another thread first.
+pub fn run_blocking(cmd: std::process::Command, stdin: Option<&str>) -> Output {
+    let run = move || spawn_and_wait(cmd, stdin);
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
+        _ => run(),
+    }
+}
+
+fn spawn_and_wait(mut cmd: std::process::Command, stdin: Option<&str>) -> Output {
+    use std::io::Write;
     cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
