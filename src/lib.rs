@@ -6,6 +6,7 @@ pub mod api;
 pub mod auth;
 pub mod controller;
 pub mod flowcontrol;
+pub mod manifests;
 pub mod registry;
 pub mod server;
 pub mod status;
