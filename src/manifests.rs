@@ -340,7 +340,10 @@ fn shape_deployment<'a>(
     if !args.single {
         return Ok(());
     }
-    container.remove("env");
+    // As the overlay does: drop only the store's variable.
+    if let Some(env) = container.get_mut("env").and_then(Value::as_array_mut) {
+        env.retain(|e| e.get("name").and_then(Value::as_str) != Some("KSHARD_STORE"));
+    }
     let spec = deployment
         .pointer_mut("/spec")
         .and_then(Value::as_object_mut)
