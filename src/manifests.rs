@@ -325,7 +325,9 @@ fn shape_deployment<'a>(
         .iter()
         .filter(|a| {
             a.as_str().is_some_and(|s| {
-                !s.starts_with("--crds=") && !(args.single && s.starts_with("--store="))
+                let dropped =
+                    s.starts_with("--crds=") || (args.single && s.starts_with("--store="));
+                !dropped
             })
         })
         .cloned()
