@@ -317,26 +317,25 @@ fn shape_deployment<'a>(
         .and_then(Value::as_array)
         .ok_or_else(|| bad("container has no args"))?
         .clone();
-    let position = old_args
-        .iter()
-        .position(|a| a.as_str().is_some_and(|s| s.starts_with("--crds=")))
-        .ok_or_else(|| bad("no --crds= argument"))?;
-    let mut new_args: Vec<Value> = old_args
-        .iter()
-        .filter(|a| {
-            a.as_str().is_some_and(|s| {
-                let dropped =
-                    s.starts_with("--crds=") || (args.single && s.starts_with("--store="));
-                !dropped
-            })
-        })
-        .cloned()
+    // The served files replace the base's --crds where it stood.
+    let mut crds: Vec<Value> = crd_keys
+        .map(|key| Value::String(format!("--crds={CRDS_MOUNT}/{key}")))
         .collect();
-    for (i, key) in crd_keys.enumerate() {
-        new_args.insert(
-            position + i,
-            Value::String(format!("--crds={CRDS_MOUNT}/{key}")),
-        );
+    let mut new_args: Vec<Value> = Vec::new();
+    let mut placed = false;
+    for arg in old_args {
+        let text = arg.as_str().unwrap_or_default();
+        if text.starts_with("--crds=") {
+            if !placed {
+                new_args.append(&mut crds);
+                placed = true;
+            }
+        } else if !(args.single && text.starts_with("--store=")) {
+            new_args.push(arg);
+        }
+    }
+    if !placed {
+        return Err(bad("no --crds= argument"));
     }
     container.insert("args".into(), Value::Array(new_args));
     if !args.single {
