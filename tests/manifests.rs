@@ -789,3 +789,56 @@ fn single_overlay_is_one_replica_on_the_embedded_store() {
     assert_eq!(probe_path(container(&o), "livenessProbe"), "/livez");
     assert_eq!(probe_path(container(&o), "readinessProbe"), "/readyz");
 }
+
+#[test]
+fn one_apiservice_per_served_version_preferred_version_first() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let crd = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gadgets.tools.example.dev}
+spec:
+  group: tools.example.dev
+  scope: Namespaced
+  names: {plural: gadgets, kind: Gadget}
+  versions:
+  - {name: v1beta1, served: true, storage: false, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+  - {name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+  - {name: v1alpha1, served: false, storage: false, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+"#;
+    std::fs::write(dir.path().join("gadgets.yaml"), crd).expect("write");
+    let crds = dir.path().to_str().expect("utf-8 path");
+    let docs = generate(&["--self-signed", "--crds", crds, "--crds", "crds/examples"]);
+    let priority = |name: &str| {
+        find(&docs, "APIService", name)["spec"]["versionPriority"]
+            .as_u64()
+            .expect("versionPriority")
+    };
+    assert!(priority("v1.tools.example.dev") > priority("v1beta1.tools.example.dev"));
+    assert!(docs
+        .iter()
+        .all(|d| s(d, "/metadata/name") != "v1alpha1.tools.example.dev"));
+    let mut names: Vec<&str> = all(&docs, "APIService")
+        .into_iter()
+        .map(|a| s(a, "/metadata/name"))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "v1.demo.kshard.dev",
+            "v1.tools.example.dev",
+            "v1beta1.tools.example.dev"
+        ]
+    );
+    let passed: BTreeSet<String> = args(&docs)
+        .into_iter()
+        .filter(|a| a.starts_with("--crds="))
+        .collect();
+    assert_eq!(
+        passed,
+        BTreeSet::from([
+            "--crds=/etc/kshard/crds/gadgets.yaml".to_string(),
+            "--crds=/etc/kshard/crds/widgets.yaml".to_string()
+        ])
+    );
+}
