@@ -8,6 +8,7 @@ pub mod authz;
 pub mod controller;
 pub mod flowcontrol;
 pub mod host;
+pub mod manifests;
 pub mod registry;
 pub mod server;
 pub mod status;

@@ -24,6 +24,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Print the flowcontrol.kshard.dev CustomResourceDefinitions (YAML).
     Crds,
+    /// Print the manifests that run kshard as an aggregated APIService (YAML).
+    Manifests(kshard::manifests::ManifestsArgs),
 }
 
 #[derive(clap::Args)]
@@ -181,6 +183,13 @@ fn main() -> anyhow::Result<()> {
                     .await
                     .context("waiting for ctrl-c")?;
                 running.shutdown();
+                Ok(())
+            }
+            Command::Manifests(a) => {
+                print!(
+                    "{}",
+                    kshard::manifests::render(&a).context("rendering the manifests")?
+                );
                 Ok(())
             }
             Command::Crds => {
