@@ -179,9 +179,14 @@ fn main() -> anyhow::Result<()> {
                     running.addr,
                     running.kubeconfig.display()
                 );
-                tokio::signal::ctrl_c()
-                    .await
-                    .context("waiting for ctrl-c")?;
+                // Kubernetes stops pods with SIGTERM; a terminal with ctrl-c.
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .context("installing the SIGTERM handler")?;
+                tokio::select! {
+                    r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
+                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                }
                 running.shutdown();
                 Ok(())
             }

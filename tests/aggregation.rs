@@ -99,6 +99,18 @@ impl Setup {
         }
     }
 
+    /// kube-aggregator's availability probe: the group-version as system:kube-aggregator.
+    async fn discovery_probe(&self) -> (u16, http::HeaderMap, String) {
+        send(
+            &self.aggregator,
+            "GET",
+            "/apis/demo.kshard.dev/v1",
+            &AGGREGATOR,
+            None,
+        )
+        .await
+    }
+
     /// A request as `user` through the front proxy's headers.
     async fn as_user(
         &self,
@@ -148,14 +160,7 @@ async fn kubectl_through_the_front_proxy_and_aggregator_probes() {
         .add_token("bob-token", User::new("bob", &["devs"]));
 
     // The aggregator's availability probe and its aggregated-discovery fetch.
-    let (code, _, body) = send(
-        &s.aggregator,
-        "GET",
-        "/apis/demo.kshard.dev/v1",
-        &AGGREGATOR,
-        None,
-    )
-    .await;
+    let (code, _, body) = s.discovery_probe().await;
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"widgets\""), "{body}");
     let accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
@@ -701,5 +706,72 @@ async fn serving_certificate_reloads_without_restart() {
         }
         assert!(Instant::now() < deadline, "new certificate never served");
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn discovery_for_the_aggregator_is_exempt_while_load_is_shed() {
+    let s = setup(|_| {}).await;
+    s.host.state.set_policy(alice_policy);
+    // Every authenticated user lands in a level that rejects everything.
+    let shed: kshard::flowcontrol::FlowSchema = serde_json::from_value(json!({
+        "metadata": {"name": "shed-everyone"},
+        "spec": {
+            "priorityLevelConfiguration": {"name": "shed"},
+            "matchingPrecedence": 100,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "Group", "group": {"name": "system:authenticated"}}],
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                                   "namespaces": ["*"], "clusterScope": true}],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            }],
+        },
+    }))
+    .expect("schema");
+    let report = s.kshard.running.apf.replace_config(
+        vec![shed],
+        vec![common::apf::level("shed", 0, json!({"type": "Reject"}))],
+    );
+    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+    let shed_now = |code: u16| code == 429;
+    // A level of one seat rejects once that seat is busy; keep it busy with a watch-free
+    // stream of requests from alice and check she is being shed.
+    let mut shed_seen = false;
+    for _ in 0..50 {
+        let (a, b) = tokio::join!(
+            s.as_user("alice", &["devs"], "GET", "/apis/demo.kshard.dev/v1", None),
+            s.as_user("alice", &["devs"], "GET", common::WIDGETS, None),
+        );
+        if shed_now(a.0) || shed_now(b.0) {
+            shed_seen = true;
+            break;
+        }
+    }
+    assert!(shed_seen, "alice's requests should be shed");
+    // The aggregator (system:masters) still gets discovery, well under its 5 s timeout.
+    for _ in 0..20 {
+        let started = Instant::now();
+        let (code, headers, body) = s.discovery_probe().await;
+        assert_eq!(code, 200, "{body}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let pl = headers
+            .get("x-kubernetes-pf-prioritylevel-uid")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let exempt_uid = s
+            .kshard
+            .running
+            .apf
+            .snapshot()
+            .levels
+            .iter()
+            .find(|l| l.name == "exempt")
+            .map(|l| l.uid.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            pl, exempt_uid,
+            "discovery for masters runs in the exempt level"
+        );
     }
 }
