@@ -132,6 +132,13 @@ mod double {
             }
         }
 
+        /// Removes every pending drop and delay.
+        pub fn clear_faults(&self) {
+            let mut f = self.faults();
+            f.drop_next.clear();
+            f.delay.clear();
+        }
+
         /// Responses still to be dropped for `method`.
         pub fn pending_drops(&self, method: &str) -> usize {
             self.faults().drop_next.get(method).copied().unwrap_or(0)
