@@ -232,6 +232,10 @@ async fn faults_never_duplicate_or_lose_acknowledged_writes() {
         }
     }
     double.clear_faults();
+    // Write 10's commit response never arrived, but it did commit: the engine
+    // found that out by reading its writes back. Write 14 never prewrote.
+    assert!(acked.iter().any(|(_, k)| *k == key("f10")), "{acked:?}");
+    assert!(failed.iter().any(|e| e.starts_with("f14:")), "{failed:?}");
     assert!(
         acked.len() >= 20,
         "most writes succeed: {acked:?} / {failed:?}"
