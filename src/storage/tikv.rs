@@ -459,10 +459,8 @@ impl Engine for Tikv {
             writes: BTreeMap::new(),
         };
         if let Err(e) = f(&mut writer) {
-            // Nothing was sent to TiKV yet: dropping the buffer is enough, but
-            // say so explicitly.
-            let t = txn.clone();
-            let _ = s.run(async move { t.lock().await.rollback().await });
+            // Nothing has been sent to TiKV yet (writes sit in the client's
+            // buffer until commit): dropping the transaction discards them.
             return Err(e);
         }
         let writes = std::mem::take(&mut writer.writes);
