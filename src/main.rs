@@ -33,6 +33,10 @@ struct ServeArgs {
     /// Where the embedded store, certificates and kubeconfig live.
     #[arg(long, default_value = "./kshard-data")]
     data_dir: PathBuf,
+    /// Storage engine: `embedded` (under --data-dir) or
+    /// `tikv://pd1:2379[,pd2:2379]?prefix=<shard>` (needs the `tikv` build feature).
+    #[arg(long)]
+    store: Option<String>,
     /// HTTPS listen address.
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: SocketAddr,
@@ -144,6 +148,7 @@ fn main() -> anyhow::Result<()> {
             Command::Serve(a) => {
                 let cfg = kshard::server::ServeConfig {
                     data_dir: a.data_dir,
+                    store: a.store,
                     listen: a.listen,
                     crds: a.crds,
                     insecure_listen: a.insecure_listen,

@@ -23,7 +23,6 @@ use tokio::net::TcpListener;
 use crate::api::{self, ApiState};
 use crate::flowcontrol::{self, Apf};
 use crate::registry::{gc, Catalog, Registry};
-use crate::storage::embedded::Embedded;
 use crate::storage::{StorageError, Store};
 use crate::watch::{Cache, DEFAULT_RING_CAPACITY};
 
@@ -55,6 +54,8 @@ pub enum ServerError {
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     pub data_dir: PathBuf,
+    /// `--store`: `None` = the embedded engine under `data_dir`; or `tikv://...`.
+    pub store: Option<String>,
     pub listen: SocketAddr,
     pub crds: Vec<PathBuf>,
     pub insecure_listen: Option<SocketAddr>,
@@ -132,6 +133,7 @@ impl Default for ServeConfig {
     fn default() -> Self {
         Self {
             data_dir: PathBuf::from("kshard-data"),
+            store: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 6443)),
             crds: vec![PathBuf::from("crds/examples")],
             insecure_listen: None,
@@ -214,7 +216,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(io(format!("creating {}", cfg.data_dir.display())))?;
 
-    let engine = Arc::new(Embedded::open(&cfg.data_dir.join("store.redb"))?);
+    let engine =
+        crate::storage::open_engine(cfg.store.as_deref(), &cfg.data_dir.join("store.redb"))?;
     let store = Store::open(engine)?;
     let defaults_catalog = catalog.clone();
     let on_load: crate::watch::OnLoad =

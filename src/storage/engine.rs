@@ -30,4 +30,9 @@ pub trait Engine: Send + Sync + 'static {
     /// Runs `f` in one transaction and makes it durable before returning.
     /// If `f` fails nothing is written.
     fn write(&self, f: &mut WriteFn<'_>) -> Result<(), StorageError>;
+    /// Called after the store has compacted its history: an engine with its
+    /// own garbage collection (TiKV's GC safe point) advances it here.
+    fn after_compaction(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
 }

@@ -4,6 +4,8 @@
 pub mod embedded;
 pub mod engine;
 mod keys;
+#[cfg(feature = "tikv")]
+pub mod tikv;
 mod writer;
 
 use std::ops::ControlFlow;
@@ -19,6 +21,34 @@ pub use engine::Engine;
 use writer::{Op, Writer};
 
 pub type Revision = u64;
+
+/// Opens the engine `--store` names: none (or `embedded`) is the embedded
+/// engine at `embedded_path`; `tikv://pd:2379[,...]?prefix=<shard>` is TiKV,
+/// available when built with the `tikv` feature.
+pub fn open_engine(
+    store: Option<&str>,
+    embedded_path: &std::path::Path,
+) -> Result<Arc<dyn Engine>, StorageError> {
+    match store {
+        None | Some("" | "embedded") => Ok(Arc::new(embedded::Embedded::open(embedded_path)?)),
+        Some(url) if url.starts_with("tikv://") => open_tikv(url),
+        Some(other) => Err(StorageError::Invalid(format!(
+            "--store {other}: expected `embedded` or tikv://pd-host:port[,...]?prefix=<shard>"
+        ))),
+    }
+}
+
+#[cfg(feature = "tikv")]
+fn open_tikv(url: &str) -> Result<Arc<dyn Engine>, StorageError> {
+    Ok(Arc::new(tikv::Tikv::connect(&tikv::TikvUrl::parse(url)?)?))
+}
+
+#[cfg(not(feature = "tikv"))]
+fn open_tikv(url: &str) -> Result<Arc<dyn Engine>, StorageError> {
+    Err(StorageError::Invalid(format!(
+        "--store {url}: this kshard was built without TiKV support (cargo feature `tikv`)"
+    )))
+}
 
 /// Largest encoded object one write may store (etcd's default request limit).
 pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
@@ -439,7 +469,7 @@ fn compact_engine(engine: &dyn Engine, to: Revision) -> Result<(), StorageError>
         }
         txn.put(keys::META_COMPACT, &to.to_be_bytes())
     })?;
-    Ok(())
+    engine.after_compaction()
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::engine::{Engine, WriteTxn};
+use super::engine::{Engine, ReadTxn, WriteTxn};
 use super::{keys, Batch, Event, EventType, Revision, StorageError, Write, Written};
 
 /// Writes taken into one transaction at most.
@@ -56,27 +56,34 @@ impl Writer {
     }
 
     fn commit_group(&mut self, ops: Vec<Op>) {
-        let base = self.revision;
         let mut outcomes: Vec<Result<Event, StorageError>> = Vec::with_capacity(ops.len());
-        let result = self.engine.write(&mut |txn| {
-            outcomes.clear();
-            let mut next = base;
-            for op in &ops {
-                let outcome = apply(txn, &op.write, next + 1);
-                if outcome.is_ok() {
-                    next += 1;
-                }
-                outcomes.push(outcome);
-            }
-            if next > base {
-                txn.put(keys::META_REVISION, &next.to_be_bytes())?;
-            }
-            Ok(())
-        });
-        if let Err(e) = result {
+        let mut result = self.try_group(&ops, &mut outcomes);
+        if let Err(Fenced(stored)) = result {
+            // Revisions up to `stored` were used by a commit this writer did not see
+            // succeed (an undetermined engine error, or another writer on the same
+            // keyspace): publish them from the log, then try once more. Nothing of
+            // this group was written, so retrying it is safe.
+            result = match self.catch_up(stored) {
+                Ok(()) => self.try_group(&ops, &mut outcomes),
+                Err(e) => Ok(Err(e)),
+            };
+        }
+        let failure = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(Fenced(stored)) => Some(StorageError::Conflict { current: stored }),
+        };
+        if let Some(e) = failure {
             tracing::error!(error = %e, "commit failed");
             for op in ops {
-                let _ = op.reply.send(Err(StorageError::Engine(e.to_string())));
+                // A conflict stays a conflict (409 upstream); nothing else is the client's fault.
+                let err = match &e {
+                    StorageError::Conflict { current } => {
+                        StorageError::Conflict { current: *current }
+                    }
+                    other => StorageError::Engine(other.to_string()),
+                };
+                let _ = op.reply.send(Err(err));
             }
             return;
         }
@@ -98,21 +105,145 @@ impl Writer {
                 Err(e) => replies.push((op.reply, Err(e))),
             }
         }
-        if !events.is_empty() {
-            self.revision = events.last().map_or(self.revision, |e| e.revision);
-            let batch = Arc::new(Batch {
-                events,
-                revision: self.revision,
-            });
-            let mut subs = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
-            subs.retain(|s| s.send(batch.clone()).is_ok());
-            self.published.send_replace(self.revision);
-        }
+        self.publish(events);
         // Acknowledge only now, so a client that saw its write can read it back.
         for (reply, result) in replies {
             let _ = reply.send(result);
         }
     }
+    /// One attempt at committing the group on top of `self.revision`.
+    fn try_group(
+        &self,
+        ops: &[Op],
+        outcomes: &mut Vec<Result<Event, StorageError>>,
+    ) -> Result<Result<(), StorageError>, Fenced> {
+        let base = self.revision;
+        let mut fenced = None;
+        let result = self.engine.write(&mut |txn| {
+            outcomes.clear();
+            // The fence: the stored counter must be where this writer left it.
+            let stored = txn
+                .get(keys::META_REVISION)?
+                .and_then(|v| keys::decode_u64(&v))
+                .unwrap_or(0);
+            if stored != base {
+                fenced = Some(stored);
+                return Err(StorageError::Conflict { current: stored });
+            }
+            let mut next = base;
+            for op in ops {
+                let outcome = apply(txn, &op.write, next + 1);
+                if outcome.is_ok() {
+                    next += 1;
+                }
+                outcomes.push(outcome);
+            }
+            if next > base {
+                txn.put(keys::META_REVISION, &next.to_be_bytes())?;
+            }
+            Ok(())
+        });
+        match fenced {
+            Some(stored) if stored > base => Err(Fenced(stored)),
+            _ => Ok(result),
+        }
+    }
+
+    /// Publishes the committed revisions in `(self.revision, to]` from the event log.
+    fn catch_up(&mut self, to: Revision) -> Result<(), StorageError> {
+        let from = self.revision;
+        let events = {
+            let r = self.engine.read()?;
+            let mut records = Vec::new();
+            let mut error = None;
+            r.scan(&keys::log(from + 1), &keys::log(to + 1), &mut |k, v| {
+                match k.get(2..).and_then(keys::decode_u64) {
+                    Some(rev) => records.push((rev, v.to_vec())),
+                    None => error = Some(StorageError::Corrupt("bad log key".into())),
+                }
+                std::ops::ControlFlow::Continue(())
+            })?;
+            if let Some(e) = error {
+                return Err(e);
+            }
+            let mut events = Vec::with_capacity(records.len());
+            for (i, (rev, record)) in records.into_iter().enumerate() {
+                if rev != from + 1 + i as u64 {
+                    return Err(StorageError::Corrupt(format!("event log gap before {rev}")));
+                }
+                events.push(event_from_log(&*r, rev, &record)?);
+            }
+            if events.len() as u64 != to - from {
+                return Err(StorageError::Corrupt(format!("event log ends before {to}")));
+            }
+            events
+        };
+        tracing::warn!(
+            from,
+            to,
+            "revisions committed elsewhere; publishing them from the log"
+        );
+        self.publish(events);
+        Ok(())
+    }
+
+    fn publish(&mut self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        self.revision = events.last().map_or(self.revision, |e| e.revision);
+        let batch = Arc::new(Batch {
+            events,
+            revision: self.revision,
+        });
+        let mut subs = self.subscribers.lock().unwrap_or_else(|e| e.into_inner());
+        subs.retain(|s| s.send(batch.clone()).is_ok());
+        self.published.send_replace(self.revision);
+    }
+}
+
+/// The group could not commit: the stored revision counter is ahead of this writer.
+struct Fenced(Revision);
+
+/// Rebuilds the event of revision `rev` from its log record and stored versions.
+fn event_from_log(r: &dyn ReadTxn, rev: Revision, record: &[u8]) -> Result<Event, StorageError> {
+    let corrupt = || StorageError::Corrupt(format!("log record {rev}"));
+    let (&tag, rest) = record.split_first().ok_or_else(corrupt)?;
+    let kind = match tag {
+        b'A' => EventType::Added,
+        b'M' => EventType::Modified,
+        b'D' => EventType::Deleted,
+        _ => return Err(corrupt()),
+    };
+    let prev = rest
+        .get(..8)
+        .and_then(keys::decode_u64)
+        .ok_or_else(corrupt)?;
+    let key = std::str::from_utf8(&rest[8..])
+        .map_err(|_| corrupt())?
+        .to_string();
+    // A deletion's event carries the last state of the object at the new revision.
+    let at = if kind == EventType::Deleted {
+        prev
+    } else {
+        rev
+    };
+    let stored = r.get(&keys::version(&key, at))?.ok_or_else(corrupt)?;
+    let mut object: Value =
+        serde_json::from_slice(&stored).map_err(|e| StorageError::Corrupt(e.to_string()))?;
+    let json = if kind == EventType::Deleted {
+        set_resource_version(&mut object, rev)?;
+        Bytes::from(serde_json::to_vec(&object).map_err(|e| StorageError::Corrupt(e.to_string()))?)
+    } else {
+        Bytes::from(stored)
+    };
+    Ok(Event {
+        kind,
+        key,
+        revision: rev,
+        object: Arc::new(object),
+        json,
+    })
 }
 
 fn set_resource_version(object: &mut Value, rev: Revision) -> Result<(), StorageError> {
