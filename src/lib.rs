@@ -4,8 +4,11 @@
 
 pub mod api;
 pub mod auth;
+pub mod authz;
 pub mod controller;
 pub mod flowcontrol;
+pub mod host;
+pub mod manifests;
 pub mod registry;
 pub mod server;
 pub mod status;

@@ -24,6 +24,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Print the flowcontrol.kshard.dev CustomResourceDefinitions (YAML).
     Crds,
+    /// Print the manifests that run kshard as an aggregated APIService (YAML).
+    Manifests(kshard::manifests::ManifestsArgs),
 }
 
 #[derive(clap::Args)]
@@ -69,6 +71,46 @@ struct ServeArgs {
     /// Front-proxy certificate CNs allowed (comma-separated; empty: any).
     #[arg(long, value_delimiter = ',')]
     requestheader_allowed_names: Vec<String>,
+    /// Request headers carrying the user name from the front proxy.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-User")]
+    requestheader_username_headers: Vec<String>,
+    /// Request headers carrying the groups from the front proxy.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Group")]
+    requestheader_group_headers: Vec<String>,
+    /// Request header prefixes carrying extra user information from the front proxy.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Extra-")]
+    requestheader_extra_headers_prefix: Vec<String>,
+    /// The host cluster kshard is aggregated into (namespaces; default for the two below).
+    /// In a pod, the in-cluster configuration is used without it.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Cluster that reviews bearer tokens and publishes extension-apiserver-authentication.
+    #[arg(long)]
+    authentication_kubeconfig: Option<PathBuf>,
+    /// Cluster that answers SubjectAccessReviews.
+    #[arg(long)]
+    authorization_kubeconfig: Option<PathBuf>,
+    /// Do not read kube-system/extension-apiserver-authentication from the host.
+    #[arg(long)]
+    authentication_skip_lookup: bool,
+    /// Non-resource paths allowed without authorization (a trailing * matches a prefix).
+    #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
+    authorization_always_allow_paths: Vec<String>,
+    /// How long TokenReview answers are reused.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    authentication_token_webhook_cache_ttl: Duration,
+    /// How long allowed SubjectAccessReview answers are reused.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    authorization_webhook_cache_authorized_ttl: Duration,
+    /// How long denied SubjectAccessReview answers are reused.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    authorization_webhook_cache_unauthorized_ttl: Duration,
+    /// Serving certificate (PEM); reloaded when it changes. Default: the generated dev PKI.
+    #[arg(long, requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// Private key of --tls-cert-file (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -118,6 +160,20 @@ fn main() -> anyhow::Result<()> {
                     client_ca_file: a.client_ca_file,
                     requestheader_client_ca_file: a.requestheader_client_ca_file,
                     requestheader_allowed_names: a.requestheader_allowed_names,
+                    requestheader_username_headers: a.requestheader_username_headers,
+                    requestheader_group_headers: a.requestheader_group_headers,
+                    requestheader_extra_headers_prefix: a.requestheader_extra_headers_prefix,
+                    host_kubeconfig: a.kubeconfig,
+                    authentication_kubeconfig: a.authentication_kubeconfig,
+                    authorization_kubeconfig: a.authorization_kubeconfig,
+                    authentication_skip_lookup: a.authentication_skip_lookup,
+                    authorization_always_allow_paths: a.authorization_always_allow_paths,
+                    tls_cert_file: a.tls_cert_file,
+                    tls_private_key_file: a.tls_private_key_file,
+                    token_cache_ttl: a.authentication_token_webhook_cache_ttl,
+                    authorization_allow_ttl: a.authorization_webhook_cache_authorized_ttl,
+                    authorization_deny_ttl: a.authorization_webhook_cache_unauthorized_ttl,
+                    in_cluster: kshard::host::in_cluster(),
                     ..Default::default()
                 };
                 let running = kshard::server::start(cfg)
@@ -128,10 +184,22 @@ fn main() -> anyhow::Result<()> {
                     running.addr,
                     running.kubeconfig.display()
                 );
-                tokio::signal::ctrl_c()
-                    .await
-                    .context("waiting for ctrl-c")?;
+                // Kubernetes stops pods with SIGTERM; a terminal with ctrl-c.
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .context("installing the SIGTERM handler")?;
+                tokio::select! {
+                    r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
+                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                }
                 running.shutdown();
+                Ok(())
+            }
+            Command::Manifests(a) => {
+                print!(
+                    "{}",
+                    kshard::manifests::render(&a).context("rendering the manifests")?
+                );
                 Ok(())
             }
             Command::Crds => {

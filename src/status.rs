@@ -198,6 +198,18 @@ impl ApiError {
             continue_token: None,
         }
     }
+    /// Adds a cause to the details (creating them if needed).
+    pub fn with_cause(mut self, reason: &str, message: &str, field: &str) -> Self {
+        self.details
+            .get_or_insert_with(Default::default)
+            .causes
+            .push(Cause {
+                reason: reason.into(),
+                message: message.into(),
+                field: field.into(),
+            });
+        self
+    }
     fn with_details(mut self, d: Details) -> Self {
         self.details = Some(Box::new(d));
         self
@@ -344,6 +356,21 @@ impl ApiError {
     }
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(403, "Forbidden", message)
+    }
+    /// apierrors.NewForbidden: the message names the resource (and object) refused.
+    pub fn forbidden_resource(group: &str, resource: &str, name: &str, err: &str) -> Self {
+        let message = if group.is_empty() && resource.is_empty() {
+            format!("forbidden: {err}")
+        } else if name.is_empty() {
+            format!("{} is forbidden: {err}", qualified(resource, group))
+        } else {
+            format!(
+                "{} {} is forbidden: {err}",
+                qualified(resource, group),
+                quote(name)
+            )
+        };
+        Self::new(403, "Forbidden", message).with_details(Self::named(group, resource, name))
     }
     pub fn not_found_path() -> Self {
         Self::new(

@@ -123,10 +123,20 @@ async fn front_proxy_and_client_certificates() {
         401
     );
 
-    // A user certificate from the client CA.
+    // A user certificate from the client CA authenticates; with no host to ask,
+    // only system:masters is authorized (as k8s.io/apiserver without an
+    // authorization kubeconfig).
     let alice = client(&users_ca, "alice", &["devs"]);
     let alice_client = client_with(&s, Some(&alice), dir.path(), "alice").await;
-    assert_eq!(get(&alice_client, widgets, &[]).await.0, 200);
+    let (code, body) = get(&alice_client, widgets, &[]).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("widgets.demo.kshard.dev is forbidden: User \\\"alice\\\" cannot list resource \\\"widgets\\\" in API group \\\"demo.kshard.dev\\\" in the namespace \\\"default\\\""),
+        "{body}"
+    );
+    let ops = client(&users_ca, "ops", &["system:masters"]);
+    let ops_client = client_with(&s, Some(&ops), dir.path(), "ops").await;
+    assert_eq!(get(&ops_client, widgets, &[]).await.0, 200);
     // ...which may not claim to be someone else through proxy headers or impersonation.
     let (code, body) = get(&alice_client, widgets, &[("impersonate-user", "bob")]).await;
     assert_eq!(code, 403, "{body}");
@@ -157,7 +167,8 @@ async fn front_proxy_and_client_certificates() {
             &[
                 ("x-remote-user", "carol"),
                 ("x-remote-group", "system:masters"),
-                ("impersonate-user", "dave")
+                ("impersonate-user", "dave"),
+                ("impersonate-group", "system:masters")
             ]
         )
         .await
@@ -192,7 +203,7 @@ async fn front_proxy_and_client_certificates() {
     }
 
     // kubectl with a user certificate works end to end.
-    let kc = dir.path().join("alice.kubeconfig");
+    let kc = dir.path().join("ops.kubeconfig");
     let out = common::kubectl_with(&kc, &["get", "widgets", "-n", "default"], None);
     assert!(
         out.status.success(),

@@ -3,6 +3,7 @@
 
 pub mod discovery;
 pub mod encoding;
+pub mod health;
 pub mod negotiate;
 pub mod openapi;
 pub mod options;
@@ -12,7 +13,6 @@ pub mod response;
 pub mod strict;
 pub mod watch;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use crate::registry::Registry;
 use crate::status::ApiError;
-use request::{route, Health, Route};
+use request::{route, Route};
 use response::{bytes_response, error_response, json_response};
 
 /// Largest request body accepted (kube's limit for JSON is 3 MiB).
@@ -33,7 +33,7 @@ const MAX_BODY: usize = 3 * 1024 * 1024;
 
 pub struct ApiState {
     pub registry: Arc<Registry>,
-    pub ready: AtomicBool,
+    pub readiness: Arc<health::Readiness>,
     pub bookmark_interval: Duration,
 }
 
@@ -108,7 +108,7 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             None => error_response(&ApiError::not_found_path()),
         },
         Route::Version => json_response(StatusCode::OK, &version_info()),
-        Route::Health(h) => health(state, h),
+        Route::Health(h) => health::respond(&state.readiness, h, parts.uri.query().unwrap_or("")),
         Route::OpenApiV2 => etagged(&parts.headers, &openapi::v2(catalog), "application/json"),
         Route::OpenApiV3Root => etagged(
             &parts.headers,
@@ -141,22 +141,6 @@ pub fn version_info() -> Value {
         "compiler": "rustc",
         "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
     })
-}
-
-fn health(state: &ApiState, h: Health) -> Response {
-    let ok = match h {
-        Health::Livez | Health::Healthz => true,
-        Health::Readyz => state.ready.load(Ordering::Acquire),
-    };
-    if ok {
-        bytes_response(StatusCode::OK, "text/plain; charset=utf-8", "ok")
-    } else {
-        bytes_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain; charset=utf-8",
-            "[-]storage-ready failed: not ready\nreadyz check failed",
-        )
-    }
 }
 
 fn etagged(headers: &HeaderMap, doc: &Value, content_type: &str) -> Response {

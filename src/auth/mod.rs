@@ -1,16 +1,21 @@
 //! Who is asking. Standalone (dev) mode: every request is `system:admin` in
 //! `system:masters`, which may impersonate others with kube's `Impersonate-*`
-//! headers (as a cluster admin can). With `--client-ca-file` or
-//! `--requestheader-client-ca-file` set, requests authenticate as
-//! k8s.io/apiserver's delegating authenticator does: a front proxy whose client
-//! certificate chains to the requestheader CA (and whose CN is allowed) names
-//! the user in `X-Remote-*` headers; otherwise a client certificate from the
-//! client CA (CN user, O groups); anything else is anonymous and refused
-//! (health paths excepted). TokenReview and SubjectAccessReview are not here yet.
+//! headers (as a cluster admin can). Delegated mode authenticates as
+//! k8s.io/apiserver's delegating authenticator does, in its order: a front
+//! proxy whose client certificate chains to the requestheader CA (and whose CN
+//! is allowed) names the user in `X-Remote-*` headers; else a client
+//! certificate from the client CA (CN user, O groups); else a bearer token the
+//! host confirms with a TokenReview; else anonymous, refused outside the health
+//! paths. The CAs and header names come from flags or from the host's
+//! `extension-apiserver-authentication` ConfigMap (`configmap`), swapped in
+//! place when it changes. Authorization and impersonation are in `crate::authz`.
 
+pub mod configmap;
+pub mod token;
 pub mod x509;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
 use rustls::pki_types::CertificateDer;
@@ -20,7 +25,7 @@ pub use x509::{CaBundle, CaError};
 pub const GROUP_MASTERS: &str = "system:masters";
 pub const GROUP_AUTHENTICATED: &str = "system:authenticated";
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Identity {
     pub user: String,
     pub groups: Vec<String>,
@@ -104,14 +109,56 @@ impl RequestHeader {
     }
 }
 
+/// The CAs and front-proxy settings in force; replaced whole when they change.
+#[derive(Clone, Debug, Default)]
+pub struct AuthConfig {
+    pub client_ca: Option<CaBundle>,
+    pub request_header: Option<RequestHeader>,
+}
+
+/// The current [`AuthConfig`], readable from every request and swapped by the
+/// ConfigMap watch; `loaded` turns true once the first configuration is in.
+#[derive(Debug)]
+pub struct DynamicConfig {
+    current: std::sync::RwLock<Arc<AuthConfig>>,
+    loaded: std::sync::atomic::AtomicBool,
+}
+
+impl DynamicConfig {
+    pub fn new(initial: AuthConfig, loaded: bool) -> Self {
+        Self {
+            current: std::sync::RwLock::new(Arc::new(initial)),
+            loaded: loaded.into(),
+        }
+    }
+
+    pub fn get(&self) -> Arc<AuthConfig> {
+        self.current
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    }
+
+    pub fn set(&self, config: AuthConfig) {
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        *cur = Arc::new(config);
+        self.loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub enum Authenticator {
     /// Standalone development: every request is the admin.
     #[default]
     Dev,
     Delegating {
-        client_ca: Option<CaBundle>,
-        request_header: Option<RequestHeader>,
+        config: Arc<DynamicConfig>,
+        tokens: Option<Arc<token::TokenReviewer>>,
     },
 }
 
@@ -171,72 +218,37 @@ impl Authenticator {
         matches!(self, Authenticator::Dev)
     }
 
-    /// Authenticates a request (removing any front-proxy headers from it).
-    /// `Ok(None)` is an anonymous request on a path that allows one.
-    pub fn authenticate(
+    /// Whether the authentication configuration is in (always, in dev mode).
+    pub fn is_loaded(&self) -> bool {
+        match self {
+            Authenticator::Dev => true,
+            Authenticator::Delegating { config, .. } => config.is_loaded(),
+        }
+    }
+
+    /// Authenticates a request (removing any front-proxy headers from it, and
+    /// the bearer token once it has been accepted).
+    pub async fn authenticate(
         &self,
         headers: &mut HeaderMap,
         peer: Option<&PeerCertificates>,
         path: &str,
     ) -> Result<Identity, Unauthorized> {
-        let Authenticator::Delegating {
-            client_ca,
-            request_header,
-        } = self
-        else {
+        let Authenticator::Delegating { config, tokens } = self else {
             return Ok(authenticate_dev(headers));
         };
+        let config = config.get();
         let chain: &[CertificateDer<'static>] = peer.map(|p| p.0.as_slice()).unwrap_or(&[]);
         let mut identity = None;
-        if let Some(rh) = request_header {
-            let proxy = !chain.is_empty()
-                && rh.ca.verifies(chain)
-                && (rh.allowed_names.is_empty()
-                    || x509::subject(&chain[0])
-                        .is_some_and(|(cn, _)| rh.allowed_names.contains(&cn)));
-            if proxy {
-                let user = rh
-                    .username_headers
-                    .iter()
-                    .find_map(|h| header_values(headers, h).into_iter().next());
-                if let Some(user) = user {
-                    let groups = rh
-                        .group_headers
-                        .iter()
-                        .flat_map(|h| header_values(headers, h))
-                        .collect();
-                    let uid = rh
-                        .uid_headers
-                        .iter()
-                        .find_map(|h| header_values(headers, h).into_iter().next())
-                        .unwrap_or_default();
-                    let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
-                    for (k, v) in headers.iter() {
-                        let lk = k.as_str().to_ascii_lowercase();
-                        for p in &rh.extra_headers_prefix {
-                            if let Some(key) = lk.strip_prefix(&p.to_ascii_lowercase()) {
-                                if let Ok(v) = v.to_str() {
-                                    extra
-                                        .entry(unescape_path(key).to_lowercase())
-                                        .or_default()
-                                        .push(v.to_string());
-                                }
-                            }
-                        }
-                    }
-                    identity = Some(Identity {
-                        user,
-                        groups,
-                        uid,
-                        extra,
-                    });
-                }
+        if let Some(rh) = &config.request_header {
+            if is_trusted_proxy(rh, chain) {
+                identity = from_request_headers(rh, headers);
             }
             // The headers are only ever trusted above; never pass them on.
             strip_request_headers(headers, rh);
         }
         if identity.is_none() {
-            if let (Some(ca), Some(leaf)) = (client_ca, chain.first()) {
+            if let (Some(ca), Some(leaf)) = (&config.client_ca, chain.first()) {
                 if ca.verifies(chain) {
                     if let Some((cn, orgs)) = x509::subject(leaf) {
                         identity = Some(Identity {
@@ -246,6 +258,18 @@ impl Authenticator {
                             extra: BTreeMap::new(),
                         });
                     }
+                }
+            }
+        }
+        if identity.is_none() {
+            if let (Some(reviewer), Some(token)) = (tokens, bearer_token(headers)) {
+                match reviewer.review(&token).await {
+                    Ok(Some(id)) => {
+                        headers.remove(http::header::AUTHORIZATION);
+                        identity = Some(id);
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "TokenReview failed"),
                 }
             }
         }
@@ -267,29 +291,56 @@ impl Authenticator {
     }
 }
 
-/// Applies `Impersonate-*` headers for an authenticated identity: masters may
-/// impersonate (as in kube, where they hold every permission); anyone else is
-/// refused until SubjectAccessReview delegation exists. `Err` carries kube's
-/// Forbidden message.
-pub fn impersonate(identity: Identity, headers: &HeaderMap) -> Result<Identity, String> {
-    let Some(target) = headers
-        .get("impersonate-user")
-        .and_then(|v| v.to_str().ok())
-        .filter(|u| !u.is_empty())
-    else {
-        if headers.contains_key("impersonate-group") {
-            return Err("requested group impersonation without user impersonation".into());
+fn bearer_token(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| token.to_string())
+}
+
+/// A front proxy: a certificate chaining to the requestheader CA with an allowed CN.
+fn is_trusted_proxy(rh: &RequestHeader, chain: &[CertificateDer<'static>]) -> bool {
+    !chain.is_empty()
+        && rh.ca.verifies(chain)
+        && (rh.allowed_names.is_empty()
+            || x509::subject(&chain[0]).is_some_and(|(cn, _)| rh.allowed_names.contains(&cn)))
+}
+
+fn from_request_headers(rh: &RequestHeader, headers: &HeaderMap) -> Option<Identity> {
+    let user = rh
+        .username_headers
+        .iter()
+        .find_map(|h| header_values(headers, h).into_iter().next())?;
+    let groups = rh
+        .group_headers
+        .iter()
+        .flat_map(|h| header_values(headers, h))
+        .collect();
+    let uid = rh
+        .uid_headers
+        .iter()
+        .find_map(|h| header_values(headers, h).into_iter().next())
+        .unwrap_or_default();
+    let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in headers.iter() {
+        let lk = k.as_str().to_ascii_lowercase();
+        for p in &rh.extra_headers_prefix {
+            if let Some(key) = lk.strip_prefix(&p.to_ascii_lowercase()) {
+                if let Ok(v) = v.to_str() {
+                    extra
+                        .entry(unescape_path(key).to_lowercase())
+                        .or_default()
+                        .push(v.to_string());
+                }
+            }
         }
-        return Ok(identity);
-    };
-    if !identity.is_master() {
-        return Err(format!(
-            "users {} is forbidden: User {} cannot impersonate resource \"users\" in API group \"\" at the cluster scope",
-            crate::status::quote(target),
-            crate::status::quote(&identity.user)
-        ));
     }
-    Ok(authenticate_dev(headers))
+    Some(Identity {
+        user,
+        groups,
+        uid,
+        extra,
+    })
 }
 
 #[cfg(test)]

@@ -31,12 +31,21 @@ impl std::fmt::Debug for CaBundle {
 
 impl CaBundle {
     pub fn load(path: &Path) -> Result<Self, CaError> {
-        let err = |reason: String| CaError::Load {
+        let pem = std::fs::read(path).map_err(|e| CaError::Load {
             path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::from_pem(&pem, &path.display().to_string())
+    }
+
+    /// Parses a PEM bundle; `origin` names it in errors (a file or ConfigMap key).
+    pub fn from_pem(pem: &[u8], origin: &str) -> Result<Self, CaError> {
+        let err = |reason: String| CaError::Load {
+            path: origin.to_string(),
             reason,
         };
         let mut roots = RootCertStore::empty();
-        for cert in CertificateDer::pem_file_iter(path).map_err(|e| err(e.to_string()))? {
+        for cert in CertificateDer::pem_slice_iter(pem) {
             roots
                 .add(cert.map_err(|e| err(e.to_string()))?)
                 .map_err(|e| err(e.to_string()))?;

@@ -240,6 +240,11 @@ fn collect_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), CatalogError
     })?;
     for entry in entries.flatten() {
         let p = entry.path();
+        // Hidden entries are skipped: a mounted ConfigMap keeps its files
+        // twice more under `..data` and `..<timestamp>`.
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
         if p.is_dir() {
             collect_files(&p, out)?;
         } else if matches!(
@@ -464,6 +469,23 @@ spec:
         let msg = err.to_string();
         assert!(msg.starts_with("bad.yaml: document 1:"), "{msg}");
         assert!(msg.contains("spec.group"), "{msg}");
+    }
+
+    #[test]
+    fn configmap_volume_layout_loads_each_crd_once() {
+        // kubelet mounts a ConfigMap as `..<ts>/f`, `..data -> ..<ts>`, `f -> ..data/f`.
+        let dir = tempfile::tempdir().expect("tmp");
+        let ts = dir.path().join("..2026_11_22_00_00_00.1");
+        std::fs::create_dir(&ts).expect("dir");
+        std::fs::write(ts.join("widgets.yaml"), WIDGET).expect("write");
+        std::os::unix::fs::symlink(&ts, dir.path().join("..data")).expect("link");
+        std::os::unix::fs::symlink(
+            dir.path().join("..data/widgets.yaml"),
+            dir.path().join("widgets.yaml"),
+        )
+        .expect("link");
+        let c = Catalog::load(&[dir.path().to_path_buf()]).expect("loads once, no duplicate");
+        assert!(c.find("demo.kshard.dev", "v1", "widgets").is_some());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! (create/update/delete/finalizers/generation), subresources, selectors,
 //! tables and garbage collection.
 
+pub mod admission;
 pub mod apply;
 pub mod catalog;
 mod continuation;
@@ -130,6 +131,8 @@ pub struct Registry {
     pub catalog: Arc<Catalog>,
     pub store: Arc<Store>,
     pub cache: Arc<Cache>,
+    /// Checks every create passes (namespace lifecycle against a host); set once.
+    admission: std::sync::OnceLock<Arc<dyn admission::CreateAdmission>>,
 }
 
 impl Registry {
@@ -138,7 +141,13 @@ impl Registry {
             catalog,
             store,
             cache,
+            admission: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Installs the create admission check (at most once; later calls are ignored).
+    pub fn set_admission(&self, check: Arc<dyn admission::CreateAdmission>) {
+        let _ = self.admission.set(check);
     }
 
     /// A cache filter for a target collection (or one name) and selectors.

@@ -451,6 +451,14 @@ impl Registry {
         mut obj: Value,
         dry_run: bool,
     ) -> Result<Item, ApiError> {
+        if let Some(check) = self.admission.get() {
+            let name = match meta_str(&obj, "name") {
+                "" => meta_str(&obj, "generateName"),
+                n => n,
+            }
+            .to_string();
+            check.admit_create(t, &name).await?;
+        }
         let has_status = t.has_status();
         if let Some(o) = obj.as_object_mut() {
             if has_status {

@@ -1,6 +1,6 @@
 //! The request filters in front of the API handlers, in kube-apiserver's
-//! order: request info → authentication → API Priority and Fairness →
-//! (authorization) → handler, with request metrics around them all.
+//! order: request info → authentication → impersonation → API Priority and
+//! Fairness → authorization → handler, with request metrics around them all.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +21,23 @@ pub struct Filters {
     pub apf: Arc<Apf>,
     pub registry: Arc<Registry>,
     pub auth: crate::auth::Authenticator,
+    pub authz: crate::authz::Authorizer,
+}
+
+/// The authorizer's view of a request.
+fn attributes(digest: &RequestDigest, identity: &Identity) -> crate::authz::Attributes {
+    crate::authz::Attributes {
+        user: identity.clone(),
+        verb: digest.verb.clone(),
+        resource_request: digest.is_resource,
+        group: digest.api_group.clone(),
+        version: digest.api_version.clone(),
+        resource: digest.resource.clone(),
+        subresource: digest.subresource.clone(),
+        namespace: digest.namespace.clone(),
+        name: digest.name.clone(),
+        path: digest.path.clone(),
+    }
 }
 
 fn status_response(e: &crate::status::ApiError) -> Response {
@@ -139,7 +156,11 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
         .extensions()
         .get::<crate::auth::PeerCertificates>()
         .cloned();
-    let identity = match f.auth.authenticate(req.headers_mut(), peer.as_ref(), &path) {
+    let identity = match f
+        .auth
+        .authenticate(req.headers_mut(), peer.as_ref(), &path)
+        .await
+    {
         Ok(id) => id,
         Err(_) => {
             let mut e = crate::status::ApiError::forbidden("Unauthorized");
@@ -151,13 +172,14 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
     let identity = if f.auth.is_dev() {
         identity
     } else {
-        match crate::auth::impersonate(identity, req.headers()) {
+        match crate::authz::impersonation::impersonate(&f.authz, identity, req.headers_mut()).await
+        {
             Ok(id) => id,
-            Err(m) => return status_response(&crate::status::ApiError::forbidden(m)),
+            Err(e) => return status_response(&e),
         }
     };
     let info = request_info(&req, &identity);
-    req.extensions_mut().insert(identity);
+    req.extensions_mut().insert(identity.clone());
     let inputs = estimate(&f.registry, &info);
     // A client that goes away drops this future, which withdraws a queued request.
     let admitted = f
@@ -190,6 +212,29 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
             r
         }
         Ok(seats) => {
+            match f
+                .authz
+                .authorize(&attributes(&info.digest, &identity))
+                .await
+            {
+                Ok(crate::authz::Decision::Allow) => {}
+                Ok(crate::authz::Decision::Deny(reason)) => {
+                    seats.finish();
+                    let e = crate::authz::forbidden(&attributes(&info.digest, &identity), &reason);
+                    let mut r = status_response(&e);
+                    record_request(&info.labels, 403, start.elapsed());
+                    set_header(&mut r, "cache-control", "no-cache, private");
+                    return r;
+                }
+                Err(e) => {
+                    seats.finish();
+                    tracing::warn!(error = %e, "authorization failed");
+                    let mut r = status_response(&crate::status::ApiError::internal(e));
+                    record_request(&info.labels, 500, start.elapsed());
+                    set_header(&mut r, "cache-control", "no-cache, private");
+                    return r;
+                }
+            }
             let fs = seats.flow_schema_uid().to_string();
             let pl = seats.priority_level_uid().to_string();
             let mut r = if info.verb == Some(Verb::Watch) {

@@ -5,10 +5,10 @@
 pub mod filters;
 pub mod metrics;
 pub mod pki;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +18,6 @@ use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 
 use crate::api::{self, ApiState};
@@ -40,6 +38,12 @@ pub enum ServerError {
     Tls(String),
     #[error("authentication: {0}")]
     Auth(#[from] crate::auth::CaError),
+    #[error("host cluster: {0}")]
+    Host(#[from] crate::host::HostError),
+    #[error("serving certificate: {0}")]
+    TlsFiles(#[from] tls::TlsFileError),
+    #[error("{0}")]
+    Config(String),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -74,6 +78,55 @@ pub struct ServeConfig {
     pub requestheader_client_ca_file: Option<PathBuf>,
     /// `--requestheader-allowed-names`: allowed front-proxy CNs (empty: any).
     pub requestheader_allowed_names: Vec<String>,
+    /// `--requestheader-username-headers`, `-group-headers`, `-extra-headers-prefix`.
+    pub requestheader_username_headers: Vec<String>,
+    pub requestheader_group_headers: Vec<String>,
+    pub requestheader_extra_headers_prefix: Vec<String>,
+    /// `--kubeconfig`: the host cluster (namespaces, and the default for the two below).
+    pub host_kubeconfig: Option<PathBuf>,
+    /// `--authentication-kubeconfig`: where TokenReviews and the authentication ConfigMap go.
+    pub authentication_kubeconfig: Option<PathBuf>,
+    /// `--authorization-kubeconfig`: where SubjectAccessReviews go.
+    pub authorization_kubeconfig: Option<PathBuf>,
+    /// `--authentication-skip-lookup`: do not read `extension-apiserver-authentication`.
+    pub authentication_skip_lookup: bool,
+    /// `--authorization-always-allow-paths`: non-resource paths needing no review.
+    pub authorization_always_allow_paths: Vec<String>,
+    /// `--tls-cert-file` / `--tls-private-key-file`: the serving certificate
+    /// (reloaded when the files change); without them, the generated dev PKI.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_private_key_file: Option<PathBuf>,
+    /// How long TokenReview answers, and allowed / denied SubjectAccessReview
+    /// answers, are reused (k8s.io/apiserver's webhook cache TTLs).
+    pub token_cache_ttl: Duration,
+    pub authorization_allow_ttl: Duration,
+    pub authorization_deny_ttl: Duration,
+    /// Running in a pod: the host is reached with the in-cluster configuration
+    /// and authentication is delegated even without flags.
+    pub in_cluster: bool,
+}
+
+impl ServeConfig {
+    /// Whether authentication and authorization are delegated (any of their
+    /// flags set, or running in a cluster); otherwise standalone dev mode.
+    pub fn delegated(&self) -> bool {
+        self.client_ca_file.is_some()
+            || self.requestheader_client_ca_file.is_some()
+            || self.host_kubeconfig.is_some()
+            || self.authentication_kubeconfig.is_some()
+            || self.authorization_kubeconfig.is_some()
+            || self.in_cluster
+    }
+
+    /// The kubeconfig for one purpose: its own flag, else `--kubeconfig`; `Some(None)`
+    /// means in-cluster; `None` means no host at all.
+    fn host_for(&self, specific: &Option<PathBuf>) -> Option<Option<PathBuf>> {
+        match (specific, &self.host_kubeconfig) {
+            (Some(p), _) | (None, Some(p)) => Some(Some(p.clone())),
+            (None, None) if self.in_cluster => Some(None),
+            _ => None,
+        }
+    }
 }
 
 impl Default for ServeConfig {
@@ -94,6 +147,23 @@ impl Default for ServeConfig {
             client_ca_file: None,
             requestheader_client_ca_file: None,
             requestheader_allowed_names: Vec::new(),
+            requestheader_username_headers: vec!["X-Remote-User".into()],
+            requestheader_group_headers: vec!["X-Remote-Group".into()],
+            requestheader_extra_headers_prefix: vec!["X-Remote-Extra-".into()],
+            host_kubeconfig: None,
+            authentication_kubeconfig: None,
+            authorization_kubeconfig: None,
+            authentication_skip_lookup: false,
+            authorization_always_allow_paths: crate::authz::DEFAULT_ALWAYS_ALLOW_PATHS
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
+            tls_cert_file: None,
+            tls_private_key_file: None,
+            token_cache_ttl: crate::auth::token::DEFAULT_CACHE_TTL,
+            authorization_allow_ttl: crate::authz::DEFAULT_ALLOW_TTL,
+            authorization_deny_ttl: crate::authz::DEFAULT_DENY_TTL,
+            in_cluster: false,
         }
     }
 }
@@ -105,6 +175,7 @@ pub struct Running {
     pub kubeconfig: PathBuf,
     pub registry: Arc<Registry>,
     pub apf: Arc<Apf>,
+    pub readiness: Arc<crate::api::health::Readiness>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -126,7 +197,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // Only the ring provider is compiled in; installing it again is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut catalog = Catalog::load(&cfg.crds)?;
-    if cfg.flowcontrol_kubeconfig.is_none()
+    // Behind a host, flow-control objects live in the host like any other
+    // configuration; standalone, kshard serves them itself.
+    let flowcontrol_host = cfg.host_for(&cfg.flowcontrol_kubeconfig.clone());
+    if flowcontrol_host.is_none()
         && catalog
             .find("flowcontrol.kshard.dev", "v1", "flowschemas")
             .is_none()
@@ -156,9 +230,13 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         gc::spawn(registry.clone()),
         store.spawn_compactor(cfg.compaction_interval),
     ];
+    let readiness = Arc::new(crate::api::health::Readiness::default());
+    // Listening starts after the store is open and the watch caches loaded.
+    readiness.add("storage", || true);
+    readiness.add("watch-cache-sync", || true);
     let state = Arc::new(ApiState {
         registry: registry.clone(),
-        ready: false.into(),
+        readiness: readiness.clone(),
         bookmark_interval: cfg.bookmark_interval,
     });
     let apf = Apf::new(flowcontrol::ServerConfig {
@@ -168,8 +246,16 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     metrics::handle();
     apf.set_observer(Arc::new(metrics::Observer));
     tasks.push(apf.spawn_borrowing_loop());
-    let auth = authenticator(&cfg)?;
-    let app = app(state.clone(), apf.clone(), registry.clone(), auth.clone());
+    let delegation = delegation(&cfg, &registry, &readiness).await?;
+    tasks.extend(delegation.tasks);
+    let auth = delegation.auth;
+    let app = app(
+        state.clone(),
+        apf.clone(),
+        registry.clone(),
+        auth.clone(),
+        delegation.authz,
+    );
 
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -193,7 +279,16 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         &format!("https://{host}:{}", addr.port()),
         &kubeconfig,
     )?;
-    let tls = tls_config(&pki, &auth)?;
+    let serving = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
+        (Some(c), Some(k)) => tls::ReloadingCert::new(c.clone(), k.clone())?,
+        (None, None) => tls::ReloadingCert::new(pki.server_cert(), pki.server_key())?,
+        _ => {
+            return Err(ServerError::Config(
+                "--tls-cert-file and --tls-private-key-file go together".into(),
+            ))
+        }
+    };
+    let tls = tls::server_config(Arc::new(serving), !auth.is_dev());
     tasks.push(tokio::spawn(serve_tls(listener, tls, app.clone())));
 
     let mut insecure_addr = None;
@@ -205,12 +300,14 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         tracing::warn!(addr = %a, "serving plain HTTP without authentication");
         tasks.push(tokio::spawn(serve_plain(l, app)));
     }
-    let flowcontrol_kubeconfig = cfg
-        .flowcontrol_kubeconfig
-        .clone()
-        .unwrap_or_else(|| kubeconfig.clone());
     if cfg.flowcontrol_controller {
-        match controller_client(&flowcontrol_kubeconfig).await {
+        let client = match &flowcontrol_host {
+            Some(host) => crate::host::client(host.as_deref())
+                .await
+                .map_err(|e| e.to_string()),
+            None => controller_client(&kubeconfig).await,
+        };
+        match client {
             Ok(client) => tasks.push(crate::controller::spawn(client, apf.clone())),
             Err(e) => tracing::error!(
                 error = %e,
@@ -218,7 +315,6 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             ),
         }
     }
-    state.ready.store(true, Ordering::Release);
     tracing::info!(%addr, kubeconfig = %kubeconfig.display(), "kshard is serving");
     Ok(Running {
         addr,
@@ -226,8 +322,104 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         kubeconfig,
         registry,
         apf,
+        readiness,
         tasks,
     })
+}
+
+/// What delegation to a host adds: the authenticator and authorizer, and the
+/// background work that keeps them (and namespace lifecycle) current.
+struct Delegation {
+    auth: crate::auth::Authenticator,
+    authz: crate::authz::Authorizer,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+async fn delegation(
+    cfg: &ServeConfig,
+    registry: &Arc<Registry>,
+    readiness: &Arc<crate::api::health::Readiness>,
+) -> Result<Delegation, ServerError> {
+    use crate::auth::{AuthConfig, Authenticator, CaBundle, DynamicConfig, RequestHeader};
+    let mut out = Delegation {
+        auth: Authenticator::Dev,
+        authz: crate::authz::Authorizer::AlwaysAllow,
+        tasks: Vec::new(),
+    };
+    if !cfg.delegated() {
+        return Ok(out);
+    }
+    let flags = AuthConfig {
+        client_ca: cfg
+            .client_ca_file
+            .as_deref()
+            .map(CaBundle::load)
+            .transpose()?,
+        request_header: match cfg.requestheader_client_ca_file.as_deref() {
+            Some(p) => {
+                let mut rh = RequestHeader::new(CaBundle::load(p)?);
+                rh.allowed_names = cfg.requestheader_allowed_names.clone();
+                rh.username_headers = cfg.requestheader_username_headers.clone();
+                rh.group_headers = cfg.requestheader_group_headers.clone();
+                rh.extra_headers_prefix = cfg.requestheader_extra_headers_prefix.clone();
+                Some(rh)
+            }
+            None => None,
+        },
+    };
+    let authn_host = match cfg.host_for(&cfg.authentication_kubeconfig) {
+        Some(h) => Some(crate::host::client(h.as_deref()).await?),
+        None => None,
+    };
+    // With nothing left for the ConfigMap to fill in, there is nothing to look up.
+    let lookup = authn_host.is_some()
+        && !cfg.authentication_skip_lookup
+        && (flags.client_ca.is_none() || flags.request_header.is_none());
+    let config = Arc::new(DynamicConfig::new(flags.clone(), !lookup));
+    let tokens = authn_host.as_ref().map(|c| {
+        Arc::new(crate::auth::token::TokenReviewer::new(
+            c.clone(),
+            cfg.token_cache_ttl,
+        ))
+    });
+    if let (true, Some(client)) = (lookup, &authn_host) {
+        out.tasks.push(crate::auth::configmap::spawn_watch(
+            client.clone(),
+            flags,
+            config.clone(),
+        ));
+    }
+    let loaded = config.clone();
+    readiness.add("authentication-config", move || loaded.is_loaded());
+    out.auth = Authenticator::Delegating { config, tokens };
+
+    let authz_host = match cfg.host_for(&cfg.authorization_kubeconfig) {
+        Some(h) => Some(crate::host::client(h.as_deref()).await?),
+        None => {
+            tracing::warn!(
+                "no host to authorize against (--authorization-kubeconfig/--kubeconfig): \
+                 only system:masters and the always-allowed paths are authorized"
+            );
+            None
+        }
+    };
+    out.authz = crate::authz::Authorizer::Delegating(Arc::new(
+        crate::authz::SubjectAccessReviewer::new(
+            authz_host,
+            cfg.authorization_always_allow_paths.clone(),
+        )
+        .with_ttls(cfg.authorization_allow_ttl, cfg.authorization_deny_ttl),
+    ));
+
+    if let Some(h) = cfg.host_for(&None) {
+        let client = crate::host::client(h.as_deref()).await?;
+        let (lifecycle, task) = crate::host::namespaces::NamespaceLifecycle::spawn(client);
+        out.tasks.push(task);
+        let synced = lifecycle.clone();
+        readiness.add("namespace-informer-sync", move || synced.is_synced());
+        registry.set_admission(lifecycle);
+    }
+    Ok(out)
 }
 
 /// The API plus the server's own endpoints, behind the request filters.
@@ -236,6 +428,7 @@ fn app(
     apf: Arc<Apf>,
     registry: Arc<Registry>,
     auth: crate::auth::Authenticator,
+    authz: crate::authz::Authorizer,
 ) -> Router {
     let own = Router::new()
         .route("/metrics", get(metrics_endpoint))
@@ -256,6 +449,7 @@ fn app(
         apf,
         registry,
         auth,
+        authz,
     });
     own.merge(api::router(state))
         .layer(axum::middleware::from_fn_with_state(
@@ -352,67 +546,6 @@ async fn controller_client(kubeconfig: &std::path::Path) -> Result<kube::Client,
         .await
         .map_err(|e| e.to_string())?;
     kube::Client::try_from(config).map_err(|e| e.to_string())
-}
-
-fn authenticator(cfg: &ServeConfig) -> Result<crate::auth::Authenticator, ServerError> {
-    use crate::auth::{Authenticator, CaBundle, RequestHeader};
-    if cfg.client_ca_file.is_none() && cfg.requestheader_client_ca_file.is_none() {
-        return Ok(Authenticator::Dev);
-    }
-    let client_ca = cfg
-        .client_ca_file
-        .as_deref()
-        .map(CaBundle::load)
-        .transpose()?;
-    let request_header = match cfg.requestheader_client_ca_file.as_deref() {
-        Some(p) => {
-            let mut rh = RequestHeader::new(CaBundle::load(p)?);
-            rh.allowed_names = cfg.requestheader_allowed_names.clone();
-            Some(rh)
-        }
-        None => None,
-    };
-    Ok(Authenticator::Delegating {
-        client_ca,
-        request_header,
-    })
-}
-
-fn tls_config(
-    pki: &pki::Pki,
-    auth: &crate::auth::Authenticator,
-) -> Result<Arc<rustls::ServerConfig>, ServerError> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.server_cert())
-        .map_err(|e| ServerError::Tls(e.to_string()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| ServerError::Tls(e.to_string()))?;
-    let key = PrivateKeyDer::from_pem_file(pki.server_key())
-        .map_err(|e| ServerError::Tls(e.to_string()))?;
-    let builder = rustls::ServerConfig::builder();
-    let builder = match auth {
-        crate::auth::Authenticator::Dev => builder.with_no_client_auth(),
-        crate::auth::Authenticator::Delegating {
-            client_ca,
-            request_header,
-        } => {
-            // Ask for a certificate from any configured CA; which CA it chains to
-            // decides, per request, what it may assert.
-            let mut roots = rustls::RootCertStore::empty();
-            for bundle in client_ca.iter().chain(request_header.iter().map(|r| &r.ca)) {
-                roots.roots.extend(bundle.roots.roots.iter().cloned());
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| ServerError::Tls(e.to_string()))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-    };
-    let mut config = builder
-        .with_single_cert(certs, key)
-        .map_err(|e| ServerError::Tls(e.to_string()))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
 }
 
 async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router) {

@@ -91,6 +91,14 @@ pub fn ensure(dir: &Path, extra_sans: &[String]) -> Result<Pki, PkiError> {
         "::1".to_string(),
         "kshard".to_string(),
     ];
+    // The in-cluster Service names an aggregator dials (`<service>.<namespace>.svc`).
+    let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "kshard-system".into());
+    for svc in [
+        format!("kshard.{namespace}.svc"),
+        format!("kshard.{namespace}.svc.cluster.local"),
+    ] {
+        sans.push(svc);
+    }
     sans.extend(extra_sans.iter().cloned());
     let server_key = KeyPair::generate()?;
     let mut server_params = CertificateParams::new(sans)?;
@@ -153,4 +161,38 @@ current-context: kshard
         key = b64(read(pki.admin_key())?),
     );
     write(path, &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serving_certificate_names_the_in_cluster_service() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let pki = ensure(dir.path(), &["10.0.0.7".into()]).expect("pki");
+        let pem = std::fs::read(pki.server_cert()).expect("cert");
+        let (_, der) = x509_parser::pem::parse_x509_pem(&pem).expect("pem");
+        let cert = der.parse_x509().expect("x509");
+        let sans: Vec<String> = cert
+            .subject_alternative_name()
+            .expect("ext")
+            .expect("sans")
+            .value
+            .general_names
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        let ns = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "kshard-system".into());
+        for want in [
+            format!("DNSName({})", "localhost"),
+            format!("DNSName(kshard.{ns}.svc)"),
+        ] {
+            assert!(sans.contains(&want), "{want} not in {sans:?}");
+        }
+        assert!(
+            sans.iter().any(|s| s == "IPAddress(0a:00:00:07)"),
+            "{sans:?}"
+        );
+    }
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod apf;
+pub mod host;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -1,0 +1,756 @@
+//! HOST DOUBLE: a stand-in for the host cluster's kube-apiserver, because no
+//! kube-apiserver can run on these machines. It speaks the real wire protocol
+//! over HTTPS for the parts kshard uses — TokenReview, SubjectAccessReview,
+//! `kube-system` ConfigMaps and Namespaces with list/watch (resourceVersion,
+//! watch events, field selectors) — and acts as kube-aggregator in front of
+//! kshard: callers authenticate with bearer tokens and their requests are
+//! proxied to kshard with the front-proxy client certificate and
+//! `X-Remote-*` headers, so kubectl pointed at it reaches kshard as it would
+//! through a real cluster.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+pub const KSHARD_TOKEN: &str = "kshard-service-account-token";
+
+/// A certificate authority for tests.
+pub struct Ca {
+    params: CertificateParams,
+    key: KeyPair,
+    pub pem: String,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Self {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let pem = params.self_signed(&key).expect("ca").pem();
+        Ca { params, key, pem }
+    }
+
+    /// A client certificate (PEM cert, PEM key).
+    pub fn client(&self, cn: &str, orgs: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        for o in orgs {
+            params.distinguished_name.push(DnType::OrganizationName, *o);
+        }
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let issuer = Issuer::from_params(&self.params, &self.key);
+        (
+            params.signed_by(&key, &issuer).expect("cert").pem(),
+            key.serialize_pem(),
+        )
+    }
+
+    /// A serving certificate for `sans` (PEM cert, PEM key).
+    pub fn server(&self, sans: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().expect("key");
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        params.distinguished_name.push(DnType::CommonName, sans[0]);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let issuer = Issuer::from_params(&self.params, &self.key);
+        (
+            params.signed_by(&key, &issuer).expect("cert").pem(),
+            key.serialize_pem(),
+        )
+    }
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// A kubeconfig for `server` trusting `ca_pem`, with a token or a client certificate.
+pub fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca_pem: &str,
+    token: Option<&str>,
+    cert: Option<&(String, String)>,
+) {
+    let mut user = String::new();
+    if let Some(t) = token {
+        user.push_str(&format!("    token: {t}\n"));
+    }
+    if let Some((c, k)) = cert {
+        user.push_str(&format!(
+            "    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(c),
+            b64(k)
+        ));
+    }
+    if user.is_empty() {
+        user.push_str("    username: nobody\n");
+    }
+    let kc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n{user}contexts:\n- name: c\n  context: {{cluster: k, user: u, namespace: default}}\ncurrent-context: c\n",
+        b64(ca_pem)
+    );
+    std::fs::write(path, kc).expect("kubeconfig");
+}
+
+/// Who a bearer token belongs to.
+#[derive(Clone, Debug)]
+pub struct User {
+    pub name: String,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl User {
+    pub fn new(name: &str, groups: &[&str]) -> Self {
+        Self {
+            name: name.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+/// Decides a SubjectAccessReview spec: (allowed, reason).
+pub type Policy = Arc<dyn Fn(&Value) -> (bool, String) + Send + Sync>;
+
+struct Stored {
+    kind: &'static str,
+    namespace: String,
+    name: String,
+    object: Value,
+}
+
+struct Objects {
+    rv: u64,
+    items: Vec<Stored>,
+    /// Every change as (rv, kind, event), for watches that start in the past.
+    history: Vec<(u64, &'static str, Value)>,
+}
+
+/// Where the host forwards aggregated requests: kshard, and the front-proxy identity.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub client: kube::Client,
+}
+
+pub struct HostState {
+    objects: Mutex<Objects>,
+    events: broadcast::Sender<(u64, &'static str, Value)>,
+    tokens: Mutex<HashMap<String, User>>,
+    policy: Mutex<Policy>,
+    pub token_reviews: AtomicUsize,
+    pub access_reviews: AtomicUsize,
+    /// Every SubjectAccessReview spec received, in order.
+    pub reviewed: Mutex<Vec<Value>>,
+    /// Namespaced list/watch paths the host answers 503 to (to hold kshard unready).
+    pub unavailable: Mutex<Vec<String>>,
+    upstream: tokio::sync::RwLock<Option<Upstream>>,
+}
+
+pub struct HostDouble {
+    pub addr: SocketAddr,
+    pub ca: Ca,
+    /// The kubeconfig kshard uses to reach the host (its service-account token).
+    pub kubeconfig: PathBuf,
+    pub front_proxy_ca: Ca,
+    pub client_ca: Ca,
+    pub state: Arc<HostState>,
+    pub dir: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HostDouble {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The `extension-apiserver-authentication` data kube-apiserver publishes.
+pub fn authentication_configmap_data(
+    client_ca: &str,
+    front_proxy_ca: &str,
+    allowed_names: &[&str],
+) -> Value {
+    json!({
+        "client-ca-file": client_ca,
+        "requestheader-client-ca-file": front_proxy_ca,
+        "requestheader-allowed-names": serde_json::to_string(allowed_names).expect("json"),
+        "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]",
+        "requestheader-group-headers": "[\"X-Remote-Group\"]",
+        "requestheader-username-headers": "[\"X-Remote-User\"]",
+        "requestheader-uid-headers": "[\"X-Remote-Uid\"]",
+    })
+}
+
+impl HostDouble {
+    /// A host with namespaces `default` and `kube-system`, the authentication
+    /// ConfigMap (front-proxy CN `front-proxy-client`), kshard's own token, and
+    /// a policy that denies everything.
+    pub async fn start(dir: &Path) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let ca = Ca::new("host-ca");
+        let front_proxy_ca = Ca::new("front-proxy-ca");
+        let client_ca = Ca::new("kubernetes-client-ca");
+        let (events, _) = broadcast::channel(1024);
+        let state = Arc::new(HostState {
+            objects: Mutex::new(Objects {
+                rv: 100,
+                items: Vec::new(),
+                history: Vec::new(),
+            }),
+            events,
+            tokens: Mutex::new(HashMap::new()),
+            policy: Mutex::new(Arc::new(|_: &Value| (false, String::new()))),
+            token_reviews: AtomicUsize::new(0),
+            access_reviews: AtomicUsize::new(0),
+            reviewed: Mutex::new(Vec::new()),
+            unavailable: Mutex::new(Vec::new()),
+            upstream: tokio::sync::RwLock::new(None),
+        });
+        state.add_token(
+            KSHARD_TOKEN,
+            User::new(
+                "system:serviceaccount:kshard-system:kshard",
+                &[
+                    "system:serviceaccounts",
+                    "system:serviceaccounts:kshard-system",
+                ],
+            ),
+        );
+        for ns in ["default", "kube-system"] {
+            state.put_namespace(ns, false);
+        }
+        state.put_configmap(
+            "kube-system",
+            "extension-apiserver-authentication",
+            authentication_configmap_data(
+                &client_ca.pem,
+                &front_proxy_ca.pem,
+                &["front-proxy-client"],
+            ),
+        );
+
+        let (cert, key) = ca.server(&["localhost", "127.0.0.1"]);
+        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("certs");
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+        let mut tls = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("tls");
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(state.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+                });
+            }
+        });
+        let kubeconfig = dir.join("host.kubeconfig");
+        write_kubeconfig(
+            &kubeconfig,
+            &format!("https://{addr}"),
+            &ca.pem,
+            Some(KSHARD_TOKEN),
+            None,
+        );
+        HostDouble {
+            addr,
+            ca,
+            kubeconfig,
+            front_proxy_ca,
+            client_ca,
+            state,
+            dir: dir.to_path_buf(),
+            task,
+        }
+    }
+
+    /// Makes the host proxy aggregated requests to kshard at `addr`, presenting
+    /// a front-proxy client certificate with CN `cn` (and trusting `kshard_ca`).
+    pub async fn aggregate(&self, addr: SocketAddr, kshard_ca: &str, cn: &str) {
+        let cert = self.front_proxy_ca.client(cn, &[]);
+        let path = self.dir.join(format!("front-proxy-{cn}.kubeconfig"));
+        write_kubeconfig(
+            &path,
+            &format!("https://{addr}"),
+            kshard_ca,
+            None,
+            Some(&cert),
+        );
+        let client = super::client_for(&path).await;
+        *self.state.upstream.write().await = Some(Upstream { addr, client });
+    }
+
+    /// A kubeconfig for talking to the host (and through it to kshard) as the token's user.
+    pub fn user_kubeconfig(&self, token: &str) -> PathBuf {
+        let path = self.dir.join(format!("user-{token}.kubeconfig"));
+        write_kubeconfig(
+            &path,
+            &format!("https://{}", self.addr),
+            &self.ca.pem,
+            Some(token),
+            None,
+        );
+        path
+    }
+}
+
+impl HostState {
+    pub fn add_token(&self, token: &str, user: User) {
+        self.tokens
+            .lock()
+            .expect("tokens")
+            .insert(token.to_string(), user);
+    }
+
+    pub fn set_policy(&self, p: impl Fn(&Value) -> (bool, String) + Send + Sync + 'static) {
+        *self.policy.lock().expect("policy") = Arc::new(p);
+    }
+
+    fn put(&self, kind: &'static str, namespace: &str, name: &str, mut object: Value) {
+        let mut o = self.objects.lock().expect("objects");
+        o.rv += 1;
+        let rv = o.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        object["metadata"]["name"] = json!(name);
+        if !namespace.is_empty() {
+            object["metadata"]["namespace"] = json!(namespace);
+        }
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(uuid::Uuid::new_v4().to_string());
+            object["metadata"]["creationTimestamp"] = json!("2026-11-22T00:00:00Z");
+        }
+        let existing = o
+            .items
+            .iter()
+            .position(|s| s.kind == kind && s.namespace == namespace && s.name == name);
+        let ev_type = if existing.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        match existing {
+            Some(i) => o.items[i].object = object.clone(),
+            None => o.items.push(Stored {
+                kind,
+                namespace: namespace.into(),
+                name: name.into(),
+                object: object.clone(),
+            }),
+        }
+        let ev = json!({"type": ev_type, "object": object});
+        o.history.push((rv, kind, ev.clone()));
+        let _ = self.events.send((rv, kind, ev));
+    }
+
+    fn remove(&self, kind: &'static str, namespace: &str, name: &str) {
+        let mut o = self.objects.lock().expect("objects");
+        let Some(i) = o
+            .items
+            .iter()
+            .position(|s| s.kind == kind && s.namespace == namespace && s.name == name)
+        else {
+            return;
+        };
+        let mut gone = o.items.remove(i).object;
+        o.rv += 1;
+        let rv = o.rv;
+        gone["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let ev = json!({"type": "DELETED", "object": gone});
+        o.history.push((rv, kind, ev.clone()));
+        let _ = self.events.send((rv, kind, ev));
+    }
+
+    /// Creates or updates a namespace; `terminating` sets deletionTimestamp and phase.
+    pub fn put_namespace(&self, name: &str, terminating: bool) {
+        let mut ns = json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name},
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": if terminating { "Terminating" } else { "Active" }},
+        });
+        let uid = self
+            .get("namespaces", "", name)
+            .map(|o| o["metadata"]["uid"].clone());
+        if let Some(uid) = uid {
+            ns["metadata"]["uid"] = uid;
+        }
+        if terminating {
+            ns["metadata"]["deletionTimestamp"] = json!("2026-11-22T00:00:00Z");
+        }
+        self.put("namespaces", "", name, ns);
+    }
+
+    pub fn delete_namespace(&self, name: &str) {
+        self.remove("namespaces", "", name);
+    }
+
+    pub fn put_configmap(&self, namespace: &str, name: &str, data: Value) {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {}, "data": data});
+        self.put("configmaps", namespace, name, cm);
+    }
+
+    fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let o = self.objects.lock().expect("objects");
+        o.items
+            .iter()
+            .find(|s| s.kind == kind && s.namespace == namespace && s.name == name)
+            .map(|s| s.object.clone())
+    }
+
+    fn authenticate(&self, headers: &http::HeaderMap) -> Option<User> {
+        let v = headers.get("authorization")?.to_str().ok()?;
+        let token = v.strip_prefix("Bearer ")?;
+        self.tokens.lock().expect("tokens").get(token).cloned()
+    }
+}
+
+fn json_response(code: u16, v: &Value) -> Response {
+    let mut r = Response::new(Body::from(serde_json::to_vec(v).expect("json")));
+    *r.status_mut() = http::StatusCode::from_u16(code).expect("code");
+    r.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    json_response(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": reason, "code": code}),
+    )
+}
+
+fn query(req: &Request) -> HashMap<String, String> {
+    form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+        .into_owned()
+        .collect()
+}
+
+/// The host's own API (as a kube-apiserver with only these resources), then
+/// everything else proxied to kshard as the aggregator would.
+async fn handle(State(st): State<Arc<HostState>>, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let own = matches!(
+        segs.as_slice(),
+        ["api"] | ["api", "v1"] | ["api", "v1", "namespaces", ..]
+    ) || path.starts_with("/apis/authentication.k8s.io/")
+        || path.starts_with("/apis/authorization.k8s.io/");
+    if !own {
+        return proxy(st, req).await;
+    }
+    let Some(_caller) = st.authenticate(req.headers()) else {
+        return status(401, "Unauthorized", "Unauthorized");
+    };
+    if st.unavailable.lock().expect("unavailable").contains(&path) {
+        return status(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        );
+    }
+    let q = query(&req);
+    match (req.method().as_str(), segs.as_slice()) {
+        ("GET", ["api"]) => json_response(
+            200,
+            &json!({"kind": "APIVersions", "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}),
+        ),
+        ("GET", ["api", "v1"]) => json_response(
+            200,
+            &json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                {"name": "namespaces", "singularName": "namespace", "namespaced": false, "kind": "Namespace",
+                 "verbs": ["get", "list", "watch"], "shortNames": ["ns"]},
+                {"name": "configmaps", "singularName": "configmap", "namespaced": true, "kind": "ConfigMap",
+                 "verbs": ["get", "list", "watch"], "shortNames": ["cm"]},
+            ]}),
+        ),
+        ("GET", ["api", "v1", "namespaces"]) => collection(&st, "namespaces", "", &q).await,
+        ("GET", ["api", "v1", "namespaces", name]) => match st.get("namespaces", "", name) {
+            Some(o) => json_response(200, &o),
+            None => status(404, "NotFound", &format!("namespaces \"{name}\" not found")),
+        },
+        ("GET", ["api", "v1", "namespaces", ns, "configmaps"]) => {
+            collection(&st, "configmaps", ns, &q).await
+        }
+        ("GET", ["api", "v1", "namespaces", ns, "configmaps", name]) => {
+            match st.get("configmaps", ns, name) {
+                Some(o) => json_response(200, &o),
+                None => status(404, "NotFound", &format!("configmaps \"{name}\" not found")),
+            }
+        }
+        ("POST", ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
+            st.token_reviews.fetch_add(1, Ordering::SeqCst);
+            let body = body_json(req).await;
+            let token = body["spec"]["token"].as_str().unwrap_or("");
+            let user = st.tokens.lock().expect("tokens").get(token).cloned();
+            let status = match user {
+                Some(u) => json!({"authenticated": true, "user": {
+                    "username": u.name, "groups": u.groups, "extra": u.extra}}),
+                None => json!({"authenticated": false, "error": "invalid bearer token"}),
+            };
+            json_response(
+                201,
+                &json!({"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
+                        "metadata": {"creationTimestamp": null}, "spec": body["spec"], "status": status}),
+            )
+        }
+        ("POST", ["apis", "authorization.k8s.io", "v1", "subjectaccessreviews"]) => {
+            st.access_reviews.fetch_add(1, Ordering::SeqCst);
+            let body = body_json(req).await;
+            st.reviewed
+                .lock()
+                .expect("reviewed")
+                .push(body["spec"].clone());
+            let policy = st.policy.lock().expect("policy").clone();
+            let (allowed, reason) = if discovery_rule(&body["spec"]) {
+                (
+                    true,
+                    "RBAC: allowed by ClusterRoleBinding \"system:discovery\"".into(),
+                )
+            } else {
+                policy(&body["spec"])
+            };
+            let mut status = json!({"allowed": allowed});
+            if !reason.is_empty() {
+                status["reason"] = json!(reason);
+            }
+            json_response(
+                201,
+                &json!({"kind": "SubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+                        "metadata": {"creationTimestamp": null}, "spec": body["spec"], "status": status}),
+            )
+        }
+        _ => status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ),
+    }
+}
+
+/// The bootstrap `system:discovery` and `system:public-info-viewer` roles:
+/// every authenticated user may GET discovery, OpenAPI, version and health.
+fn discovery_rule(spec: &Value) -> bool {
+    let nr = &spec["nonResourceAttributes"];
+    let path = nr["path"].as_str().unwrap_or("");
+    let exact = [
+        "/api", "/apis", "/openapi", "/version", "/healthz", "/livez", "/readyz",
+    ];
+    let prefixes = ["/api/", "/apis/", "/openapi/", "/version/"];
+    nr["verb"] == "get" && (exact.contains(&path) || prefixes.iter().any(|p| path.starts_with(p)))
+}
+
+async fn body_json(req: Request) -> Value {
+    let bytes = axum::body::to_bytes(req.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    serde_json::from_slice(&bytes).expect("json body")
+}
+
+fn selected(obj: &Value, field_selector: Option<&String>) -> bool {
+    let Some(sel) = field_selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
+    sel.split(',').all(|term| match term.split_once('=') {
+        Some(("metadata.name", v)) => obj["metadata"]["name"] == v.trim_start_matches('='),
+        Some(("metadata.namespace", v)) => {
+            obj["metadata"]["namespace"] == v.trim_start_matches('=')
+        }
+        _ => true,
+    })
+}
+
+/// List, or with `watch=true` a watch stream, of one kind in one namespace.
+async fn collection(
+    st: &Arc<HostState>,
+    kind: &'static str,
+    namespace: &str,
+    q: &HashMap<String, String>,
+) -> Response {
+    let fs = q.get("fieldSelector");
+    let watching = q.get("watch").is_some_and(|v| v == "true" || v == "1");
+    if !watching {
+        let o = st.objects.lock().expect("objects");
+        let items: Vec<Value> = o
+            .items
+            .iter()
+            .filter(|s| s.kind == kind && (namespace.is_empty() || s.namespace == namespace))
+            .map(|s| s.object.clone())
+            .filter(|v| selected(v, fs))
+            .collect();
+        let list_kind = if kind == "namespaces" {
+            "NamespaceList"
+        } else {
+            "ConfigMapList"
+        };
+        return json_response(
+            200,
+            &json!({"kind": list_kind, "apiVersion": "v1",
+                    "metadata": {"resourceVersion": o.rv.to_string()}, "items": items}),
+        );
+    }
+    let from: u64 = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300u64);
+    let (backlog, mut live) = {
+        let o = st.objects.lock().expect("objects");
+        let backlog: Vec<(u64, Value)> = o
+            .history
+            .iter()
+            .filter(|(rv, k, _)| *rv > from && *k == kind)
+            .map(|(rv, _, e)| (*rv, e.clone()))
+            .collect();
+        (backlog, st.events.subscribe())
+    };
+    let ns = namespace.to_string();
+    let fs = fs.cloned();
+    let wanted = move |ev: &Value| {
+        (ns.is_empty() || ev["object"]["metadata"]["namespace"] == ns.as_str())
+            && selected(&ev["object"], fs.as_ref())
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    tokio::spawn(async move {
+        let mut last = from;
+        let line = |ev: &Value| {
+            let mut b = serde_json::to_vec(ev).expect("json");
+            b.push(b'\n');
+            Bytes::from(b)
+        };
+        for (rv, ev) in backlog {
+            last = rv;
+            if wanted(&ev) && tx.send(Ok(line(&ev))).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(Duration::from_secs(timeout));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                got = live.recv() => match got {
+                    Ok((rv, k, ev)) if k == kind && rv > last => {
+                        last = rv;
+                        if wanted(&ev) && tx.send(Ok(line(&ev))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => return,
+                },
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut r = Response::new(Body::from_stream(stream));
+    r.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// kube-aggregator's proxy: the caller's identity travels in `X-Remote-*`
+/// headers over a connection authenticated with the front-proxy certificate.
+async fn proxy(st: Arc<HostState>, req: Request) -> Response {
+    let Some(user) = st.authenticate(req.headers()) else {
+        return status(401, "Unauthorized", "Unauthorized");
+    };
+    let upstream = st.upstream.read().await;
+    let Some(up) = upstream.as_ref() else {
+        return status(503, "ServiceUnavailable", "no aggregated server");
+    };
+    let (parts, body) = req.into_parts();
+    let mut b = http::Request::builder().method(parts.method.clone()).uri(
+        parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/"),
+    );
+    for (k, v) in &parts.headers {
+        let name = k.as_str();
+        if name == "authorization" || name == "host" || name.starts_with("x-remote-") {
+            continue;
+        }
+        b = b.header(k, v);
+    }
+    b = b.header("X-Remote-User", &user.name);
+    for g in &user.groups {
+        b = b.header("X-Remote-Group", g);
+    }
+    if !user.groups.iter().any(|g| g == "system:authenticated") {
+        b = b.header("X-Remote-Group", "system:authenticated");
+    }
+    for (k, vs) in &user.extra {
+        for v in vs {
+            b = b.header(format!("X-Remote-Extra-{k}"), v);
+        }
+    }
+    let bytes = axum::body::to_bytes(body, 8 << 20)
+        .await
+        .unwrap_or_default();
+    let req = b
+        .body(kube::client::Body::from(bytes.to_vec()))
+        .expect("proxied request");
+    match up.client.send(req).await {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            let stream = body
+                .into_data_stream()
+                .map(|r| r.map_err(std::io::Error::other));
+            Response::from_parts(parts, Body::from_stream(stream))
+        }
+        Err(e) => status(503, "ServiceUnavailable", &format!("proxying: {e}")),
+    }
+}
