@@ -32,7 +32,12 @@ fn widgets(client: kube::Client) -> Api<DynamicObject> {
 
 /// Creates for `duration` with `clients` concurrent clients, spread over
 /// `apis` in turn; returns creates per second.
-async fn creates_per_sec(apis: &[Api<DynamicObject>], clients: usize, duration: Duration, tag: &str) -> f64 {
+async fn creates_per_sec(
+    apis: &[Api<DynamicObject>],
+    clients: usize,
+    duration: Duration,
+    tag: &str,
+) -> f64 {
     let done = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();

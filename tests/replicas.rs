@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 use common::replicas::{spawn_replica, wait_ready};
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
-use kube::core::{WatchEvent, WatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams, WatchEvent,
+    WatchParams,
+};
 
 fn widgets(client: kube::Client) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("demo.kshard.dev", "v1", "Widget");
@@ -205,8 +207,7 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
 
     // A last write through one survivor, then a consistent list on the other
     // must show it (a follower's consistent read waits for the leader's watermark).
-    let last: DynamicObject =
-        serde_json::from_value(common::widget("sentinel", 1)).expect("obj");
+    let last: DynamicObject = serde_json::from_value(common::widget("sentinel", 1)).expect("obj");
     let last = apis[1]
         .create(&PostParams::default(), &last)
         .await
@@ -229,7 +230,10 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
             .last()
             .is_none_or(|e| e.2 < final_rv)
         {
-            assert!(Instant::now() < deadline, "a watch never reached {final_rv}");
+            assert!(
+                Instant::now() < deadline,
+                "a watch never reached {final_rv}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -323,6 +327,9 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
         .map(|id| std::fs::read_to_string(dir.path().join(format!("{id}.log"))).unwrap_or_default())
         .collect();
     assert!(logs.contains("took over the leader lease"));
+    if std::env::var_os("KSHARD_KEEP_TEST_DIR").is_some() {
+        eprintln!("logs kept in {}", dir.keep().display());
+    }
     eprintln!(
         "{} writes acknowledged ({} before kill -9 of the leader), {} events in each \
          survivor's watch, {} in the killed leader's",

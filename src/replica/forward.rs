@@ -45,7 +45,10 @@ fn encode(v: &str) -> Option<HeaderValue> {
 
 fn decode(v: &HeaderValue) -> Option<String> {
     let s = v.to_str().ok()?;
-    percent_decode_str(s).decode_utf8().ok().map(|c| c.into_owned())
+    percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
 }
 
 /// Headers that describe `identity` to the leader.
@@ -64,7 +67,9 @@ pub fn identity_headers(headers: &mut HeaderMap, identity: &Identity) {
     for (k, values) in &identity.extra {
         let name = format!(
             "{EXTRA_PREFIX}{}",
-            utf8_percent_encode(k, NON_ALPHANUMERIC).to_string().to_ascii_lowercase()
+            utf8_percent_encode(k, NON_ALPHANUMERIC)
+                .to_string()
+                .to_ascii_lowercase()
         );
         let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
             continue;
@@ -92,7 +97,10 @@ pub fn take_identity(headers: &mut HeaderMap) -> Option<Identity> {
         let key = percent_decode_str(&name.as_str()[EXTRA_PREFIX.len()..])
             .decode_utf8_lossy()
             .into_owned();
-        extra.insert(key, headers.get_all(name).iter().filter_map(decode).collect());
+        extra.insert(
+            key,
+            headers.get_all(name).iter().filter_map(decode).collect(),
+        );
         headers.remove(name);
     }
     headers.remove(USER);
@@ -200,9 +208,7 @@ pub fn relay(resp: http::Response<hyper::body::Incoming>) -> Response {
     parts.headers.remove(http::header::CONNECTION);
     parts.headers.remove(http::header::TRANSFER_ENCODING);
     // The body is already encoded as the leader chose; do not compress it again.
-    parts
-        .extensions
-        .insert(crate::api::response::NoCompression);
+    parts.extensions.insert(crate::api::response::NoCompression);
     Response::from_parts(parts, Body::new(body))
 }
 

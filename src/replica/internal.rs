@@ -40,7 +40,11 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn authenticate(State(replica): State<Arc<Replica>>, mut req: Request, next: Next) -> Response {
+async fn authenticate(
+    State(replica): State<Arc<Replica>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let presented = req
         .headers()
         .get(http::header::AUTHORIZATION)
@@ -55,7 +59,10 @@ async fn authenticate(State(replica): State<Arc<Replica>>, mut req: Request, nex
     let identity = forward::take_identity(req.headers_mut());
     if req.uri().path() != EVENTS_PATH {
         let Some(identity) = identity else {
-            return plain(StatusCode::BAD_REQUEST, "forwarded request without an identity");
+            return plain(
+                StatusCode::BAD_REQUEST,
+                "forwarded request without an identity",
+            );
         };
         req.extensions_mut().insert(ForwardedIdentity(identity));
     }
@@ -79,12 +86,14 @@ async fn events(State(replica): State<Arc<Replica>>) -> Response {
     }
     let epoch = replica.fence.epoch();
     let me = replica.clone();
-    let body = super::stream::leader_stream(store, move || me.is_leader() && me.fence.epoch() == epoch);
+    let body =
+        super::stream::leader_stream(store, move || me.is_leader() && me.fence.epoch() == epoch);
     let mut r = Response::new(Body::from_stream(body));
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/x-kshard-events"),
     );
-    r.extensions_mut().insert(crate::api::response::NoCompression);
+    r.extensions_mut()
+        .insert(crate::api::response::NoCompression);
     r
 }

@@ -49,7 +49,9 @@ fn corrupt(e: impl std::fmt::Display) -> StorageError {
     StorageError::Corrupt(format!("leader lease: {e}"))
 }
 
-pub fn read_lease(txn: &dyn crate::storage::engine::ReadTxn) -> Result<Option<Lease>, StorageError> {
+pub fn read_lease(
+    txn: &dyn crate::storage::engine::ReadTxn,
+) -> Result<Option<Lease>, StorageError> {
     txn.get(LEASE_KEY)?
         .map(|v| serde_json::from_slice(&v).map_err(corrupt))
         .transpose()
@@ -81,11 +83,7 @@ pub fn elect(
             // Free, expired, or ours from before a restart: a new epoch.
             other => (other.as_ref().map_or(0, |l| l.epoch) + 1, true),
         };
-        let revision = if took_over {
-            start_above_used(txn)?
-        } else {
-            0
-        };
+        let revision = if took_over { start_above_used(txn)? } else { 0 };
         let record = Lease {
             holder: me.to_string(),
             address: address.to_string(),

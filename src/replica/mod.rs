@@ -96,7 +96,10 @@ pub enum Routed {
 impl Replica {
     /// Prepares a replica on `engine` (loading or creating the shared
     /// secret); open the store with [`Replica::fence`], then [`Replica::start`].
-    pub async fn new(cfg: ReplicaConfig, engine: Arc<dyn Engine>) -> Result<Arc<Self>, ReplicaError> {
+    pub async fn new(
+        cfg: ReplicaConfig,
+        engine: Arc<dyn Engine>,
+    ) -> Result<Arc<Self>, ReplicaError> {
         let e = engine.clone();
         let secret = tokio::task::spawn_blocking(move || {
             // Replicas starting together race to create it: the loser reads it.
@@ -325,7 +328,10 @@ impl Replica {
             internal::EVENTS_PATH,
             store.revision()
         ))
-        .header(http::header::AUTHORIZATION, format!("Bearer {}", self.secret))
+        .header(
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", self.secret),
+        )
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .map_err(|e| e.to_string())?;
         let resp = tokio::time::timeout(stream::SILENCE, self.client.request(req))
@@ -425,8 +431,8 @@ impl Replica {
                     "no leader replica is available for writes",
                 ));
             }
-            let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), changes.changed())
-                .await;
+            let _ =
+                tokio::time::timeout(left.min(Duration::from_millis(200)), changes.changed()).await;
         }
     }
 }

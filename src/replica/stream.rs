@@ -96,7 +96,8 @@ impl Decoder {
                 compacted: header.c.unwrap_or(0),
             }));
         }
-        let (Some(t), Some(key), Some(revision), Some(n)) = (header.t, header.k, header.r, header.n)
+        let (Some(t), Some(key), Some(revision), Some(n)) =
+            (header.t, header.k, header.r, header.n)
         else {
             return Err(StreamError::Frame("event header incomplete".into()));
         };
@@ -194,7 +195,10 @@ mod tests {
         assert_eq!(frames.len(), 2);
         match &frames[0] {
             Frame::Event(got) => {
-                assert_eq!((got.kind, got.key.as_str(), got.revision), (e.kind, "g/r/ns/a", 7));
+                assert_eq!(
+                    (got.kind, got.key.as_str(), got.revision),
+                    (e.kind, "g/r/ns/a", 7)
+                );
                 assert_eq!(got.json, json);
             }
             other => panic!("{other:?}"),

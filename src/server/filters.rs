@@ -190,7 +190,11 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
         }
     };
     let info = request_info(&req, &identity);
-    if let Some(replica) = f.replica.as_ref().filter(|_| crate::replica::is_write(info.verb)) {
+    if let Some(replica) = f
+        .replica
+        .as_ref()
+        .filter(|_| crate::replica::is_write(info.verb))
+    {
         if forwarded.is_some() {
             // Forwarded once is enough: a replica that no longer leads says so.
             if !replica.is_leader() {

@@ -121,8 +121,7 @@ impl Writer {
                 Ok(()) => self.try_group(&ops, &mut outcomes),
                 Err(e) => Ok(Err(e)),
             };
-        } else if self.fence.is_some() && matches!(result, Ok(Err(StorageError::Conflict { .. })))
-        {
+        } else if self.fence.is_some() && matches!(result, Ok(Err(StorageError::Conflict { .. }))) {
             // The whole transaction met another writer (a replica taking over
             // rewrites the counter): nothing was written; one more attempt
             // sees the new counter and the new lease, and fails cleanly.
