@@ -104,48 +104,25 @@ struct Acked {
     rv: u64,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_replicas_identical_watches_and_leader_kill_9() {
-    let double = tikv_double::TikvDouble::start().expect("double");
-    let pd = double.pd_endpoint();
-    let dir = tempfile::tempdir().expect("tmp");
-
-    // The first replica starts alone and so leads; the others follow it.
-    let mut replicas = vec![spawn_replica(dir.path(), "r0", &pd, "t1")];
-    replicas.push(spawn_replica(dir.path(), "r1", &pd, "t1"));
-    replicas.push(spawn_replica(dir.path(), "r2", &pd, "t1"));
-    let mut apis = Vec::new();
-    for r in &replicas {
-        let client = r.client().await;
-        wait_ready(&client, Duration::from_secs(30)).await;
-        apis.push(widgets(client));
-    }
-
-    // A watch on every replica, each from the revision its own list reports.
-    let stop = Arc::new(AtomicBool::new(false));
-    let watched: Vec<Arc<Mutex<Watched>>> = (0..3).map(|_| Arc::default()).collect();
-    let mut watchers = Vec::new();
-    for (api, out) in apis.iter().zip(&watched) {
-        let list = api.list(&ListParams::default()).await.expect("list");
-        assert!(list.items.is_empty());
-        let from = list.metadata.resource_version.unwrap_or_default();
-        watchers.push(watch(api.clone(), from, out.clone(), stop.clone()));
-    }
-
-    // Writers: create then update, each request to the next replica in turn.
-    let alive: Arc<Vec<AtomicBool>> = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect());
-    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
-    let writing = Arc::new(AtomicBool::new(true));
+/// `n` writers: create then update, each request to the next live replica.
+fn start_writers(
+    apis: &[Api<DynamicObject>],
+    alive: &Arc<Vec<AtomicBool>>,
+    acked: &Arc<Mutex<Vec<Acked>>>,
+    writing: &Arc<AtomicBool>,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut writers = Vec::new();
-    for w in 0..6usize {
+    for w in 0..n {
         let (apis, alive, acked, writing) =
-            (apis.clone(), alive.clone(), acked.clone(), writing.clone());
+            (apis.to_vec(), alive.clone(), acked.clone(), writing.clone());
         writers.push(tokio::spawn(async move {
+            let count = apis.len();
             let mut turn = w;
             let mut next_api = || loop {
                 turn += 1;
-                if alive[turn % 3].load(Ordering::Acquire) {
-                    return apis[turn % 3].clone();
+                if alive[turn % count].load(Ordering::Acquire) {
+                    return apis[turn % count].clone();
                 }
             };
             let mut i = 0;
@@ -178,110 +155,58 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
             }
         }));
     }
+    writers
+}
 
-    let wait_acked = |n: usize, within: Duration| {
-        let acked = acked.clone();
-        async move {
-            let deadline = Instant::now() + within;
-            while acked.lock().expect("lock").len() < n {
-                assert!(
-                    Instant::now() < deadline,
-                    "only {} writes acknowledged",
-                    acked.lock().expect("lock").len()
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
-    wait_acked(150, Duration::from_secs(60)).await;
-
-    // kill -9 the leader while writes are in flight.
-    alive[0].store(false, Ordering::Release);
-    replicas[0].kill();
-    let before_kill = acked.lock().expect("lock").len();
-    wait_acked(before_kill + 150, Duration::from_secs(60)).await;
-    writing.store(false, Ordering::Release);
-    for w in writers {
-        w.await.expect("writer");
+async fn wait_acked(acked: &Mutex<Vec<Acked>>, n: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    while acked.lock().expect("lock").len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {} writes acknowledged",
+            acked.lock().expect("lock").len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
 
-    // A last write through one survivor, then a consistent list on the other
-    // must show it (a follower's consistent read waits for the leader's watermark).
-    let last: DynamicObject = serde_json::from_value(common::widget("sentinel", 1)).expect("obj");
-    let last = apis[1]
-        .create(&PostParams::default(), &last)
-        .await
-        .expect("write after takeover");
-    let listed = apis[2].list(&ListParams::default()).await.expect("list");
-    assert!(
-        listed
-            .items
-            .iter()
-            .any(|o| o.metadata.name.as_deref() == Some("sentinel")),
-        "consistent list on a follower misses a write acknowledged before it"
-    );
-    let final_rv = rv_of(&last);
+/// Waits until every watch in `watched` has delivered revision `rev`.
+async fn wait_watched(watched: &[Arc<Mutex<Watched>>], rev: u64) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    for out in &watched[1..] {
+    for out in watched {
         while out
             .lock()
             .expect("lock")
             .events
             .last()
-            .is_none_or(|e| e.2 < final_rv)
+            .is_none_or(|e| e.2 < rev)
         {
-            assert!(
-                Instant::now() < deadline,
-                "a watch never reached {final_rv}"
-            );
+            assert!(Instant::now() < deadline, "a watch never reached {rev}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    stop.store(true, Ordering::Release);
-    for w in watchers {
-        w.abort();
-    }
+}
 
-    let acked = acked.lock().expect("lock").clone();
-    let sequences: Vec<Vec<Seen>> = watched
-        .iter()
-        .map(|w| w.lock().expect("lock").events.clone())
-        .collect();
-
-    // No revision used twice: acknowledged revisions are distinct, and every
-    // watch delivers strictly increasing revisions.
+/// No revision used twice; every acknowledged write in `reference` exactly
+/// once, at its revision.
+fn check_acked(acked: &[Acked], sequences: &[Vec<Seen>], reference: &[Seen]) {
     let mut revs = HashSet::new();
-    for a in &acked {
+    for a in acked {
         assert!(revs.insert(a.rv), "revision {} acknowledged twice", a.rv);
     }
     for (i, seq) in sequences.iter().enumerate() {
         for pair in seq.windows(2) {
             assert!(
                 pair[0].2 < pair[1].2,
-                "replica {i}: revisions out of order: {pair:?}"
+                "watch {i}: revisions out of order: {pair:?}"
             );
         }
     }
-
-    // Every survivor (that did not need to re-list) saw exactly the same
-    // sequence; the killed leader's is a prefix of it.
-    let reference = &sequences[1];
-    for (i, seq) in sequences.iter().enumerate().skip(1) {
-        if !watched[i].lock().expect("lock").relisted {
-            assert_eq!(seq, reference, "replica {i} saw a different sequence");
-        }
-    }
-    assert!(
-        reference.starts_with(&sequences[0]),
-        "the killed leader's watch is not a prefix of the survivors'"
-    );
-
-    // Every acknowledged write is in the sequence exactly once, at its revision.
     let mut at: HashMap<u64, (&str, &str)> = HashMap::new();
     for (kind, name, rv) in reference {
         at.insert(*rv, (kind.as_str(), name.as_str()));
     }
-    for a in &acked {
+    for a in acked {
         assert_eq!(
             at.get(&a.rv),
             Some(&(a.kind, a.name.as_str())),
@@ -302,6 +227,96 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
             a.name
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_identical_watches_and_leader_kill_9() {
+    let double = tikv_double::TikvDouble::start().expect("double");
+    let pd = double.pd_endpoint();
+    let dir = tempfile::tempdir().expect("tmp");
+
+    // The first replica starts alone and so leads; the others follow it.
+    let mut replicas = vec![spawn_replica(dir.path(), "r0", &pd, "t1")];
+    replicas.push(spawn_replica(dir.path(), "r1", &pd, "t1"));
+    replicas.push(spawn_replica(dir.path(), "r2", &pd, "t1"));
+    let mut apis = Vec::new();
+    for r in &replicas {
+        let client = r.client().await;
+        wait_ready(&client, Duration::from_secs(30)).await;
+        apis.push(widgets(client));
+    }
+
+    // A watch on every replica, each from the revision its own list reports.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watched: Vec<Arc<Mutex<Watched>>> = (0..3).map(|_| Arc::default()).collect();
+    let mut watchers = Vec::new();
+    for (api, out) in apis.iter().zip(&watched) {
+        let list = api.list(&ListParams::default()).await.expect("list");
+        assert!(list.items.is_empty());
+        let from = list.metadata.resource_version.unwrap_or_default();
+        watchers.push(watch(api.clone(), from, out.clone(), stop.clone()));
+    }
+
+    // Writers: create then update, each request to the next replica in turn.
+    let alive: Arc<Vec<AtomicBool>> = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect());
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let writing = Arc::new(AtomicBool::new(true));
+    let writers = start_writers(&apis, &alive, &acked, &writing, 6);
+
+    wait_acked(&acked, 150, Duration::from_secs(60)).await;
+
+    // kill -9 the leader while writes are in flight.
+    alive[0].store(false, Ordering::Release);
+    replicas[0].kill();
+    let before_kill = acked.lock().expect("lock").len();
+    wait_acked(&acked, before_kill + 150, Duration::from_secs(60)).await;
+    writing.store(false, Ordering::Release);
+    for w in writers {
+        w.await.expect("writer");
+    }
+
+    // A last write through one survivor, then a consistent list on the other
+    // must show it (a follower's consistent read waits for the leader's watermark).
+    let last: DynamicObject = serde_json::from_value(common::widget("sentinel", 1)).expect("obj");
+    let last = apis[1]
+        .create(&PostParams::default(), &last)
+        .await
+        .expect("write after takeover");
+    let listed = apis[2].list(&ListParams::default()).await.expect("list");
+    assert!(
+        listed
+            .items
+            .iter()
+            .any(|o| o.metadata.name.as_deref() == Some("sentinel")),
+        "consistent list on a follower misses a write acknowledged before it"
+    );
+    wait_watched(&watched[1..], rv_of(&last)).await;
+    stop.store(true, Ordering::Release);
+    for w in watchers {
+        w.abort();
+    }
+
+    let acked = acked.lock().expect("lock").clone();
+    let sequences: Vec<Vec<Seen>> = watched
+        .iter()
+        .map(|w| w.lock().expect("lock").events.clone())
+        .collect();
+
+    // Every survivor (that did not need to re-list) saw exactly the same
+    // sequence; the killed leader's is a prefix of it.
+    let reference = &sequences[1];
+    for (i, seq) in sequences.iter().enumerate().skip(1) {
+        if !watched[i].lock().expect("lock").relisted {
+            assert_eq!(seq, reference, "replica {i} saw a different sequence");
+        }
+    }
+    assert!(
+        reference.starts_with(&sequences[0]),
+        "the killed leader's watch is not a prefix of the survivors'"
+    );
+
+    // No revision used twice; every acknowledged write there exactly once.
+    check_acked(&acked, &sequences, reference);
 
     // Both survivors list the same objects, including every acknowledged create.
     let l1 = apis[1].list(&ListParams::default()).await.expect("list");
@@ -337,5 +352,98 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
         before_kill,
         reference.len(),
         sequences[0].len()
+    );
+}
+
+fn signal(child: &std::process::Child, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {sig}");
+}
+
+/// A leader that stops (SIGSTOP) for longer than its lease, with writes in
+/// flight, comes back deposed: another replica took over under a new epoch,
+/// the old leader's pending writes are fenced (no revision used twice, every
+/// acknowledged write once), and it rejoins as a follower with the same
+/// watch stream as the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
+    let double = tikv_double::TikvDouble::start().expect("double");
+    let pd = double.pd_endpoint();
+    let dir = tempfile::tempdir().expect("tmp");
+    let replicas = [
+        spawn_replica(dir.path(), "p0", &pd, "t2"),
+        spawn_replica(dir.path(), "p1", &pd, "t2"),
+    ];
+    let mut apis = Vec::new();
+    for r in &replicas {
+        let client = r.client().await;
+        wait_ready(&client, Duration::from_secs(30)).await;
+        apis.push(widgets(client));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let watched: Vec<Arc<Mutex<Watched>>> = (0..2).map(|_| Arc::default()).collect();
+    let mut watchers = Vec::new();
+    for (api, out) in apis.iter().zip(&watched) {
+        let list = api.list(&ListParams::default()).await.expect("list");
+        let from = list.metadata.resource_version.unwrap_or_default();
+        watchers.push(watch(api.clone(), from, out.clone(), stop.clone()));
+    }
+    let alive: Arc<Vec<AtomicBool>> = Arc::new((0..2).map(|_| AtomicBool::new(true)).collect());
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let writing = Arc::new(AtomicBool::new(true));
+    let writers = start_writers(&apis, &alive, &acked, &writing, 6);
+    wait_acked(&acked, 60, Duration::from_secs(60)).await;
+
+    // Freeze the leader mid-load for twice its lease; the follower takes over.
+    signal(&replicas[0].child, "-STOP");
+    let paused = acked.lock().expect("lock").len();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    signal(&replicas[0].child, "-CONT");
+    wait_acked(&acked, paused + 100, Duration::from_secs(60)).await;
+    writing.store(false, Ordering::Release);
+    for w in writers {
+        w.await.expect("writer");
+    }
+
+    // Written through the old leader (now forwarding), seen by both watches.
+    let last: DynamicObject = serde_json::from_value(common::widget("sentinel", 1)).expect("obj");
+    let last = apis[0]
+        .create(&PostParams::default(), &last)
+        .await
+        .expect("write through the deposed leader");
+    wait_watched(&watched, rv_of(&last)).await;
+    stop.store(true, Ordering::Release);
+    for w in watchers {
+        w.abort();
+    }
+
+    let acked = acked.lock().expect("lock").clone();
+    let sequences: Vec<Vec<Seen>> = watched
+        .iter()
+        .map(|w| w.lock().expect("lock").events.clone())
+        .collect();
+    if !watched[0].lock().expect("lock").relisted {
+        assert_eq!(
+            sequences[0], sequences[1],
+            "the two replicas' watches differ"
+        );
+    }
+    check_acked(&acked, &sequences, &sequences[1]);
+    let log = |id: &str| {
+        std::fs::read_to_string(dir.path().join(format!("{id}.log"))).unwrap_or_default()
+    };
+    assert!(log("p1").contains("took over the leader lease"));
+    let old = log("p0");
+    assert!(
+        old.contains("lost the leader lease") || old.contains("stepping down"),
+        "the paused leader never noticed it was deposed"
+    );
+    eprintln!(
+        "{} writes acknowledged ({paused} before the pause), {} events in each watch",
+        acked.len(),
+        sequences[1].len()
     );
 }
