@@ -42,6 +42,10 @@ use super::StorageError;
 const SCAN_BATCH: u32 = 512;
 /// How long to wait for an undetermined commit to become readable.
 const VERIFY_FOR: Duration = Duration::from_secs(30);
+/// How long to keep retrying a timestamp request: tikv-client reconnects to
+/// PD at most once a second, so a lost PD connection fails TSO requests for
+/// up to a second. Fetching a timestamp has no side effect, so retrying is safe.
+const TSO_RETRY_FOR: Duration = Duration::from_secs(5);
 /// Timeout of each request to PD / TiKV.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -120,7 +124,9 @@ fn conflict() -> StorageError {
 }
 
 struct Shared {
-    runtime: tokio::runtime::Runtime,
+    /// Owned only to be shut down in `Drop`; work is spawned through `handle`.
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
     client: TransactionClient,
     prefix: Vec<u8>,
     /// The GC safe point this engine has set (TSO version; 0 = none).
@@ -137,11 +143,35 @@ impl Shared {
         F: Future<Output = T> + Send + 'static,
     {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn(async move {
+        self.handle.spawn(async move {
             let _ = tx.send(fut.await);
         });
         rx.recv()
             .map_err(|_| StorageError::Engine("tikv runtime stopped".into()))
+    }
+
+    /// Runs a side-effect-free client call that needs a fresh timestamp,
+    /// retrying while PD is unreachable.
+    fn with_timestamp<T, F, Fut>(self: &Arc<Self>, call: F) -> Result<T, StorageError>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<Shared>) -> Fut + Send + 'static,
+        Fut: Future<Output = tikv_client::Result<T>> + Send,
+    {
+        let s = self.clone();
+        self.run(async move {
+            let deadline = tokio::time::Instant::now() + TSO_RETRY_FOR;
+            loop {
+                match call(s.clone()).await {
+                    Ok(v) => return Ok(v),
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        tracing::debug!(error = %e, "timestamp request failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => return Err(engine_err(e)),
+                }
+            }
+        })?
     }
 
     fn key(&self, key: &[u8]) -> Key {
@@ -202,6 +232,16 @@ impl Shared {
             }
             from = last;
             from.push(0);
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The last reference may go away inside an async context (even on this
+        // runtime's own workers), where a blocking shutdown would panic.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
         }
     }
 }
@@ -277,7 +317,8 @@ impl Tikv {
         tracing::info!(pd = ?url.pd_endpoints, shard = %url.shard, "connected to TiKV");
         Ok(Self {
             shared: Arc::new(Shared {
-                runtime,
+                handle: runtime.handle().clone(),
+                runtime: Some(runtime),
                 client,
                 prefix: url.key_prefix(),
                 safepoint: AtomicU64::new(0),
@@ -300,11 +341,7 @@ impl Tikv {
     /// shards sharing a cluster should compact on similar schedules.
     pub fn advance_gc_safepoint(&self) -> Result<u64, StorageError> {
         let s = self.shared.clone();
-        let now = s.run({
-            let s = s.clone();
-            async move { s.client.current_timestamp().await }
-        })?;
-        let now = now.map_err(engine_err)?;
+        let now = s.with_timestamp(|s| async move { s.client.current_timestamp().await })?;
         let previous = {
             let mut next = s.next_safepoint.lock().unwrap_or_else(|e| e.into_inner());
             next.replace(now)
@@ -398,12 +435,7 @@ impl WriteTxn for Writer {
 impl Engine for Tikv {
     fn read(&self) -> Result<Box<dyn ReadTxn + '_>, StorageError> {
         let s = self.shared.clone();
-        let ts = s
-            .run({
-                let s = s.clone();
-                async move { s.client.current_timestamp().await }
-            })?
-            .map_err(engine_err)?;
+        let ts = s.with_timestamp(|s| async move { s.client.current_timestamp().await })?;
         let version = ts.version();
         s.check_safepoint(version)?;
         let snapshot = s.client.snapshot(ts, Shared::options().read_only());
@@ -416,12 +448,10 @@ impl Engine for Tikv {
 
     fn write(&self, f: &mut WriteFn<'_>) -> Result<(), StorageError> {
         let s = self.shared.clone();
-        let txn = s
-            .run({
-                let s = s.clone();
-                async move { s.client.begin_with_options(Shared::options()).await }
-            })?
-            .map_err(engine_err)?;
+        let txn =
+            s.with_timestamp(
+                |s| async move { s.client.begin_with_options(Shared::options()).await },
+            )?;
         let txn = Arc::new(tokio::sync::Mutex::new(txn));
         let mut writer = Writer {
             shared: s.clone(),

@@ -15,6 +15,10 @@
 //! Compiled only with the `server` feature (which kshard's `tikv` feature
 //! turns on for its tests); without it this crate is empty.
 
+// Errors here are the generated kvproto/tonic messages that go on the wire as
+// they are; boxing them would only add conversions.
+#![allow(clippy::result_large_err)]
+
 #[cfg(feature = "server")]
 pub mod proto {
     //! Server code generated from the vendored kvproto files (see `build.rs`).
@@ -130,6 +134,13 @@ mod double {
             } else {
                 f.delay.insert(method.to_string(), delay);
             }
+        }
+
+        /// Removes every pending drop and delay.
+        pub fn clear_faults(&self) {
+            let mut f = self.faults();
+            f.drop_next.clear();
+            f.delay.clear();
         }
 
         /// Responses still to be dropped for `method`.

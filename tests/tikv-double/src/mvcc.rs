@@ -471,7 +471,7 @@ impl Mvcc {
             let Some(state) = self.keys.get_mut(&key) else {
                 continue;
             };
-            if !state.lock.as_ref().is_some_and(|l| l.start_ts == start_ts) {
+            if state.lock.as_ref().is_none_or(|l| l.start_ts != start_ts) {
                 continue;
             }
             if commit_ts > 0 {
