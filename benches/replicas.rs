@@ -7,14 +7,13 @@
 //! `target/bench/replicas.{json,svg}`.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::replicas::{spawn_replica, wait_ready};
+use common::replicas::{shared_store, spawn_replica, wait_ready};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::json;
 
@@ -112,22 +111,23 @@ async fn run() {
     let clients = env_usize("KSHARD_BENCH_CLIENTS", 32);
     let secs = env_usize("KSHARD_BENCH_SECONDS", 10) as u64;
     let duration = Duration::from_secs(secs);
-    let double = tikv_double::TikvDouble::start().expect("double");
-    let pd = double.pd_endpoint();
     let dir = tempfile::tempdir().expect("tmp");
 
-    // One replica alone on its own shard.
-    let solo = spawn_replica(dir.path(), "solo", &pd, "bench1");
+    // One replica alone on its own double.
+    let (double, pd, shard) = shared_store();
+    let solo = spawn_replica(dir.path(), "solo", &pd, &shard);
     let solo_api = widgets(solo.client().await);
     wait_ready(&solo_api.clone().into_client(), Duration::from_secs(30)).await;
     eprintln!("one replica: {clients} clients for {secs} s...");
     let one = creates_per_sec(&[solo_api], clients, duration, "one").await;
     drop(solo);
+    drop(double);
 
-    // Three replicas of another shard; clients spread over all of them.
+    // Three replicas of one shard on a fresh double; clients spread over them.
+    let (_double, pd, shard) = shared_store();
     let mut three = Vec::new();
     for id in ["a", "b", "c"] {
-        three.push(spawn_replica(dir.path(), id, &pd, "bench3"));
+        three.push(spawn_replica(dir.path(), id, &pd, &shard));
     }
     let mut apis = Vec::new();
     for r in &three {

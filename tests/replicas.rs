@@ -1,6 +1,7 @@
 //! Three `kshard serve` processes as replicas of one shard on the TiKV test
-//! double (the double is not TiKV): writes sent round-robin to all of them,
-//! identical watch streams everywhere, and `kill -9` of the leader mid-load.
+//! double (the double is not TiKV; `KSHARD_TEST_PD=host:port` runs them on a
+//! real cluster): writes sent round-robin to all of them, identical watch
+//! streams everywhere, and `kill -9` of the leader mid-load.
 #![cfg(feature = "tikv")]
 
 mod common;
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::replicas::{spawn_replica, wait_ready};
+use common::replicas::{shared_store, spawn_replica, wait_ready};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams, WatchEvent,
@@ -231,14 +232,13 @@ fn check_acked(acked: &[Acked], sequences: &[Vec<Seen>], reference: &[Seen]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_replicas_identical_watches_and_leader_kill_9() {
-    let double = tikv_double::TikvDouble::start().expect("double");
-    let pd = double.pd_endpoint();
+    let (_double, pd, shard) = shared_store();
     let dir = tempfile::tempdir().expect("tmp");
 
     // The first replica starts alone and so leads; the others follow it.
-    let mut replicas = vec![spawn_replica(dir.path(), "r0", &pd, "t1")];
-    replicas.push(spawn_replica(dir.path(), "r1", &pd, "t1"));
-    replicas.push(spawn_replica(dir.path(), "r2", &pd, "t1"));
+    let mut replicas = vec![spawn_replica(dir.path(), "r0", &pd, &shard)];
+    replicas.push(spawn_replica(dir.path(), "r1", &pd, &shard));
+    replicas.push(spawn_replica(dir.path(), "r2", &pd, &shard));
     let mut apis = Vec::new();
     for r in &replicas {
         let client = r.client().await;
@@ -370,12 +370,11 @@ fn signal(child: &std::process::Child, sig: &str) {
 /// watch stream as the new leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
-    let double = tikv_double::TikvDouble::start().expect("double");
-    let pd = double.pd_endpoint();
+    let (_double, pd, shard) = shared_store();
     let dir = tempfile::tempdir().expect("tmp");
     let replicas = [
-        spawn_replica(dir.path(), "p0", &pd, "t2"),
-        spawn_replica(dir.path(), "p1", &pd, "t2"),
+        spawn_replica(dir.path(), "p0", &pd, &shard),
+        spawn_replica(dir.path(), "p1", &pd, &shard),
     ];
     let mut apis = Vec::new();
     for r in &replicas {

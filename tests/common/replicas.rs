@@ -100,3 +100,24 @@ pub async fn wait_ready(client: &kube::Client, within: Duration) {
         }
     }
 }
+
+/// The store the replicas share: the TiKV test double, its regions split
+/// inside the shard (the lease and counter, the event log and the versions
+/// in different regions), or a real cluster when `KSHARD_TEST_PD` is set.
+/// Returns the double (keep it alive), the PD endpoint and a fresh shard prefix.
+#[cfg(feature = "tikv")]
+pub fn shared_store() -> (Option<tikv_double::TikvDouble>, String, String) {
+    let shard = format!("r{}", uuid::Uuid::new_v4().simple());
+    if let Ok(pd) = std::env::var("KSHARD_TEST_PD") {
+        if !pd.trim().is_empty() {
+            return (None, pd, shard);
+        }
+    }
+    let splits = ["l/", "m/", "v/"]
+        .iter()
+        .map(|s| format!("kshard/{shard}/{s}").into_bytes())
+        .collect();
+    let double = tikv_double::TikvDouble::start_with_splits(splits).expect("double");
+    let pd = double.pd_endpoint();
+    (Some(double), pd, shard)
+}
