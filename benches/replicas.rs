@@ -140,13 +140,17 @@ async fn run() {
     let leader_only = creates_per_sec(&apis[..1], clients, duration, "leader").await;
     drop(three);
 
-    let lines = vec![
-        "kshard replicas on the TiKV TEST DOUBLE (in-memory; not TiKV)".to_string(),
-        format!("{clients} clients, {secs} s each, 2-core machine shared by all processes"),
-        format!("1 replica:                     {one:.0} creates/s"),
-        format!("3 replicas, round-robin:       {spread:.0} creates/s"),
-        format!("3 replicas, all to the leader: {leader_only:.0} creates/s"),
-    ];
+    let lines =
+        vec![
+            "kshard replicas on the TiKV TEST DOUBLE (in-memory; not TiKV)".to_string(),
+            format!(
+            "{clients} clients, {secs} s each, {} build, 2-core machine shared by all processes",
+            if cfg!(debug_assertions) { "debug" } else { "release" }
+        ),
+            format!("1 replica:                     {one:.0} creates/s"),
+            format!("3 replicas, round-robin:       {spread:.0} creates/s"),
+            format!("3 replicas, all to the leader: {leader_only:.0} creates/s"),
+        ];
     for l in &lines {
         println!("{l}");
     }
@@ -154,6 +158,7 @@ async fn run() {
     std::fs::create_dir_all(&out).expect("mkdir");
     let summary = json!({
         "store": "tikv-double (in-process test double, not TiKV)",
+        "build": if cfg!(debug_assertions) { "debug" } else { "release" },
         "clients": clients, "seconds": secs,
         "one_replica_creates_per_sec": one,
         "three_replicas_round_robin_creates_per_sec": spread,
