@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs kshard's storage conformance suite against a real TiKV cluster (TiUP
+# Runs kshard's storage conformance suite and the multi-replica test against a real TiKV cluster (TiUP
 # playground, PD + TiKV, no TiDB) instead of the in-process test double.
 # Needs internet access (installs TiUP and downloads TiKV/PD).
 set -euo pipefail
@@ -30,4 +30,4 @@ curl -sf http://127.0.0.1:2379/pd/api/v1/stores | grep -q '"state_name": *"Up"' 
 
 # Each test uses its own random shard prefix, so runs do not interfere.
 KSHARD_TEST_PD=127.0.0.1:2379 cargo nextest run --locked --no-fail-fast --features tikv \
-  --test storage_conformance
+  --test storage_conformance --test replicas

@@ -10,6 +10,7 @@ pub mod flowcontrol;
 pub mod host;
 pub mod manifests;
 pub mod registry;
+pub mod replica;
 pub mod server;
 pub mod status;
 pub mod storage;

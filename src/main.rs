@@ -111,6 +111,21 @@ struct ServeArgs {
     /// Private key of --tls-cert-file (PEM).
     #[arg(long, requires = "tls_cert_file")]
     tls_private_key_file: Option<PathBuf>,
+    /// This replica's name among the replicas of a shard on a shared store
+    /// (unique; default: host name and process id).
+    #[arg(long)]
+    replica_id: Option<String>,
+    /// `host:port` where the other replicas reach this one's internal
+    /// endpoint (default: --internal-listen, or the host name and its port).
+    #[arg(long)]
+    advertise_address: Option<String>,
+    /// Internal endpoint for the other replicas (plain HTTP/2 with a shared
+    /// secret; keep it on a private network). Used only with a shared store.
+    #[arg(long, default_value = "0.0.0.0:6444")]
+    internal_listen: SocketAddr,
+    /// How long the leader lease lasts unless renewed (renewed every fifth).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    lease_duration: Duration,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -174,6 +189,10 @@ fn main() -> anyhow::Result<()> {
                     authorization_allow_ttl: a.authorization_webhook_cache_authorized_ttl,
                     authorization_deny_ttl: a.authorization_webhook_cache_unauthorized_ttl,
                     in_cluster: kshard::host::in_cluster(),
+                    replica_id: a.replica_id,
+                    advertise_address: a.advertise_address,
+                    internal_listen: a.internal_listen,
+                    lease_duration: a.lease_duration,
                     ..Default::default()
                 };
                 let running = kshard::server::start(cfg)

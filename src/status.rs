@@ -319,6 +319,13 @@ impl ApiError {
             ..Default::default()
         })
     }
+    /// 503 with `Retry-After: 1`: the request was not carried out; try again.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message).with_details(Details {
+            retry_after_seconds: 1,
+            ..Default::default()
+        })
+    }
     pub fn internal(message: impl std::fmt::Display) -> Self {
         let message = message.to_string();
         Self::new(

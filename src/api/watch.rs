@@ -84,8 +84,13 @@ pub async fn serve(
     let subscribe = |start: Start| reg.cache.watch(&resource, start, filter.clone());
     let sub = match start {
         WatchStart::InitialConsistent => {
+            let rev = reg
+                .store
+                .read_revision()
+                .await
+                .map_err(crate::registry::storage_error)?;
             reg.cache
-                .wait_for(reg.store.revision(), WAIT_FOR_REVISION)
+                .wait_for(rev, WAIT_FOR_REVISION)
                 .await
                 .map_err(too_large)?;
             subscribe(Start::InitialState)

@@ -249,6 +249,11 @@ fn target_of(registry: &Registry, node: &Node) -> Option<(Target, String)> {
 }
 
 async fn execute(registry: &Registry, graph: &Graph, action: Action) {
+    // With several replicas only the leader collects (every replica sees the
+    // same events; a follower's writes would be refused anyway).
+    if registry.store.is_follower() {
+        return;
+    }
     let result = match &action {
         Action::Delete { uid } => {
             let Some((t, name)) = graph.nodes.get(uid).and_then(|n| target_of(registry, n)) else {

@@ -207,7 +207,11 @@ pub fn convert_value(value: &Value, api_version: &str) -> Value {
 
 /// Maps storage failures that are not the caller's fault.
 pub(crate) fn storage_error(e: StorageError) -> ApiError {
-    ApiError::internal(e)
+    match e {
+        // A replica that lost the lease wrote nothing: the client may retry.
+        StorageError::NotLeader(_) => ApiError::unavailable(e.to_string()),
+        e => ApiError::internal(e),
+    }
 }
 
 pub fn now_rfc3339() -> String {

@@ -108,7 +108,7 @@ impl Registry {
     ) -> Result<ListResult, ApiError> {
         match at {
             ReadAt::Consistent => {
-                let rev = self.store.revision();
+                let rev = self.store.read_revision().await.map_err(storage_error)?;
                 match self.cache.wait_for(rev, WAIT_FOR_REVISION).await {
                     Ok(()) => Ok(self.list_cached(t, sel, limit)),
                     // A lagging cache must not make a consistent read fail: read the store.
@@ -137,7 +137,7 @@ impl Registry {
             ReadAt::Continue(token) => {
                 let after = Some(format!("{}/{}", t.rt.id(), token.after()));
                 let rev = if token.rv < 0 {
-                    self.store.revision()
+                    self.store.read_revision().await.map_err(storage_error)?
                 } else {
                     token.rv as Revision
                 };

@@ -22,6 +22,8 @@ pub struct Filters {
     pub registry: Arc<Registry>,
     pub auth: crate::auth::Authenticator,
     pub authz: crate::authz::Authorizer,
+    /// Several replicas: writes go to the leader.
+    pub replica: Option<Arc<crate::replica::Replica>>,
 }
 
 /// The authorizer's view of a request.
@@ -156,29 +158,58 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
         .extensions()
         .get::<crate::auth::PeerCertificates>()
         .cloned();
-    let identity = match f
-        .auth
-        .authenticate(req.headers_mut(), peer.as_ref(), &path)
-        .await
-    {
-        Ok(id) => id,
-        Err(_) => {
-            let mut e = crate::status::ApiError::forbidden("Unauthorized");
-            e.code = 401;
-            e.reason = "Unauthorized";
-            return status_response(&e);
-        }
-    };
-    let identity = if f.auth.is_dev() {
-        identity
+    // Only the internal endpoint sets this, after checking the replicas' secret.
+    let forwarded = req
+        .extensions_mut()
+        .remove::<crate::replica::forward::ForwardedIdentity>();
+    let identity = if let Some(fwd) = &forwarded {
+        fwd.0.clone()
     } else {
-        match crate::authz::impersonation::impersonate(&f.authz, identity, req.headers_mut()).await
+        let identity = match f
+            .auth
+            .authenticate(req.headers_mut(), peer.as_ref(), &path)
+            .await
         {
             Ok(id) => id,
-            Err(e) => return status_response(&e),
+            Err(_) => {
+                let mut e = crate::status::ApiError::forbidden("Unauthorized");
+                e.code = 401;
+                e.reason = "Unauthorized";
+                return status_response(&e);
+            }
+        };
+        if f.auth.is_dev() {
+            identity
+        } else {
+            match crate::authz::impersonation::impersonate(&f.authz, identity, req.headers_mut())
+                .await
+            {
+                Ok(id) => id,
+                Err(e) => return status_response(&e),
+            }
         }
     };
     let info = request_info(&req, &identity);
+    if let Some(replica) = f
+        .replica
+        .as_ref()
+        .filter(|_| crate::replica::is_write(info.verb))
+    {
+        if forwarded.is_some() {
+            // Forwarded once is enough: a replica that no longer leads says so.
+            if !replica.is_leader() {
+                return crate::replica::internal::not_leader();
+            }
+        } else {
+            match replica.route(req, &identity).await {
+                crate::replica::Routed::Remote(resp) => {
+                    record_request(&info.labels, resp.status().as_u16(), start.elapsed());
+                    return resp;
+                }
+                crate::replica::Routed::Local(r) => req = r,
+            }
+        }
+    }
     req.extensions_mut().insert(identity.clone());
     let inputs = estimate(&f.registry, &info);
     // A client that goes away drops this future, which withdraws a queued request.

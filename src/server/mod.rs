@@ -104,6 +104,14 @@ pub struct ServeConfig {
     /// Running in a pod: the host is reached with the in-cluster configuration
     /// and authentication is delegated even without flags.
     pub in_cluster: bool,
+    /// Several replicas (a shared store only): `--replica-id` (default: host
+    /// name and process id), `--advertise-address` (default: the internal
+    /// listener's address, or the host name and its port), `--internal-listen`
+    /// and the leader lease's duration.
+    pub replica_id: Option<String>,
+    pub advertise_address: Option<String>,
+    pub internal_listen: SocketAddr,
+    pub lease_duration: Duration,
 }
 
 impl ServeConfig {
@@ -164,6 +172,10 @@ impl Default for ServeConfig {
             authorization_allow_ttl: crate::authz::DEFAULT_ALLOW_TTL,
             authorization_deny_ttl: crate::authz::DEFAULT_DENY_TTL,
             in_cluster: false,
+            replica_id: None,
+            advertise_address: None,
+            internal_listen: SocketAddr::from(([0, 0, 0, 0], 6444)),
+            lease_duration: Duration::from_secs(10),
         }
     }
 }
@@ -218,7 +230,18 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
 
     let engine =
         crate::storage::open_engine(cfg.store.as_deref(), &cfg.data_dir.join("store.redb"))?;
-    let store = Store::open(engine)?;
+    // The embedded store belongs to this process alone: no lease, no peers.
+    let shared_store = cfg
+        .store
+        .as_deref()
+        .is_some_and(|s| !matches!(s, "" | "embedded"));
+    let (replica, internal_listener) = if shared_store {
+        let (r, l) = start_replica(&cfg, engine.clone()).await?;
+        (Some(r), Some(l))
+    } else {
+        (None, None)
+    };
+    let store = Store::open_fenced(engine, replica.as_ref().map(|r| r.fence()))?;
     let defaults_catalog = catalog.clone();
     let on_load: crate::watch::OnLoad =
         Arc::new(move |resource: &str, obj: &mut serde_json::Value| {
@@ -234,6 +257,11 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // Listening starts after the store is open and the watch caches loaded.
     readiness.add("storage", || true);
     readiness.add("watch-cache-sync", || true);
+    if let Some(r) = &replica {
+        tasks.extend(r.start(store.clone()).await);
+        let r = r.clone();
+        readiness.add("replica-caught-up", move || r.caught_up());
+    }
     let state = Arc::new(ApiState {
         registry: registry.clone(),
         readiness: readiness.clone(),
@@ -255,7 +283,12 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         registry.clone(),
         auth.clone(),
         delegation.authz,
+        replica.clone(),
     );
+    if let (Some(r), Some(l)) = (&replica, internal_listener) {
+        let internal = crate::replica::internal::router(r.clone(), app.clone());
+        tasks.push(tokio::spawn(serve_plain(l, internal)));
+    }
 
     let listener = TcpListener::bind(cfg.listen)
         .await
@@ -325,6 +358,45 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         readiness,
         tasks,
     })
+}
+
+/// Prepares this process as one replica of the shard on a shared store, and
+/// binds its internal endpoint.
+async fn start_replica(
+    cfg: &ServeConfig,
+    engine: Arc<dyn crate::storage::Engine>,
+) -> Result<(Arc<crate::replica::Replica>, TcpListener), ServerError> {
+    let listener = TcpListener::bind(cfg.internal_listen)
+        .await
+        .map_err(io(format!("listening on {}", cfg.internal_listen)))?;
+    let bound = listener.local_addr().map_err(io("local address"))?;
+    let advertise_address = match &cfg.advertise_address {
+        Some(a) => a.clone(),
+        None if bound.ip().is_unspecified() => {
+            let host = crate::replica::default_replica_id();
+            let host = host.rsplit_once('-').map_or(host.as_str(), |(h, _)| h);
+            format!("{host}:{}", bound.port())
+        }
+        None => bound.to_string(),
+    };
+    let rcfg = crate::replica::ReplicaConfig {
+        replica_id: cfg
+            .replica_id
+            .clone()
+            .unwrap_or_else(crate::replica::default_replica_id),
+        advertise_address,
+        lease_duration: cfg.lease_duration,
+    };
+    tracing::info!(
+        replica = %rcfg.replica_id,
+        advertise = %rcfg.advertise_address,
+        internal = %bound,
+        "replica of a shared store"
+    );
+    let r = crate::replica::Replica::new(rcfg, engine)
+        .await
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+    Ok((r, listener))
 }
 
 /// What delegation to a host adds: the authenticator and authorizer, and the
@@ -429,6 +501,7 @@ fn app(
     registry: Arc<Registry>,
     auth: crate::auth::Authenticator,
     authz: crate::authz::Authorizer,
+    replica: Option<Arc<crate::replica::Replica>>,
 ) -> Router {
     let own = Router::new()
         .route("/metrics", get(metrics_endpoint))
@@ -450,6 +523,7 @@ fn app(
         registry,
         auth,
         authz,
+        replica,
     });
     own.merge(api::router(state))
         .layer(axum::middleware::from_fn_with_state(

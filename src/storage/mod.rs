@@ -3,13 +3,13 @@
 
 pub mod embedded;
 pub mod engine;
-mod keys;
+pub(crate) mod keys;
 #[cfg(feature = "tikv")]
 pub mod tikv;
 mod writer;
 
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +18,14 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use engine::Engine;
-use writer::{Op, Writer};
+use writer::{Msg, Op, Writer};
+
+/// Checked inside every write transaction of the store's sequencer, after the
+/// revision counter: with several replicas, that this one still holds the
+/// leader lease (see `replica`). An error aborts the transaction.
+pub trait Fence: Send + Sync + 'static {
+    fn check(&self, txn: &mut dyn engine::WriteTxn) -> Result<(), StorageError>;
+}
 
 pub type Revision = u64;
 
@@ -79,6 +86,9 @@ pub enum StorageError {
     Closed,
     #[error("object is {size} bytes, more than the {limit} bytes one write may store")]
     TooLarge { size: usize, limit: usize },
+    /// This replica does not hold the leader lease: nothing was written.
+    #[error("not the leader: {0}")]
+    NotLeader(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,14 +165,25 @@ pub struct ListPage {
 
 pub struct Store {
     engine: Arc<dyn Engine>,
-    writes: mpsc::Sender<Op>,
+    writes: mpsc::Sender<Msg>,
     revision: watch::Receiver<Revision>,
     compacted: Arc<AtomicU64>,
     subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<Batch>>>>>,
+    /// A follower replica: another process assigns revisions, so the newest
+    /// committed one is read from the store and compaction is left to it.
+    follower: AtomicBool,
 }
 
 impl Store {
     pub fn open(engine: Arc<dyn Engine>) -> Result<Arc<Self>, StorageError> {
+        Self::open_fenced(engine, None)
+    }
+
+    /// Like [`Store::open`], with `fence` checked in every write transaction.
+    pub fn open_fenced(
+        engine: Arc<dyn Engine>,
+        fence: Option<Arc<dyn Fence>>,
+    ) -> Result<Arc<Self>, StorageError> {
         let (rev, compacted) = {
             let r = engine.read()?;
             let rev = r
@@ -178,7 +199,7 @@ impl Store {
         let (rev_tx, rev_rx) = watch::channel(rev);
         let subscribers = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel(4096);
-        let writer = Writer::new(engine.clone(), rev, rev_tx, subscribers.clone());
+        let writer = Writer::new(engine.clone(), rev, rev_tx, subscribers.clone(), fence);
         std::thread::Builder::new()
             .name("kshard-writer".into())
             .spawn(move || writer.run(rx))
@@ -189,7 +210,68 @@ impl Store {
             revision: rev_rx,
             compacted: Arc::new(AtomicU64::new(compacted)),
             subscribers,
+            follower: AtomicBool::new(false),
         }))
+    }
+
+    /// Marks this store as a follower's (or, `false`, the sequencer's again).
+    pub fn set_follower(&self, follower: bool) {
+        self.follower.store(follower, Ordering::Release);
+    }
+
+    pub fn is_follower(&self) -> bool {
+        self.follower.load(Ordering::Acquire)
+    }
+
+    /// The revision a consistent read must reflect. The sequencer knows it; a
+    /// follower reads the stored counter, which the leader advances in the
+    /// same transaction as every write, so it is never behind the leader's
+    /// watermark when the request arrived.
+    pub async fn read_revision(&self) -> Result<Revision, StorageError> {
+        if !self.is_follower() {
+            return Ok(self.revision());
+        }
+        let stored = self.stored_revision().await?;
+        Ok(stored.max(self.revision()))
+    }
+
+    /// The revision counter as stored (the last revision any sequencer committed).
+    pub async fn stored_revision(&self) -> Result<Revision, StorageError> {
+        let engine = self.engine.clone();
+        blocking(move || {
+            Ok(engine
+                .read()?
+                .get(keys::META_REVISION)?
+                .and_then(|v| keys::decode_u64(&v))
+                .unwrap_or(0))
+        })
+        .await
+    }
+
+    /// A follower: publishes `events` another sequencer committed (in revision
+    /// order; already published ones are skipped) and then everything up to
+    /// `watermark`, reading gaps from the event log. Returns the revision
+    /// published to.
+    pub async fn follow(
+        &self,
+        events: Vec<Event>,
+        watermark: Revision,
+    ) -> Result<Revision, StorageError> {
+        let (tx, rx) = oneshot::channel();
+        self.writes
+            .send(Msg::Follow {
+                events,
+                watermark,
+                reply: tx,
+            })
+            .await
+            .map_err(|_| StorageError::Closed)?;
+        rx.await.map_err(|_| StorageError::Closed)?
+    }
+
+    /// A follower learns the leader's compaction so it refuses the same reads.
+    pub fn observe_compaction(&self, compacted: Revision) {
+        self.compacted.fetch_max(compacted, Ordering::AcqRel);
     }
 
     /// The newest committed revision (the watermark: everything up to it is durable).
@@ -214,7 +296,7 @@ impl Store {
     pub async fn write(&self, write: Write) -> Result<Written, StorageError> {
         let (tx, rx) = oneshot::channel();
         self.writes
-            .send(Op { write, reply: tx })
+            .send(Msg::Write(Op { write, reply: tx }))
             .await
             .map_err(|_| StorageError::Closed)?;
         rx.await.map_err(|_| StorageError::Closed)?
@@ -295,6 +377,11 @@ impl Store {
             loop {
                 tick.tick().await;
                 let Some(store) = store.upgrade() else { return };
+                if store.is_follower() {
+                    // The leader compacts the shared history.
+                    previous = None;
+                    continue;
+                }
                 if let Some(to) = previous {
                     if let Err(e) = store.compact(to).await {
                         tracing::warn!(error = %e, "compaction failed");

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::engine::{Engine, ReadTxn, WriteTxn};
-use super::{keys, Batch, Event, EventType, Revision, StorageError, Write, Written};
+use super::{keys, Batch, Event, EventType, Fence, Revision, StorageError, Write, Written};
 
 /// Writes taken into one transaction at most.
 const MAX_GROUP: usize = 512;
@@ -20,11 +20,24 @@ pub(super) struct Op {
     pub reply: oneshot::Sender<Result<Written, StorageError>>,
 }
 
+/// What the writer thread is asked to do, in order.
+pub(super) enum Msg {
+    Write(Op),
+    /// A follower replica: publish events another sequencer committed (the
+    /// leader's stream), then everything up to `watermark` from the log.
+    Follow {
+        events: Vec<Event>,
+        watermark: Revision,
+        reply: oneshot::Sender<Result<Revision, StorageError>>,
+    },
+}
+
 pub(super) struct Writer {
     engine: Arc<dyn Engine>,
     revision: Revision,
     published: watch::Sender<Revision>,
     subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<Batch>>>>>,
+    fence: Option<Arc<dyn Fence>>,
 }
 
 impl Writer {
@@ -33,26 +46,67 @@ impl Writer {
         revision: Revision,
         published: watch::Sender<Revision>,
         subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<Batch>>>>>,
+        fence: Option<Arc<dyn Fence>>,
     ) -> Self {
         Self {
             engine,
             revision,
             published,
             subscribers,
+            fence,
         }
     }
 
-    pub fn run(mut self, mut rx: mpsc::Receiver<Op>) {
-        while let Some(first) = rx.blocking_recv() {
+    pub fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+        let mut next = rx.blocking_recv();
+        while let Some(msg) = next.take() {
+            let first = match msg {
+                Msg::Write(op) => op,
+                Msg::Follow {
+                    events,
+                    watermark,
+                    reply,
+                } => {
+                    let _ = reply.send(self.follow(events, watermark).map(|()| self.revision));
+                    next = rx.blocking_recv();
+                    continue;
+                }
+            };
             let mut ops = vec![first];
             while ops.len() < MAX_GROUP {
                 match rx.try_recv() {
-                    Ok(op) => ops.push(op),
+                    Ok(Msg::Write(op)) => ops.push(op),
+                    // Keep the order: the follow request goes after this group.
+                    Ok(other) => {
+                        next = Some(other);
+                        break;
+                    }
                     Err(_) => break,
                 }
             }
             self.commit_group(ops);
+            if next.is_none() {
+                next = rx.blocking_recv();
+            }
         }
+    }
+
+    /// Publishes `events` (committed by another sequencer, in revision order),
+    /// reading any gap before, between or after them from the event log.
+    fn follow(&mut self, events: Vec<Event>, watermark: Revision) -> Result<(), StorageError> {
+        for event in events {
+            if event.revision <= self.revision {
+                continue; // Already published (from the log after a gap).
+            }
+            if event.revision > self.revision + 1 {
+                self.catch_up(event.revision - 1)?;
+            }
+            self.publish(vec![event]);
+        }
+        if watermark > self.revision {
+            self.catch_up(watermark)?;
+        }
+        Ok(())
     }
 
     fn commit_group(&mut self, ops: Vec<Op>) {
@@ -67,6 +121,17 @@ impl Writer {
                 Ok(()) => self.try_group(&ops, &mut outcomes),
                 Err(e) => Ok(Err(e)),
             };
+        } else if self.fence.is_some() && matches!(result, Ok(Err(StorageError::Conflict { .. }))) {
+            // The whole transaction met another writer (a replica taking over
+            // rewrites the counter): nothing was written; one more attempt
+            // sees the new counter and the new lease, and fails cleanly.
+            result = self.try_group(&ops, &mut outcomes);
+            if let Err(Fenced(stored)) = result {
+                result = match self.catch_up(stored) {
+                    Ok(()) => self.try_group(&ops, &mut outcomes),
+                    Err(e) => Ok(Err(e)),
+                };
+            }
         }
         let failure = match result {
             Ok(Ok(())) => None,
@@ -76,11 +141,13 @@ impl Writer {
         if let Some(e) = failure {
             tracing::error!(error = %e, "commit failed");
             for op in ops {
-                // A conflict stays a conflict (409 upstream); nothing else is the client's fault.
+                // A conflict stays a conflict (409 upstream), a lost lease stays
+                // itself (503: retry elsewhere); nothing else is the client's fault.
                 let err = match &e {
                     StorageError::Conflict { current } => {
                         StorageError::Conflict { current: *current }
                     }
+                    StorageError::NotLeader(why) => StorageError::NotLeader(why.clone()),
                     other => StorageError::Engine(other.to_string()),
                 };
                 let _ = op.reply.send(Err(err));
@@ -129,6 +196,11 @@ impl Writer {
             if stored != base {
                 fenced = Some(stored);
                 return Err(StorageError::Conflict { current: stored });
+            }
+            // Replicas: only the current lease holder may commit, checked in
+            // the same transaction so a deposed leader's write never lands.
+            if let Some(fence) = &self.fence {
+                fence.check(txn)?;
             }
             let mut next = base;
             for op in ops {

@@ -6,6 +6,7 @@
 
 pub mod apf;
 pub mod host;
+pub mod replicas;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

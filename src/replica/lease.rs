@@ -1,0 +1,239 @@
+//! The leader lease: one record under `m/leader` naming the holder, how peers
+//! reach it, its epoch and when it expires. It is taken and renewed in engine
+//! write transactions, and the epoch fences every write of the leader.
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::storage::engine::{Engine, WriteTxn};
+use crate::storage::{keys, Fence, Revision, StorageError};
+
+pub const LEASE_KEY: &[u8] = b"m/leader";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub holder: String,
+    /// `host:port` of the holder's internal endpoint.
+    pub address: String,
+    /// Bumped by every takeover; a write commits only under the epoch it was fenced with.
+    pub epoch: u64,
+    /// Unix milliseconds on the holder's clock (replicas' clocks are assumed
+    /// roughly in step; the epoch, not the clock, keeps writes safe).
+    pub expires_ms: u64,
+}
+
+/// What one election round found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// This replica holds the lease under `epoch`; `took_over` on a new epoch,
+    /// with the revision counter at `revision`.
+    Leader {
+        epoch: u64,
+        took_over: bool,
+        revision: Revision,
+    },
+    /// Another replica holds a live lease.
+    Follower(Lease),
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StorageError {
+    StorageError::Corrupt(format!("leader lease: {e}"))
+}
+
+pub fn read_lease(
+    txn: &dyn crate::storage::engine::ReadTxn,
+) -> Result<Option<Lease>, StorageError> {
+    txn.get(LEASE_KEY)?
+        .map(|v| serde_json::from_slice(&v).map_err(corrupt))
+        .transpose()
+}
+
+/// One election round: renews the lease if this replica holds it under
+/// `current_epoch`, takes it over if it is free, expired or held by an
+/// earlier incarnation of this replica, and otherwise reports the holder.
+pub fn elect(
+    engine: &dyn Engine,
+    me: &str,
+    address: &str,
+    ttl: Duration,
+    current_epoch: u64,
+) -> Result<Outcome, StorageError> {
+    let mut outcome = None;
+    engine.write(&mut |txn| {
+        let now = now_ms();
+        let lease = read_lease(txn)?;
+        let expires_ms = now + ttl.as_millis() as u64;
+        let (epoch, took_over) = match &lease {
+            Some(l) if l.holder == me && l.epoch == current_epoch && current_epoch != 0 => {
+                (l.epoch, false)
+            }
+            Some(l) if l.holder != me && l.expires_ms > now => {
+                outcome = Some(Outcome::Follower(l.clone()));
+                return Ok(());
+            }
+            // Free, expired, or ours from before a restart: a new epoch.
+            other => (other.as_ref().map_or(0, |l| l.epoch) + 1, true),
+        };
+        let revision = if took_over { start_above_used(txn)? } else { 0 };
+        let record = Lease {
+            holder: me.to_string(),
+            address: address.to_string(),
+            epoch,
+            expires_ms,
+        };
+        txn.put(
+            LEASE_KEY,
+            &serde_json::to_vec(&record).map_err(|e| StorageError::Invalid(e.to_string()))?,
+        )?;
+        outcome = Some(Outcome::Leader {
+            epoch,
+            took_over,
+            revision,
+        });
+        Ok(())
+    })?;
+    outcome.ok_or_else(|| StorageError::Engine("election transaction did not run".into()))
+}
+
+/// On takeover: sets the revision counter to the highest revision ever used
+/// (the counter, or any event logged above it) and rewrites it, so that a
+/// write of the previous leader still in flight conflicts with this
+/// transaction instead of committing beside it.
+fn start_above_used(txn: &mut dyn WriteTxn) -> Result<Revision, StorageError> {
+    let stored = txn
+        .get(keys::META_REVISION)?
+        .and_then(|v| keys::decode_u64(&v))
+        .unwrap_or(0);
+    let mut highest = stored;
+    txn.scan(
+        &keys::log(stored.saturating_add(1)),
+        &keys::prefix_end(b"l/"),
+        &mut |k, _| {
+            if let Some(rev) = k.get(2..).and_then(keys::decode_u64) {
+                highest = highest.max(rev);
+            }
+            ControlFlow::Continue(())
+        },
+    )?;
+    txn.put(keys::META_REVISION, &highest.to_be_bytes())?;
+    Ok(highest)
+}
+
+/// The fence of this replica's store: a write commits only while the stored
+/// lease names this replica under the epoch it won (0: not the leader).
+pub struct EpochFence {
+    pub replica_id: String,
+    pub epoch: AtomicU64,
+}
+
+impl EpochFence {
+    pub fn new(replica_id: &str) -> Self {
+        Self {
+            replica_id: replica_id.to_string(),
+            epoch: AtomicU64::new(0),
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::Release);
+    }
+}
+
+impl Fence for EpochFence {
+    fn check(&self, txn: &mut dyn WriteTxn) -> Result<(), StorageError> {
+        let mine = self.epoch();
+        if mine == 0 {
+            return Err(StorageError::NotLeader(format!(
+                "replica {} does not hold the lease",
+                self.replica_id
+            )));
+        }
+        match read_lease(txn)? {
+            Some(l) if l.holder == self.replica_id && l.epoch == mine => Ok(()),
+            Some(l) => Err(StorageError::NotLeader(format!(
+                "lease epoch {} is held by {} (this replica had epoch {mine})",
+                l.epoch, l.holder
+            ))),
+            None => Err(StorageError::NotLeader("no lease".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::embedded::Embedded;
+
+    fn engine() -> (tempfile::TempDir, Embedded) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let e = Embedded::open(&dir.path().join("db")).expect("open");
+        (dir, e)
+    }
+
+    #[test]
+    fn first_takes_over_second_follows_and_takeover_bumps_epoch_and_counter() {
+        let (_d, e) = engine();
+        let ttl = Duration::from_secs(30);
+        let a = elect(&e, "a", "a:1", ttl, 0).expect("elect");
+        assert_eq!(
+            a,
+            Outcome::Leader {
+                epoch: 1,
+                took_over: true,
+                revision: 0
+            }
+        );
+        match elect(&e, "b", "b:1", ttl, 0).expect("elect") {
+            Outcome::Follower(l) => assert_eq!((l.holder.as_str(), l.epoch), ("a", 1)),
+            other => panic!("{other:?}"),
+        }
+        // Renewal keeps the epoch.
+        assert!(matches!(
+            elect(&e, "a", "a:1", ttl, 1).expect("renew"),
+            Outcome::Leader {
+                epoch: 1,
+                took_over: false,
+                ..
+            }
+        ));
+        // Revisions were used above the counter (a log entry past it): the
+        // next leader starts above them. The lease expires to let b in.
+        e.write(&mut |txn| {
+            txn.put(keys::META_REVISION, &5u64.to_be_bytes())?;
+            txn.put(&keys::log(7), b"x")?;
+            let mut l = read_lease(txn)?.expect("lease");
+            l.expires_ms = 0;
+            txn.put(LEASE_KEY, &serde_json::to_vec(&l).expect("json"))
+        })
+        .expect("write");
+        assert_eq!(
+            elect(&e, "b", "b:1", ttl, 0).expect("takeover"),
+            Outcome::Leader {
+                epoch: 2,
+                took_over: true,
+                revision: 7
+            }
+        );
+        // a is fenced out now.
+        let fence = EpochFence::new("a");
+        fence.set_epoch(1);
+        let err = e.write(&mut |txn| fence.check(txn)).expect_err("fenced");
+        assert!(matches!(err, StorageError::NotLeader(_)), "{err}");
+        let fence_b = EpochFence::new("b");
+        fence_b.set_epoch(2);
+        e.write(&mut |txn| fence_b.check(txn)).expect("b may write");
+    }
+}
