@@ -458,11 +458,9 @@ impl Engine for Tikv {
             txn: txn.clone(),
             writes: BTreeMap::new(),
         };
-        if let Err(e) = f(&mut writer) {
-            // Nothing has been sent to TiKV yet (writes sit in the client's
-            // buffer until commit): dropping the transaction discards them.
-            return Err(e);
-        }
+        // On failure nothing has been sent to TiKV yet (writes sit in the
+        // client's buffer until commit): dropping the transaction discards them.
+        f(&mut writer)?;
         let writes = std::mem::take(&mut writer.writes);
         drop(writer);
         if writes.is_empty() {
