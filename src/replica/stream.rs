@@ -125,6 +125,9 @@ impl Decoder {
     }
 }
 
+/// How long the leader waits on a follower whose stream buffer is full.
+const SLOW_FOLLOWER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The leader side: the store's change feed from now on, with watermarks,
 /// until `still_leader` says otherwise or the follower goes away.
 pub fn leader_stream(
@@ -159,8 +162,16 @@ pub fn leader_stream(
                 }
             }
             encode_watermark(&mut buf, sent, store.compacted_revision());
-            if tx.send(Ok(Bytes::from(buf))).await.is_err() {
-                return;
+            // A follower that cannot keep up is cut off rather than letting the
+            // change feed queue without bound; it reconnects and reads the gap
+            // from the `l/` log, as after any other break.
+            match tokio::time::timeout(SLOW_FOLLOWER, tx.send(Ok(Bytes::from(buf)))).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    tracing::warn!("follower too slow for the event stream; closing it");
+                    return;
+                }
             }
         }
     });
