@@ -222,7 +222,17 @@ impl Cluster {
 }
 
 pub(crate) async fn serve(cluster: Arc<Cluster>, listener: TcpListener) {
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // With its own listener tonic leaves Nagle on; small gRPC replies would
+    // then wait for the client's delayed ACK (TiKV itself sets TCP_NODELAY).
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |conn| {
+            if let Ok(tcp) = &conn {
+                let _ = tcp.set_nodelay(true);
+            }
+            conn
+        },
+    );
     let result = tonic::transport::Server::builder()
         .add_service(PdServer::from_arc(cluster.clone()))
         .add_service(TikvServer::from_arc(cluster))
