@@ -6,38 +6,15 @@ mod common;
 
 use std::path::Path;
 
-use base64::Engine as _;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-
-struct Ca {
-    params: CertificateParams,
-    key: KeyPair,
-    pem: String,
-}
+use common::host::{write_kubeconfig, Ca};
 
 fn ca(name: &str) -> Ca {
-    let key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let pem = params.self_signed(&key).expect("ca").pem();
-    Ca { params, key, pem }
+    Ca::new(name)
 }
 
 /// A client certificate (PEM cert, PEM key) signed by `ca`.
 fn client(ca: &Ca, cn: &str, orgs: &[&str]) -> (String, String) {
-    let key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.distinguished_name.push(DnType::CommonName, cn);
-    for o in orgs {
-        params.distinguished_name.push(DnType::OrganizationName, *o);
-    }
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let issuer = Issuer::from_params(&ca.params, &ca.key);
-    (
-        params.signed_by(&key, &issuer).expect("cert").pem(),
-        key.serialize_pem(),
-    )
+    ca.client(cn, orgs)
 }
 
 /// A kube client for the server with the given client certificate (or none).
@@ -47,24 +24,16 @@ async fn client_with(
     dir: &Path,
     name: &str,
 ) -> kube::Client {
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let ca = std::fs::read_to_string(s.running.kubeconfig.with_file_name("pki").join("ca.crt"))
         .expect("server ca");
-    let user = match cert {
-        Some((c, k)) => format!(
-            "    client-certificate-data: {}\n    client-key-data: {}\n",
-            b64(c),
-            b64(k)
-        ),
-        None => "    username: nobody\n".to_string(),
-    };
-    let kc = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://{}\n    certificate-authority-data: {}\nusers:\n- name: u\n  user:\n{user}contexts:\n- name: c\n  context: {{cluster: k, user: u}}\ncurrent-context: c\n",
-        s.running.addr,
-        b64(&ca)
-    );
     let path = dir.join(format!("{name}.kubeconfig"));
-    std::fs::write(&path, kc).expect("kubeconfig");
+    write_kubeconfig(
+        &path,
+        &format!("https://{}", s.running.addr),
+        &ca,
+        None,
+        cert,
+    );
     common::client_for(&path).await
 }
 

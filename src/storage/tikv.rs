@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use tikv_client::transaction::HeartbeatOption;
 use tikv_client::{
-    CheckLevel, Config, Key, Snapshot, Timestamp, TimestampExt, Transaction, TransactionClient,
-    TransactionOptions,
+    CheckLevel, Config, Key, KvPair, Snapshot, Timestamp, TimestampExt, Transaction,
+    TransactionClient, TransactionOptions,
 };
 
 use super::engine::{Engine, ReadTxn, Visitor, WriteFn, WriteTxn};
@@ -256,6 +256,15 @@ trait TxnLike: Send + 'static {
     ) -> impl Future<Output = tikv_client::Result<Vec<(Vec<u8>, Vec<u8>)>>> + Send;
 }
 
+fn plain_pairs(pairs: impl Iterator<Item = KvPair>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    pairs
+        .map(|kv| {
+            let (k, v): (Key, Vec<u8>) = kv.into();
+            (Vec::from(k), v)
+        })
+        .collect()
+}
+
 impl TxnLike for Snapshot {
     async fn scan(
         &mut self,
@@ -263,13 +272,7 @@ impl TxnLike for Snapshot {
         end: Vec<u8>,
         limit: u32,
     ) -> tikv_client::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        Ok(Snapshot::scan(self, start..end, limit)
-            .await?
-            .map(|kv| {
-                let (k, v): (Key, Vec<u8>) = kv.into();
-                (Vec::from(k), v)
-            })
-            .collect())
+        Ok(plain_pairs(Snapshot::scan(self, start..end, limit).await?))
     }
 }
 
@@ -280,13 +283,9 @@ impl TxnLike for Transaction {
         end: Vec<u8>,
         limit: u32,
     ) -> tikv_client::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        Ok(Transaction::scan(self, start..end, limit)
-            .await?
-            .map(|kv| {
-                let (k, v): (Key, Vec<u8>) = kv.into();
-                (Vec::from(k), v)
-            })
-            .collect())
+        Ok(plain_pairs(
+            Transaction::scan(self, start..end, limit).await?,
+        ))
     }
 }
 
