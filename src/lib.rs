@@ -3,6 +3,7 @@
 //! the store's change feed (see DESIGN.md).
 
 pub mod api;
+pub mod apply;
 pub mod auth;
 pub mod authz;
 pub mod controller;
@@ -11,6 +12,7 @@ pub mod host;
 pub mod manifests;
 pub mod registry;
 pub mod replica;
+pub mod schema;
 pub mod server;
 pub mod status;
 pub mod storage;

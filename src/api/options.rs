@@ -308,7 +308,7 @@ pub fn write_options(
             .get(http::header::USER_AGENT)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        crate::registry::apply::default_manager(ua)
+        crate::apply::default_manager(ua)
     };
     Ok(crate::registry::WriteOptions {
         dry_run: dry_run(q)?,

@@ -59,9 +59,9 @@ pub struct Version {
     pub selectable_fields: Vec<String>,
     pub schema: Option<Value>,
     /// The structural schema: pruning, defaulting, validation (CEL included).
-    pub validation: Option<Arc<super::schema::Schema>>,
+    pub validation: Option<Arc<crate::schema::Schema>>,
     /// The merge view of the schema for server-side apply and managedFields.
-    pub merge: Arc<super::apply::MergeSchema>,
+    pub merge: Arc<crate::apply::MergeSchema>,
 }
 
 /// One served resource type (one CRD).
@@ -371,12 +371,12 @@ fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, Stri
     let validation = schema
         .as_ref()
         .map(|s| {
-            super::schema::Schema::compile(s)
+            crate::schema::Schema::compile(s)
                 .map(Arc::new)
                 .map_err(|e| format!("spec.versions[{}].schema.openAPIV3Schema: {e}", v.name))
         })
         .transpose()?;
-    let merge = Arc::new(super::apply::MergeSchema::from_openapi(schema.as_ref()));
+    let merge = Arc::new(crate::apply::MergeSchema::from_openapi(schema.as_ref()));
     Ok(Version {
         name: v.name.clone(),
         served: v.served,

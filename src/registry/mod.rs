@@ -4,7 +4,6 @@
 //! tables and garbage collection.
 
 pub mod admission;
-pub mod apply;
 pub mod catalog;
 mod continuation;
 pub mod gc;
@@ -13,7 +12,6 @@ pub mod meta;
 pub mod patch;
 pub mod read;
 pub mod scale;
-pub mod schema;
 pub mod selector;
 pub mod table;
 mod write;

@@ -672,7 +672,7 @@ pub(crate) fn describe(path: &[PathElement]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::apply::schema::MergeSchema;
+    use crate::apply::schema::MergeSchema;
     use serde_json::json;
 
     fn schema() -> MergeSchema {
