@@ -1,4 +1,4 @@
-# kshard tasks (optional: `pip install rust-just`). The README's two commands need no just.
+# kshard tasks (optional: `cargo install just`). The README's two commands need no just.
 
 # Start kshard with the embedded store in ./kshard-data.
 serve *ARGS:

@@ -233,39 +233,25 @@ async fn delete_with_finalizer_then_wait_for_delete() {
 async fn get_watch_streams_changes() {
     let s = common::start().await;
     assert!(s.kubectl_stdin(&["create", "-f", "-"], W1).status.success());
-    let kubeconfig = s.running.kubeconfig.clone();
-    let watcher = std::thread::spawn(move || {
-        common::kubectl_with(
-            &kubeconfig,
-            &[
-                "get",
-                "wd",
-                "-w",
-                "--request-timeout=5s",
-                "-o",
-                "custom-columns=NAME:.metadata.name,R:.spec.replicas",
-            ],
-            None,
-        )
-    });
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let watch = common::KubectlStream::spawn(
+        &s.running.kubeconfig,
+        &[
+            "get",
+            "wd",
+            "-w",
+            "-o",
+            "custom-columns=NAME:.metadata.name,R:.spec.replicas",
+        ],
+    );
+    // The initial list (header, then w1 at 3 replicas) means the watch is open.
+    watch.wait_for_row(&["w1", "3"]);
     s.kubectl_ok(&["scale", "wd", "w1", "--replicas=9"]);
+    watch.wait_for_row(&["w1", "9"]);
     assert!(s
         .kubectl_stdin(&["create", "-f", "-"], &widget_yaml("w2", 1))
         .status
         .success());
-    let out = tokio::task::spawn_blocking(move || watcher.join().expect("join"))
-        .await
-        .expect("watch");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<Vec<&str>> = text
-        .lines()
-        .skip(1)
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert!(rows.contains(&vec!["w1", "3"]), "{text}");
-    assert!(rows.contains(&vec!["w1", "9"]), "{text}");
-    assert!(rows.contains(&vec!["w2", "1"]), "{text}");
+    watch.wait_for_row(&["w2", "1"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use crate::apply::{ApplyError, FieldManager};
 use super::meta::{go_string_slice, path_segment_errors, validate_object_meta};
 use super::read::Item;
 use super::{convert_json, convert_value, now_rfc3339, storage_error, Registry, Selectors, Target};
+use crate::apply::{ApplyError, FieldManager};
 use crate::status::{quote, ApiError, FieldError};
 use crate::storage::{Revision, StorageError, Write};
 

@@ -78,9 +78,7 @@ pub fn not_leader() -> Response {
 }
 
 async fn events(State(replica): State<Arc<Replica>>) -> Response {
-    let Some(store) = replica.store().cloned() else {
-        return not_leader();
-    };
+    let store = replica.store().clone();
     if !replica.is_leader() {
         return not_leader();
     }

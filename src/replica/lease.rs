@@ -170,6 +170,10 @@ impl Fence for EpochFence {
             None => Err(StorageError::NotLeader("no lease".into())),
         }
     }
+
+    fn sequencing(&self) -> bool {
+        self.epoch() != 0
+    }
 }
 
 #[cfg(test)]

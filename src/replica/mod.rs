@@ -15,7 +15,7 @@ pub mod lease;
 pub mod stream;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
@@ -72,7 +72,7 @@ pub struct Replica {
     fence: Arc<EpochFence>,
     secret: String,
     view: watch::Sender<View>,
-    store: OnceLock<Arc<Store>>,
+    store: Arc<Store>,
     client: forward::Client,
     /// Follower: connected to the leader's stream, and its last watermark.
     streaming: AtomicBool,
@@ -94,11 +94,19 @@ pub enum Routed {
 }
 
 impl Replica {
-    /// Prepares a replica on `engine` (loading or creating the shared
-    /// secret); open the store with [`Replica::fence`], then [`Replica::start`].
+    /// The fence a replica's store checks in every write transaction: open
+    /// the store with it, then hand both to [`Replica::new`].
+    pub fn fence_for(cfg: &ReplicaConfig) -> Arc<EpochFence> {
+        Arc::new(EpochFence::new(&cfg.replica_id))
+    }
+
+    /// A replica on `engine` whose store was opened with `fence` (loading or
+    /// creating the shared secret); then [`Replica::start`].
     pub async fn new(
         cfg: ReplicaConfig,
         engine: Arc<dyn Engine>,
+        fence: Arc<EpochFence>,
+        store: Arc<Store>,
     ) -> Result<Arc<Self>, ReplicaError> {
         let e = engine.clone();
         let secret = tokio::task::spawn_blocking(move || {
@@ -114,20 +122,16 @@ impl Replica {
         .await
         .map_err(|e| StorageError::Engine(e.to_string()))??;
         Ok(Arc::new(Self {
-            fence: Arc::new(EpochFence::new(&cfg.replica_id)),
+            fence,
             cfg,
             engine,
             secret,
             view: watch::channel(View::default()).0,
-            store: OnceLock::new(),
+            store,
             client: forward::client(),
             streaming: AtomicBool::new(false),
             leader_watermark: AtomicU64::new(0),
         }))
-    }
-
-    pub fn fence(&self) -> Arc<dyn crate::storage::Fence> {
-        self.fence.clone()
     }
 
     pub fn id(&self) -> &str {
@@ -146,8 +150,8 @@ impl Replica {
         self.view.borrow().clone()
     }
 
-    pub(crate) fn store(&self) -> Option<&Arc<Store>> {
-        self.store.get()
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.store
     }
 
     /// Readiness: the leader is ready; a follower once it follows the
@@ -156,18 +160,13 @@ impl Replica {
         if self.is_leader() {
             return true;
         }
-        let Some(store) = self.store.get() else {
-            return false;
-        };
         self.streaming.load(Ordering::Acquire)
-            && store.revision() >= self.leader_watermark.load(Ordering::Acquire)
+            && self.store.revision() >= self.leader_watermark.load(Ordering::Acquire)
     }
 
     /// Runs the first election round (so the role is known before serving),
     /// then keeps electing and, while a follower, following the leader.
-    pub async fn start(self: &Arc<Self>, store: Arc<Store>) -> Vec<tokio::task::JoinHandle<()>> {
-        store.set_follower(true);
-        let _ = self.store.set(store);
+    pub async fn start(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         let mut renewed = None;
         self.election_round(&mut renewed).await;
         let me = self.clone();
@@ -188,9 +187,7 @@ impl Replica {
     }
 
     async fn election_round(self: &Arc<Self>, renewed: &mut Option<Instant>) {
-        let Some(store) = self.store.get().cloned() else {
-            return;
-        };
+        let store = self.store.clone();
         let engine = self.engine.clone();
         let (id, address, ttl) = (
             self.cfg.replica_id.clone(),
@@ -225,7 +222,7 @@ impl Replica {
                         tracing::error!(error = %e, "catching up after takeover failed");
                         return;
                     }
-                    store.set_follower(false);
+                    // From here this replica's store sequences (the fence says so).
                     self.fence.set_epoch(epoch);
                 }
                 // Count the lease from when the round started, to be safe.
@@ -247,7 +244,7 @@ impl Replica {
                 if self.fence.epoch() != 0 {
                     tracing::warn!(holder = %l.holder, epoch = l.epoch, "lost the leader lease");
                 }
-                self.step_down(&store);
+                self.step_down();
                 self.view.send_if_modified(|v| {
                     let changed = v.leading
                         || v.lease.as_ref().map(|x| (&x.holder, x.epoch, &x.address))
@@ -264,16 +261,17 @@ impl Replica {
                     && renewed.is_none_or(|t| t.elapsed() >= self.cfg.lease_duration)
                 {
                     tracing::warn!("lease not renewed in time; stepping down");
-                    self.step_down(&store);
+                    self.step_down();
                     self.view.send_replace(View::default());
                 }
             }
         }
     }
 
-    fn step_down(&self, store: &Store) {
+    /// Back to following: the fence makes the store a follower's and refuses
+    /// every write transaction of this replica.
+    fn step_down(&self) {
         self.fence.set_epoch(0);
-        store.set_follower(true);
     }
 
     /// While a follower: stream from the leader, and after the stream breaks
@@ -304,9 +302,7 @@ impl Replica {
     /// Publishes everything the store holds that this replica has not (a gap
     /// or a lost stream): the log is the source of truth.
     async fn backfill(&self) {
-        let Some(store) = self.store.get() else {
-            return;
-        };
+        let store = &self.store;
         let stored = match store.stored_revision().await {
             Ok(r) => r,
             Err(e) => {
@@ -320,9 +316,7 @@ impl Replica {
     }
 
     async fn stream_from(&self, address: &str) -> Result<(), String> {
-        let Some(store) = self.store.get().cloned() else {
-            return Ok(());
-        };
+        let store = self.store.clone();
         let req = http::Request::get(format!(
             "http://{address}{}?from={}",
             internal::EVENTS_PATH,

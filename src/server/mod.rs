@@ -2,6 +2,7 @@
 //! and compactor, then serve the API over TLS (HTTP/1.1 and h2) and, if asked,
 //! plain HTTP for local debugging.
 
+mod config;
 pub mod filters;
 pub mod metrics;
 pub mod pki;
@@ -10,7 +11,6 @@ pub mod tls;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::response::IntoResponse;
@@ -24,7 +24,9 @@ use crate::api::{self, ApiState};
 use crate::flowcontrol::{self, Apf};
 use crate::registry::{gc, Catalog, Registry};
 use crate::storage::{StorageError, Store};
-use crate::watch::{Cache, DEFAULT_RING_CAPACITY};
+use crate::watch::Cache;
+
+pub use config::{parse_duration, ServeConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -49,135 +51,6 @@ pub enum ServerError {
         what: String,
         source: std::io::Error,
     },
-}
-
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    pub data_dir: PathBuf,
-    /// `--store`: `None` = the embedded engine under `data_dir`; or `tikv://...`.
-    pub store: Option<String>,
-    pub listen: SocketAddr,
-    pub crds: Vec<PathBuf>,
-    pub insecure_listen: Option<SocketAddr>,
-    pub compaction_interval: Duration,
-    pub bookmark_interval: Duration,
-    /// Events kept per resource by the watch cache before old ones may be dropped.
-    pub watch_history: usize,
-    /// kube's --max-requests-inflight and --max-mutating-requests-inflight: their
-    /// sum is the server concurrency limit API Priority and Fairness divides.
-    pub max_requests_inflight: u32,
-    pub max_mutating_requests_inflight: u32,
-    /// Where the flow-control objects live; `None`: kshard itself serves them.
-    pub flowcontrol_kubeconfig: Option<PathBuf>,
-    /// Run the flow-control controller (off: the built-in configuration stays).
-    pub flowcontrol_controller: bool,
-    /// `--client-ca-file`: client certificates from this CA authenticate (CN user, O groups).
-    pub client_ca_file: Option<PathBuf>,
-    /// `--requestheader-client-ca-file`: front proxies presenting a certificate
-    /// from this CA may name the user in `X-Remote-*` headers.
-    pub requestheader_client_ca_file: Option<PathBuf>,
-    /// `--requestheader-allowed-names`: allowed front-proxy CNs (empty: any).
-    pub requestheader_allowed_names: Vec<String>,
-    /// `--requestheader-username-headers`, `-group-headers`, `-extra-headers-prefix`.
-    pub requestheader_username_headers: Vec<String>,
-    pub requestheader_group_headers: Vec<String>,
-    pub requestheader_extra_headers_prefix: Vec<String>,
-    /// `--kubeconfig`: the host cluster (namespaces, and the default for the two below).
-    pub host_kubeconfig: Option<PathBuf>,
-    /// `--authentication-kubeconfig`: where TokenReviews and the authentication ConfigMap go.
-    pub authentication_kubeconfig: Option<PathBuf>,
-    /// `--authorization-kubeconfig`: where SubjectAccessReviews go.
-    pub authorization_kubeconfig: Option<PathBuf>,
-    /// `--authentication-skip-lookup`: do not read `extension-apiserver-authentication`.
-    pub authentication_skip_lookup: bool,
-    /// `--authorization-always-allow-paths`: non-resource paths needing no review.
-    pub authorization_always_allow_paths: Vec<String>,
-    /// `--tls-cert-file` / `--tls-private-key-file`: the serving certificate
-    /// (reloaded when the files change); without them, the generated dev PKI.
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_private_key_file: Option<PathBuf>,
-    /// How long TokenReview answers, and allowed / denied SubjectAccessReview
-    /// answers, are reused (k8s.io/apiserver's webhook cache TTLs).
-    pub token_cache_ttl: Duration,
-    pub authorization_allow_ttl: Duration,
-    pub authorization_deny_ttl: Duration,
-    /// Running in a pod: the host is reached with the in-cluster configuration
-    /// and authentication is delegated even without flags.
-    pub in_cluster: bool,
-    /// Several replicas (a shared store only): `--replica-id` (default: host
-    /// name and process id), `--advertise-address` (default: the internal
-    /// listener's address, or the host name and its port), `--internal-listen`
-    /// and the leader lease's duration.
-    pub replica_id: Option<String>,
-    pub advertise_address: Option<String>,
-    pub internal_listen: SocketAddr,
-    pub lease_duration: Duration,
-}
-
-impl ServeConfig {
-    /// Whether authentication and authorization are delegated (any of their
-    /// flags set, or running in a cluster); otherwise standalone dev mode.
-    pub fn delegated(&self) -> bool {
-        self.client_ca_file.is_some()
-            || self.requestheader_client_ca_file.is_some()
-            || self.host_kubeconfig.is_some()
-            || self.authentication_kubeconfig.is_some()
-            || self.authorization_kubeconfig.is_some()
-            || self.in_cluster
-    }
-
-    /// The kubeconfig for one purpose: its own flag, else `--kubeconfig`; `Some(None)`
-    /// means in-cluster; `None` means no host at all.
-    fn host_for(&self, specific: &Option<PathBuf>) -> Option<Option<PathBuf>> {
-        match (specific, &self.host_kubeconfig) {
-            (Some(p), _) | (None, Some(p)) => Some(Some(p.clone())),
-            (None, None) if self.in_cluster => Some(None),
-            _ => None,
-        }
-    }
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        Self {
-            data_dir: PathBuf::from("kshard-data"),
-            store: None,
-            listen: SocketAddr::from(([127, 0, 0, 1], 6443)),
-            crds: vec![PathBuf::from("crds/examples")],
-            insecure_listen: None,
-            compaction_interval: Duration::from_secs(300),
-            bookmark_interval: Duration::from_secs(60),
-            watch_history: DEFAULT_RING_CAPACITY,
-            max_requests_inflight: 400,
-            max_mutating_requests_inflight: 200,
-            flowcontrol_kubeconfig: None,
-            flowcontrol_controller: true,
-            client_ca_file: None,
-            requestheader_client_ca_file: None,
-            requestheader_allowed_names: Vec::new(),
-            requestheader_username_headers: vec!["X-Remote-User".into()],
-            requestheader_group_headers: vec!["X-Remote-Group".into()],
-            requestheader_extra_headers_prefix: vec!["X-Remote-Extra-".into()],
-            host_kubeconfig: None,
-            authentication_kubeconfig: None,
-            authorization_kubeconfig: None,
-            authentication_skip_lookup: false,
-            authorization_always_allow_paths: crate::authz::DEFAULT_ALWAYS_ALLOW_PATHS
-                .iter()
-                .map(|p| p.to_string())
-                .collect(),
-            tls_cert_file: None,
-            tls_private_key_file: None,
-            token_cache_ttl: crate::auth::token::DEFAULT_CACHE_TTL,
-            authorization_allow_ttl: crate::authz::DEFAULT_ALLOW_TTL,
-            authorization_deny_ttl: crate::authz::DEFAULT_DENY_TTL,
-            in_cluster: false,
-            replica_id: None,
-            advertise_address: None,
-            internal_listen: SocketAddr::from(([0, 0, 0, 0], 6444)),
-            lease_duration: Duration::from_secs(10),
-        }
-    }
 }
 
 /// A started server: where it listens, and its parts for in-process use.
@@ -235,13 +108,19 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         .store
         .as_deref()
         .is_some_and(|s| !matches!(s, "" | "embedded"));
-    let (replica, internal_listener) = if shared_store {
-        let (r, l) = start_replica(&cfg, engine.clone()).await?;
-        (Some(r), Some(l))
+    // Several replicas: the store checks this replica's lease fence in every
+    // write transaction, and the replica is built whole around that store.
+    let (store, replica, internal_listener) = if shared_store {
+        let (rcfg, listener) = replica_config(&cfg).await?;
+        let fence = crate::replica::Replica::fence_for(&rcfg);
+        let store = Store::open_fenced(engine.clone(), Some(fence.clone()))?;
+        let replica = crate::replica::Replica::new(rcfg, engine, fence, store.clone())
+            .await
+            .map_err(|e| ServerError::Config(e.to_string()))?;
+        (store, Some(replica), Some(listener))
     } else {
-        (None, None)
+        (Store::open(engine)?, None, None)
     };
-    let store = Store::open_fenced(engine, replica.as_ref().map(|r| r.fence()))?;
     let defaults_catalog = catalog.clone();
     let on_load: crate::watch::OnLoad =
         Arc::new(move |resource: &str, obj: &mut serde_json::Value| {
@@ -258,7 +137,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     readiness.add("storage", || true);
     readiness.add("watch-cache-sync", || true);
     if let Some(r) = &replica {
-        tasks.extend(r.start(store.clone()).await);
+        tasks.extend(r.start().await);
         let r = r.clone();
         readiness.add("replica-caught-up", move || r.caught_up());
     }
@@ -360,12 +239,11 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     })
 }
 
-/// Prepares this process as one replica of the shard on a shared store, and
-/// binds its internal endpoint.
-async fn start_replica(
+/// This replica's configuration (id, advertised address) on a shared store,
+/// with its internal endpoint bound.
+async fn replica_config(
     cfg: &ServeConfig,
-    engine: Arc<dyn crate::storage::Engine>,
-) -> Result<(Arc<crate::replica::Replica>, TcpListener), ServerError> {
+) -> Result<(crate::replica::ReplicaConfig, TcpListener), ServerError> {
     let listener = TcpListener::bind(cfg.internal_listen)
         .await
         .map_err(io(format!("listening on {}", cfg.internal_listen)))?;
@@ -393,10 +271,7 @@ async fn start_replica(
         internal = %bound,
         "replica of a shared store"
     );
-    let r = crate::replica::Replica::new(rcfg, engine)
-        .await
-        .map_err(|e| ServerError::Config(e.to_string()))?;
-    Ok((r, listener))
+    Ok((rcfg, listener))
 }
 
 /// What delegation to a host adds: the authenticator and authorizer, and the

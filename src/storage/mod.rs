@@ -9,7 +9,7 @@ pub mod tikv;
 mod writer;
 
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +25,10 @@ use writer::{Msg, Op, Writer};
 /// leader lease (see `replica`). An error aborts the transaction.
 pub trait Fence: Send + Sync + 'static {
     fn check(&self, txn: &mut dyn engine::WriteTxn) -> Result<(), StorageError>;
+    /// Whether this process assigns revisions right now (a leader). A store
+    /// whose fence says no is a follower's: it reads the newest committed
+    /// revision from the engine and leaves compaction to the leader.
+    fn sequencing(&self) -> bool;
 }
 
 pub type Revision = u64;
@@ -169,9 +173,8 @@ pub struct Store {
     revision: watch::Receiver<Revision>,
     compacted: Arc<AtomicU64>,
     subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<Batch>>>>>,
-    /// A follower replica: another process assigns revisions, so the newest
-    /// committed one is read from the store and compaction is left to it.
-    follower: AtomicBool,
+    /// Several replicas: the fence says whether this one leads.
+    fence: Option<Arc<dyn Fence>>,
 }
 
 impl Store {
@@ -199,7 +202,13 @@ impl Store {
         let (rev_tx, rev_rx) = watch::channel(rev);
         let subscribers = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel(4096);
-        let writer = Writer::new(engine.clone(), rev, rev_tx, subscribers.clone(), fence);
+        let writer = Writer::new(
+            engine.clone(),
+            rev,
+            rev_tx,
+            subscribers.clone(),
+            fence.clone(),
+        );
         std::thread::Builder::new()
             .name("kshard-writer".into())
             .spawn(move || writer.run(rx))
@@ -210,17 +219,13 @@ impl Store {
             revision: rev_rx,
             compacted: Arc::new(AtomicU64::new(compacted)),
             subscribers,
-            follower: AtomicBool::new(false),
+            fence,
         }))
     }
 
-    /// Marks this store as a follower's (or, `false`, the sequencer's again).
-    pub fn set_follower(&self, follower: bool) {
-        self.follower.store(follower, Ordering::Release);
-    }
-
+    /// A follower replica's store: another process assigns revisions.
     pub fn is_follower(&self) -> bool {
-        self.follower.load(Ordering::Acquire)
+        self.fence.as_ref().is_some_and(|f| !f.sequencing())
     }
 
     /// The revision a consistent read must reflect. The sequencer knows it; a

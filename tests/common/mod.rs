@@ -229,3 +229,62 @@ where
     }
     panic!("timed out waiting for: {what}");
 }
+
+/// A long-running kubectl (`get -w`) whose output is read line by line as it
+/// comes, so a test can wait for "the watch is open" instead of sleeping.
+/// The process is killed when this is dropped.
+pub struct KubectlStream {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl KubectlStream {
+    pub fn spawn(kubeconfig: &Path, args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .env("KUBECACHEDIR", kubeconfig.with_file_name("kubecache"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("kubectl on PATH");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        KubectlStream { child, lines }
+    }
+
+    /// The next line, split into columns; panics after 30 s without one.
+    pub fn next_row(&self) -> Vec<String> {
+        let wait = || self.lines.recv_timeout(Duration::from_secs(30));
+        let line = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+            _ => wait(),
+        }
+        .expect("a line from kubectl within 30 s");
+        line.split_whitespace().map(str::to_string).collect()
+    }
+
+    /// Reads lines until one has exactly these columns.
+    pub fn wait_for_row(&self, row: &[&str]) {
+        while self.next_row() != row {}
+    }
+}
+
+impl Drop for KubectlStream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -12,15 +12,6 @@ pub struct ReplicaProcess {
     pub data: PathBuf,
     pub child: Child,
     pub https: String,
-    pub internal_port: u16,
-}
-
-/// A port nothing listens on right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 /// Starts `kshard serve` as replica `id` of shard `prefix` on the double at
@@ -28,7 +19,6 @@ pub fn free_port() -> u16 {
 pub fn spawn_replica(dir: &Path, id: &str, pd: &str, prefix: &str) -> ReplicaProcess {
     let data = dir.join(id);
     std::fs::create_dir_all(&data).expect("data dir");
-    let internal_port = free_port();
     let log = std::fs::File::create(dir.join(format!("{id}.log"))).expect("log file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_kshard"))
         .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
@@ -38,10 +28,9 @@ pub fn spawn_replica(dir: &Path, id: &str, pd: &str, prefix: &str) -> ReplicaPro
         .arg("--store")
         .arg(format!("tikv://{pd}?prefix={prefix}"))
         .args(["--replica-id", id])
-        .arg("--internal-listen")
-        .arg(format!("127.0.0.1:{internal_port}"))
-        .arg("--advertise-address")
-        .arg(format!("127.0.0.1:{internal_port}"))
+        // Port 0: the replica binds a free port itself and advertises the bound
+        // address (no race with other tests for a port picked in advance).
+        .args(["--internal-listen", "127.0.0.1:0"])
         .args(["--lease-duration", "2s", "--compaction-interval", "1h"])
         .env("RUST_LOG", "info,kshard::replica=debug")
         .stdout(Stdio::piped())
@@ -61,7 +50,6 @@ pub fn spawn_replica(dir: &Path, id: &str, pd: &str, prefix: &str) -> ReplicaPro
         data,
         child,
         https,
-        internal_port,
     }
 }
 

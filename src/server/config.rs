@@ -1,0 +1,211 @@
+//! `kshard serve`'s configuration. clap parses the command line straight into
+//! [`ServeConfig`] (the binary adds nothing), and [`ServeConfig::default`] is
+//! the same parse of an empty command line, so every default is written once,
+//! on its flag.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, FromArgMatches};
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Where the embedded store, certificates and kubeconfig live.
+    #[arg(long, default_value = "./kshard-data")]
+    pub data_dir: PathBuf,
+    /// Storage engine: `embedded` (under --data-dir, the default) or
+    /// `tikv://pd1:2379[,pd2:2379]?prefix=<shard>` (needs the `tikv` build feature).
+    #[arg(long)]
+    pub store: Option<String>,
+    /// HTTPS listen address.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub listen: SocketAddr,
+    /// Directory (or file) of CustomResourceDefinition manifests to serve; repeatable.
+    #[arg(long = "crds", default_value = "crds/examples")]
+    pub crds: Vec<PathBuf>,
+    /// Plain-HTTP listen address for local debugging (no TLS, no authentication).
+    #[arg(long)]
+    pub insecure_listen: Option<SocketAddr>,
+    /// How often history is compacted (to the revision current one interval earlier).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub compaction_interval: Duration,
+    /// How often watchers that allow bookmarks get one.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub bookmark_interval: Duration,
+    /// Events kept per resource by the watch cache before old ones may be dropped.
+    #[arg(skip = crate::watch::DEFAULT_RING_CAPACITY)]
+    pub watch_history: usize,
+    /// Non-mutating share of the server concurrency limit (API Priority and
+    /// Fairness divides the sum of the two among priority levels).
+    #[arg(long, default_value_t = 400)]
+    pub max_requests_inflight: u32,
+    /// Mutating share of the server concurrency limit.
+    #[arg(long, default_value_t = 200)]
+    pub max_mutating_requests_inflight: u32,
+    /// Cluster whose FlowSchema/PriorityLevelConfiguration objects configure flow
+    /// control (default: kshard itself, which then serves those CRDs).
+    #[arg(long)]
+    pub flowcontrol_kubeconfig: Option<PathBuf>,
+    /// Run the flow-control controller (off: the built-in configuration stays).
+    #[arg(skip = true)]
+    pub flowcontrol_controller: bool,
+    /// Client certificates signed by this CA authenticate (CN user, O groups).
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
+    /// CA of the front proxy (the host's aggregator) allowed to set X-Remote-* headers.
+    #[arg(long)]
+    pub requestheader_client_ca_file: Option<PathBuf>,
+    /// Front-proxy certificate CNs allowed (comma-separated; empty: any).
+    #[arg(long, value_delimiter = ',')]
+    pub requestheader_allowed_names: Vec<String>,
+    /// Request headers carrying the user name from the front proxy.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-User")]
+    pub requestheader_username_headers: Vec<String>,
+    /// Request headers carrying the groups from the front proxy.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Group")]
+    pub requestheader_group_headers: Vec<String>,
+    /// Request header prefixes carrying extra user information from the front proxy.
+    #[arg(long, value_delimiter = ',', default_value = "X-Remote-Extra-")]
+    pub requestheader_extra_headers_prefix: Vec<String>,
+    /// The host cluster kshard is aggregated into (namespaces; default for the two below).
+    /// In a pod, the in-cluster configuration is used without it.
+    #[arg(long = "kubeconfig")]
+    pub host_kubeconfig: Option<PathBuf>,
+    /// Cluster that reviews bearer tokens and publishes extension-apiserver-authentication.
+    #[arg(long)]
+    pub authentication_kubeconfig: Option<PathBuf>,
+    /// Cluster that answers SubjectAccessReviews.
+    #[arg(long)]
+    pub authorization_kubeconfig: Option<PathBuf>,
+    /// Do not read kube-system/extension-apiserver-authentication from the host.
+    #[arg(long)]
+    pub authentication_skip_lookup: bool,
+    /// Non-resource paths allowed without authorization (a trailing * matches a prefix).
+    #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
+    pub authorization_always_allow_paths: Vec<String>,
+    /// Serving certificate (PEM); reloaded when it changes. Default: the generated dev PKI.
+    #[arg(long, requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of --tls-cert-file (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// How long TokenReview answers are reused.
+    #[arg(long = "authentication-token-webhook-cache-ttl", default_value = "10s", value_parser = parse_duration)]
+    pub token_cache_ttl: Duration,
+    /// How long allowed SubjectAccessReview answers are reused.
+    #[arg(long = "authorization-webhook-cache-authorized-ttl", default_value = "10s", value_parser = parse_duration)]
+    pub authorization_allow_ttl: Duration,
+    /// How long denied SubjectAccessReview answers are reused.
+    #[arg(long = "authorization-webhook-cache-unauthorized-ttl", default_value = "10s", value_parser = parse_duration)]
+    pub authorization_deny_ttl: Duration,
+    /// Running in a pod: the host is reached with the in-cluster configuration
+    /// and authentication is delegated even without flags. Not a flag: the
+    /// binary sets it from the environment.
+    #[arg(skip)]
+    pub in_cluster: bool,
+    /// This replica's name among the replicas of a shard on a shared store
+    /// (unique; default: host name and process id).
+    #[arg(long)]
+    pub replica_id: Option<String>,
+    /// `host:port` where the other replicas reach this one's internal
+    /// endpoint (default: --internal-listen, or the host name and its port).
+    #[arg(long)]
+    pub advertise_address: Option<String>,
+    /// Internal endpoint for the other replicas (plain HTTP/2 with a shared
+    /// secret; keep it on a private network). Used only with a shared store.
+    #[arg(long, default_value = "0.0.0.0:6444")]
+    pub internal_listen: SocketAddr,
+    /// How long the leader lease lasts unless renewed (renewed every fifth).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+}
+
+impl ServeConfig {
+    /// Whether authentication and authorization are delegated (any of their
+    /// flags set, or running in a cluster); otherwise standalone dev mode.
+    pub fn delegated(&self) -> bool {
+        self.client_ca_file.is_some()
+            || self.requestheader_client_ca_file.is_some()
+            || self.host_kubeconfig.is_some()
+            || self.authentication_kubeconfig.is_some()
+            || self.authorization_kubeconfig.is_some()
+            || self.in_cluster
+    }
+
+    /// The kubeconfig for one purpose: its own flag, else `--kubeconfig`; `Some(None)`
+    /// means in-cluster; `None` means no host at all.
+    pub(super) fn host_for(&self, specific: &Option<PathBuf>) -> Option<Option<PathBuf>> {
+        match (specific, &self.host_kubeconfig) {
+            (Some(p), _) | (None, Some(p)) => Some(Some(p.clone())),
+            (None, None) if self.in_cluster => Some(None),
+            _ => None,
+        }
+    }
+}
+
+impl Default for ServeConfig {
+    /// The configuration of `kshard serve` with no flags.
+    fn default() -> Self {
+        let cmd = Self::augment_args(clap::Command::new("kshard"));
+        // Parsing no arguments can only fail if a default above does not parse,
+        // which the unit test below rules out.
+        cmd.try_get_matches_from(["kshard"])
+            .and_then(|m| Self::from_arg_matches(&m))
+            .expect("the flag defaults parse")
+    }
+}
+
+/// Durations as the flags take them: `500ms`, `10s` (or a bare number of
+/// seconds), `5m`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len()),
+    );
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_flag_defaults() {
+        let c = ServeConfig::default();
+        assert_eq!(c.listen, SocketAddr::from(([127, 0, 0, 1], 6443)));
+        assert_eq!(c.compaction_interval, Duration::from_secs(300));
+        assert_eq!(c.requestheader_username_headers, ["X-Remote-User"]);
+        assert_eq!(
+            c.authorization_always_allow_paths,
+            crate::authz::DEFAULT_ALWAYS_ALLOW_PATHS
+        );
+        assert_eq!(c.token_cache_ttl, crate::auth::token::DEFAULT_CACHE_TTL);
+        assert_eq!(c.authorization_allow_ttl, crate::authz::DEFAULT_ALLOW_TTL);
+        assert_eq!(c.authorization_deny_ttl, crate::authz::DEFAULT_DENY_TTL);
+        assert!(c.flowcontrol_controller && !c.in_cluster);
+        assert_eq!(c.watch_history, crate::watch::DEFAULT_RING_CAPACITY);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("x").is_err());
+        assert!(parse_duration("1e400").is_err());
+    }
+}
