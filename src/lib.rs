@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod apply;
+pub mod audit;
 pub mod auth;
 pub mod authz;
 pub mod controller;

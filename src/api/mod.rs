@@ -42,12 +42,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
 }
 
 async fn handle(State(state): State<Arc<ApiState>>, req: Request) -> Response {
-    let audit_id = uuid::Uuid::new_v4().to_string();
-    let mut resp = serve(&state, req).await;
-    if let Ok(v) = HeaderValue::from_str(&audit_id) {
-        resp.headers_mut().insert("audit-id", v);
-    }
-    resp
+    serve(&state, req).await
 }
 
 async fn serve(state: &ApiState, req: Request) -> Response {

@@ -119,6 +119,8 @@ pub struct ServeConfig {
     /// How long the leader lease lasts unless renewed (renewed every fifth).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub lease_duration: Duration,
+    #[command(flatten)]
+    pub audit: crate::audit::AuditOptions,
 }
 
 impl ServeConfig {

@@ -24,6 +24,8 @@ pub struct Filters {
     pub authz: crate::authz::Authorizer,
     /// Several replicas: writes go to the leader.
     pub replica: Option<Arc<crate::replica::Replica>>,
+    /// With an audit policy: records events (the `Audit-Id` header is always set).
+    pub auditor: Option<Arc<crate::audit::Auditor>>,
 }
 
 /// The authorizer's view of a request.
@@ -151,6 +153,61 @@ fn set_header(resp: &mut Response, name: &'static str, value: &str) {
     }
 }
 
+/// What the audit event says about the request (user: the authenticated
+/// one; an impersonated user is added later).
+fn audit_meta(req: &Request, info: &Info, user: &Identity) -> crate::audit::RequestMeta {
+    let d = &info.digest;
+    let mut source_ips: Vec<String> = req
+        .headers()
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|ip| ip.trim().to_string())
+        .filter(|ip| !ip.is_empty())
+        .collect();
+    if let Some(ip) = req.headers().get("x-real-ip").and_then(|v| v.to_str().ok()) {
+        source_ips.push(ip.trim().to_string());
+    }
+    if let Some(axum::extract::ConnectInfo(peer)) = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+    {
+        let ip = peer.ip().to_string();
+        if !source_ips.contains(&ip) {
+            source_ips.push(ip);
+        }
+    }
+    crate::audit::RequestMeta {
+        request_uri: req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| d.path.clone(), |p| p.as_str().to_string()),
+        verb: d.verb.clone(),
+        user: crate::audit::UserInfo::from(user),
+        groups_for_policy: user.groups.clone(),
+        source_ips,
+        user_agent: req
+            .headers()
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string(),
+        resource_request: d.is_resource,
+        object_ref: d.is_resource.then(|| crate::audit::ObjectReference {
+            resource: d.resource.clone(),
+            namespace: d.namespace.clone(),
+            name: d.name.clone(),
+            api_group: d.api_group.clone(),
+            api_version: d.api_version.clone(),
+            subresource: d.subresource.clone(),
+            ..Default::default()
+        }),
+        path: d.path.clone(),
+        long_running: info.verb == Some(Verb::Watch),
+    }
+}
+
 pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
     let path = req.uri().path().to_string();
@@ -162,8 +219,8 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
     let forwarded = req
         .extensions_mut()
         .remove::<crate::replica::forward::ForwardedIdentity>();
-    let identity = if let Some(fwd) = &forwarded {
-        fwd.0.clone()
+    let (identity, authenticated) = if let Some(fwd) = &forwarded {
+        (fwd.0.clone(), fwd.0.clone())
     } else {
         let identity = match f
             .auth
@@ -172,30 +229,71 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
         {
             Ok(id) => id,
             Err(_) => {
-                let mut e = crate::status::ApiError::forbidden("Unauthorized");
-                e.code = 401;
-                e.reason = "Unauthorized";
-                return status_response(&e);
+                // Failed authentication is audited too, with no user.
+                let info = request_info(&req, &Identity::default());
+                let meta = audit_meta(&req, &info, &Identity::default());
+                return crate::audit::record(f.auditor.as_ref(), meta, req, |_| async {
+                    let mut e = crate::status::ApiError::forbidden("Unauthorized");
+                    e.code = 401;
+                    e.reason = "Unauthorized";
+                    status_response(&e)
+                })
+                .await;
             }
         };
         if f.auth.is_dev() {
-            identity
+            (identity.clone(), identity)
         } else {
+            let authenticated = identity.clone();
             match crate::authz::impersonation::impersonate(&f.authz, identity, req.headers_mut())
                 .await
             {
-                Ok(id) => id,
-                Err(e) => return status_response(&e),
+                Ok(id) => (id, authenticated),
+                Err(e) => {
+                    let info = request_info(&req, &authenticated);
+                    let meta = audit_meta(&req, &info, &authenticated);
+                    return crate::audit::record(f.auditor.as_ref(), meta, req, |_| async move {
+                        status_response(&e)
+                    })
+                    .await;
+                }
             }
         }
     };
     let info = request_info(&req, &identity);
+    let meta = audit_meta(&req, &info, &authenticated);
+    let auditor = f.auditor.clone();
+    crate::audit::record(auditor.as_ref(), meta, req, move |req| async move {
+        if identity != authenticated {
+            if let Some(rec) = req.extensions().get::<Arc<crate::audit::Recording>>() {
+                rec.set_impersonated_user(crate::audit::UserInfo::from(&identity));
+            }
+        }
+        admit_and_serve(f, req, info, identity, forwarded.is_some(), start, next).await
+    })
+    .await
+}
+
+/// Replica routing, priority and fairness, authorization, then the handler.
+async fn admit_and_serve(
+    f: Arc<Filters>,
+    mut req: Request,
+    info: Info,
+    identity: Identity,
+    forwarded: bool,
+    start: Instant,
+    next: Next,
+) -> Response {
+    let recording = req
+        .extensions()
+        .get::<Arc<crate::audit::Recording>>()
+        .cloned();
     if let Some(replica) = f
         .replica
         .as_ref()
         .filter(|_| crate::replica::is_write(info.verb))
     {
-        if forwarded.is_some() {
+        if forwarded {
             // Forwarded once is enough: a replica that no longer leads says so.
             if !replica.is_leader() {
                 return crate::replica::internal::not_leader();
@@ -212,11 +310,28 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
     }
     req.extensions_mut().insert(identity.clone());
     let inputs = estimate(&f.registry, &info);
+    let queued = Instant::now();
     // A client that goes away drops this future, which withdraws a queued request.
     let admitted = f
         .apf
         .admit(&info.digest, inputs, None, std::future::pending::<()>())
         .await;
+    if let Some(rec) = &recording {
+        rec.annotate(
+            "apiserver.latency.k8s.io/apf-queue-wait",
+            format!("{:?}", queued.elapsed()),
+        );
+        if let Ok(seats) = &admitted {
+            rec.annotate(
+                "flowcontrol.kshard.dev/priority-level-uid",
+                seats.priority_level_uid(),
+            );
+            rec.annotate(
+                "flowcontrol.kshard.dev/flow-schema-uid",
+                seats.flow_schema_uid(),
+            );
+        }
+    }
     let mut resp = match admitted {
         Err(rejected) => {
             let mut r = Response::new(axum::body::Body::from(format!(
@@ -248,8 +363,16 @@ pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next)
                 .authorize(&attributes(&info.digest, &identity))
                 .await
             {
-                Ok(crate::authz::Decision::Allow) => {}
+                Ok(crate::authz::Decision::Allow) => {
+                    if let Some(rec) = &recording {
+                        rec.annotate("authorization.k8s.io/decision", "allow");
+                    }
+                }
                 Ok(crate::authz::Decision::Deny(reason)) => {
+                    if let Some(rec) = &recording {
+                        rec.annotate("authorization.k8s.io/decision", "forbid");
+                        rec.annotate("authorization.k8s.io/reason", reason.clone());
+                    }
                     seats.finish();
                     let e = crate::authz::forbidden(&attributes(&info.digest, &identity), &reason);
                     let mut r = status_response(&e);

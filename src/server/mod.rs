@@ -156,13 +156,19 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let delegation = delegation(&cfg, &registry, &readiness).await?;
     tasks.extend(delegation.tasks);
     let auth = delegation.auth;
+    let auditor = crate::audit::Auditor::from_options(&cfg.audit)
+        .await
+        .map_err(|e| ServerError::Config(e.to_string()))?;
     let app = app(
         state.clone(),
-        apf.clone(),
-        registry.clone(),
-        auth.clone(),
-        delegation.authz,
-        replica.clone(),
+        filters::Filters {
+            apf: apf.clone(),
+            registry: registry.clone(),
+            auth: auth.clone(),
+            authz: delegation.authz,
+            replica: replica.clone(),
+            auditor,
+        },
     );
     if let (Some(r), Some(l)) = (&replica, internal_listener) {
         let internal = crate::replica::internal::router(r.clone(), app.clone());
@@ -370,14 +376,7 @@ async fn delegation(
 }
 
 /// The API plus the server's own endpoints, behind the request filters.
-fn app(
-    state: Arc<ApiState>,
-    apf: Arc<Apf>,
-    registry: Arc<Registry>,
-    auth: crate::auth::Authenticator,
-    authz: crate::authz::Authorizer,
-    replica: Option<Arc<crate::replica::Replica>>,
-) -> Router {
+fn app(state: Arc<ApiState>, filters: filters::Filters) -> Router {
     let own = Router::new()
         .route("/metrics", get(metrics_endpoint))
         .route(
@@ -392,14 +391,8 @@ fn app(
             "/debug/api_priority_and_fairness/dump_requests",
             get(dump_requests),
         )
-        .with_state(apf.clone());
-    let filters = Arc::new(filters::Filters {
-        apf,
-        registry,
-        auth,
-        authz,
-        replica,
-    });
+        .with_state(filters.apf.clone());
+    let filters = Arc::new(filters);
     own.merge(api::router(state))
         .layer(axum::middleware::from_fn_with_state(
             filters,
@@ -526,18 +519,23 @@ async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: R
                     .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
                     .unwrap_or_default(),
             ));
-            serve_connection(TokioIo::new(stream), app.layer(axum::Extension(peer_certs))).await;
+            let app = app
+                .layer(axum::Extension(peer_certs))
+                .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+            serve_connection(TokioIo::new(stream), app).await;
         });
     }
 }
 
 async fn serve_plain(listener: TcpListener, app: Router) {
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
+        let Ok((tcp, peer)) = listener.accept().await else {
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let app = app.clone();
+        let app = app
+            .clone()
+            .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
         tokio::spawn(serve_connection(TokioIo::new(tcp), app));
     }
 }
