@@ -2,35 +2,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 
-/// Starts `kshard serve` on an ephemeral port; returns the process once it serves.
 fn spawn(data_dir: &Path) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kshard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
-        .arg(common::repo_path("crds/examples"))
-        .arg("--data-dir")
-        .arg(data_dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn kshard");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let first = lines.next().expect("a line").expect("utf8");
-    assert!(
-        first.starts_with("kshard is serving on https://"),
-        "{first}"
-    );
-    // Keep draining stdout so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    child
+    common::spawn_kshard(data_dir, &[])
 }
 
 fn widgets(client: kube::Client) -> Api<DynamicObject> {

@@ -18,6 +18,9 @@ pub struct ServeConfig {
     /// `tikv://pd1:2379[,pd2:2379]?prefix=<shard>` (needs the `tikv` build feature).
     #[arg(long)]
     pub store: Option<String>,
+    /// Page cache of the embedded store (bytes, or with a Ki/Mi/Gi suffix).
+    #[arg(long, default_value = "64Mi", value_parser = parse_bytes)]
+    pub storage_cache_bytes: u64,
     /// HTTPS listen address.
     #[arg(long, default_value = "127.0.0.1:6443")]
     pub listen: SocketAddr,
@@ -36,6 +39,12 @@ pub struct ServeConfig {
     /// Events kept per resource by the watch cache before old ones may be dropped.
     #[arg(skip = crate::watch::DEFAULT_RING_CAPACITY)]
     pub watch_history: usize,
+    /// Memory (estimated) the watch cache's event history of one resource may
+    /// hold; beyond it the oldest events are dropped whatever their age
+    /// (watchers resuming from them get 410 Gone and re-list). Bytes, or with
+    /// a Ki/Mi/Gi suffix.
+    #[arg(long, default_value = "64Mi", value_parser = parse_bytes)]
+    pub watch_cache_history_bytes: u64,
     /// Non-mutating share of the server concurrency limit (API Priority and
     /// Fairness divides the sum of the two among priority levels).
     #[arg(long, default_value_t = 400)]
@@ -180,6 +189,20 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"))
 }
 
+/// Sizes as the flags take them: `1048576`, `512Ki`, `64Mi`, `1Gi`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.get(s.len().saturating_sub(2)..) {
+        Some("Ki") => (&s[..s.len() - 2], 1u64 << 10),
+        Some("Mi") => (&s[..s.len() - 2], 1 << 20),
+        Some("Gi") => (&s[..s.len() - 2], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("invalid size {s:?} (bytes, or a number with Ki, Mi or Gi)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +222,16 @@ mod tests {
         assert_eq!(c.authorization_deny_ttl, crate::authz::DEFAULT_DENY_TTL);
         assert!(c.flowcontrol_controller && !c.in_cluster);
         assert_eq!(c.watch_history, crate::watch::DEFAULT_RING_CAPACITY);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("64Mi"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("2Gi"), Ok(2 << 30));
+        assert!(parse_bytes("Mi").is_err());
+        assert!(parse_bytes("-1").is_err());
+        assert!(parse_bytes("99999999999999Gi").is_err());
     }
 
     #[test]

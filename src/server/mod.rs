@@ -26,7 +26,7 @@ use crate::registry::{gc, Catalog, Registry};
 use crate::storage::{StorageError, Store};
 use crate::watch::Cache;
 
-pub use config::{parse_duration, ServeConfig};
+pub use config::{parse_bytes, parse_duration, ServeConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -101,8 +101,11 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(io(format!("creating {}", cfg.data_dir.display())))?;
 
-    let engine =
-        crate::storage::open_engine(cfg.store.as_deref(), &cfg.data_dir.join("store.redb"))?;
+    let engine = crate::storage::open_engine(
+        cfg.store.as_deref(),
+        &cfg.data_dir.join("store.redb"),
+        usize::try_from(cfg.storage_cache_bytes).unwrap_or(usize::MAX),
+    )?;
     // The embedded store belongs to this process alone: no lease, no peers.
     let shared_store = cfg
         .store
@@ -126,7 +129,11 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         Arc::new(move |resource: &str, obj: &mut serde_json::Value| {
             crate::registry::default_on_read(&defaults_catalog, resource, obj)
         });
-    let cache = Cache::start_with(store.clone(), cfg.watch_history, Some(on_load)).await?;
+    let ring = crate::watch::RingLimits {
+        events: cfg.watch_history,
+        bytes: cfg.watch_cache_history_bytes,
+    };
+    let cache = Cache::start_with(store.clone(), ring, Some(on_load)).await?;
     let registry = Registry::new(catalog, store.clone(), cache);
     let mut tasks = vec![
         gc::spawn(registry.clone()),

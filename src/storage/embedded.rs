@@ -18,9 +18,22 @@ fn engine_err(e: impl std::fmt::Display) -> StorageError {
     StorageError::Engine(e.to_string())
 }
 
+/// redb's page cache when none is given. redb's own default is 1 GiB, far
+/// more than kshard needs: reads are served by the watch cache, and the
+/// kernel's page cache holds the file anyway.
+pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
 impl Embedded {
     pub fn open(path: &Path) -> Result<Self, StorageError> {
-        let db = Database::create(path).map_err(engine_err)?;
+        Self::open_with_cache(path, DEFAULT_CACHE_BYTES)
+    }
+
+    /// Opens (or creates) the database with a page cache of `cache_bytes`.
+    pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Self, StorageError> {
+        let db = Database::builder()
+            .set_cache_size(cache_bytes)
+            .create(path)
+            .map_err(engine_err)?;
         // Make sure the table exists so that read transactions can open it.
         let txn = db.begin_write().map_err(engine_err)?;
         txn.open_table(KV).map_err(engine_err)?;

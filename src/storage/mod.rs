@@ -34,14 +34,19 @@ pub trait Fence: Send + Sync + 'static {
 pub type Revision = u64;
 
 /// Opens the engine `--store` names: none (or `embedded`) is the embedded
-/// engine at `embedded_path`; `tikv://pd:2379[,...]?prefix=<shard>` is TiKV,
-/// available when built with the `tikv` feature.
+/// engine at `embedded_path` with a page cache of `embedded_cache_bytes`;
+/// `tikv://pd:2379[,...]?prefix=<shard>` is TiKV, available when built with
+/// the `tikv` feature.
 pub fn open_engine(
     store: Option<&str>,
     embedded_path: &std::path::Path,
+    embedded_cache_bytes: usize,
 ) -> Result<Arc<dyn Engine>, StorageError> {
     match store {
-        None | Some("" | "embedded") => Ok(Arc::new(embedded::Embedded::open(embedded_path)?)),
+        None | Some("" | "embedded") => Ok(Arc::new(embedded::Embedded::open_with_cache(
+            embedded_path,
+            embedded_cache_bytes,
+        )?)),
         Some(url) if url.starts_with("tikv://") => open_tikv(url),
         Some(other) => Err(StorageError::Invalid(format!(
             "--store {other}: expected `embedded` or tikv://pd-host:port[,...]?prefix=<shard>"

@@ -226,21 +226,29 @@ async fn change_feed_delivers_batches_in_order() {
 #[test]
 fn store_flag_selects_the_engine() {
     let dir = tempfile::tempdir().expect("tmp");
-    assert!(open_engine(None, &dir.path().join("a.redb")).is_ok());
-    assert!(open_engine(Some("embedded"), &dir.path().join("b.redb")).is_ok());
+    assert!(open_engine(None, &dir.path().join("a.redb"), 1 << 20).is_ok());
+    assert!(open_engine(Some("embedded"), &dir.path().join("b.redb"), 1 << 20).is_ok());
     let path = dir.path().join("c.redb");
     assert!(matches!(
-        open_engine(Some("etcd://127.0.0.1:2379"), &path),
+        open_engine(
+            Some("etcd://127.0.0.1:2379"),
+            &path,
+            embedded::DEFAULT_CACHE_BYTES
+        ),
         Err(StorageError::Invalid(_))
     ));
     // A prefix that could reach into another shard's keys is refused.
     assert!(matches!(
-        open_engine(Some("tikv://127.0.0.1:1?prefix=a/b"), &path),
+        open_engine(
+            Some("tikv://127.0.0.1:1?prefix=a/b"),
+            &path,
+            embedded::DEFAULT_CACHE_BYTES
+        ),
         Err(StorageError::Invalid(_))
     ));
     #[cfg(not(feature = "tikv"))]
     assert!(matches!(
-        open_engine(Some("tikv://127.0.0.1:1?prefix=a"), &path),
+        open_engine(Some("tikv://127.0.0.1:1?prefix=a"), &path, embedded::DEFAULT_CACHE_BYTES),
         Err(StorageError::Invalid(m)) if m.contains("feature `tikv`")
     ));
 }

@@ -15,6 +15,36 @@ pub type OnLoad = Arc<dyn Fn(&str, &mut Value) -> bool + Send + Sync>;
 
 /// Events kept per resource before trimming (older than 75 s) may begin.
 pub const DEFAULT_RING_CAPACITY: usize = 10_000;
+/// Memory the event history of one resource may hold (estimated), whatever
+/// the events' age: beyond it the oldest events go (watchers resuming from
+/// them get 410 and re-list). Without it, a user with update rights could
+/// grow memory by `capacity × object size` (10,000 updates of a 1 MB object).
+pub const DEFAULT_RING_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// An event keeps its object alive twice over beside the JSON bytes (the
+/// parsed value is about twice the JSON) and may cache its watch frame.
+const EVENT_COST_FACTOR: u64 = 4;
+
+/// How much event history each resource keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct RingLimits {
+    /// Events kept before those older than 75 s may be trimmed.
+    pub events: usize,
+    /// Estimated bytes the history may hold, whatever its age.
+    pub bytes: u64,
+}
+
+impl From<usize> for RingLimits {
+    fn from(events: usize) -> Self {
+        RingLimits {
+            events,
+            bytes: DEFAULT_RING_MAX_BYTES,
+        }
+    }
+}
+
+fn event_cost(ev: &WatchEvent) -> u64 {
+    (ev.object.json.len() as u64).saturating_mul(EVENT_COST_FACTOR)
+}
 /// Events younger than this are never trimmed unless the ring is far over capacity.
 const MIN_HISTORY: Duration = Duration::from_secs(75);
 /// Buffered events per watcher; a watcher that falls this far behind is closed.
@@ -158,6 +188,8 @@ struct ResourceState {
     complete_after: Revision,
     /// Encoded size of all current objects (for cost estimates).
     bytes: u64,
+    /// Estimated memory of the events in `ring`.
+    ring_bytes: u64,
     watchers: Vec<Watcher>,
 }
 
@@ -169,13 +201,16 @@ struct State {
 pub struct Cache {
     state: RwLock<State>,
     revision: watch::Sender<Revision>,
-    ring_capacity: usize,
+    ring: RingLimits,
 }
 
 impl Cache {
     /// Loads the current state from `store` and follows its change feed.
-    pub async fn start(store: Arc<Store>, ring_capacity: usize) -> Result<Arc<Self>, StorageError> {
-        Self::start_with(store, ring_capacity, None).await
+    pub async fn start(
+        store: Arc<Store>,
+        ring: impl Into<RingLimits>,
+    ) -> Result<Arc<Self>, StorageError> {
+        Self::start_with(store, ring, None).await
     }
 
     /// Like [`Cache::start`]; `on_load` may rewrite stored objects as they are
@@ -183,9 +218,10 @@ impl Cache {
     /// written) and returns whether it changed anything.
     pub async fn start_with(
         store: Arc<Store>,
-        ring_capacity: usize,
+        ring: impl Into<RingLimits>,
         on_load: Option<OnLoad>,
     ) -> Result<Arc<Self>, StorageError> {
+        let ring = ring.into();
         let (rev, mut feed) = store.subscribe();
         let page = store.list("", rev, None, None, Arc::new(|_| true)).await?;
         let mut resources: HashMap<String, ResourceState> = HashMap::new();
@@ -226,7 +262,7 @@ impl Cache {
                 resources,
             }),
             revision: tx,
-            ring_capacity,
+            ring,
         });
         let weak = Arc::downgrade(&cache);
         tokio::spawn(async move {
@@ -305,8 +341,9 @@ impl Cache {
                 // A watcher that cannot keep up is closed; its client re-watches.
                 w.tx.try_send(ev.clone()).is_ok()
             });
+            res.ring_bytes += event_cost(&ev);
             res.ring.push_back((now, ev));
-            trim(res, self.ring_capacity, now);
+            trim(res, self.ring, now);
         }
         state.revision = batch.revision;
         drop(state);
@@ -433,16 +470,16 @@ fn interested(filter: &Filter, ev: &WatchEvent) -> bool {
     filter.matches(&ev.object) || ev.prev.as_ref().is_some_and(|p| filter.matches(p))
 }
 
-fn trim(res: &mut ResourceState, capacity: usize, now: Instant) {
-    while res.ring.len() > capacity {
-        let Some((at, ev)) = res.ring.front() else {
-            break;
-        };
-        let old_enough = now.duration_since(*at) >= MIN_HISTORY;
-        if !old_enough && res.ring.len() <= capacity * 4 {
+fn trim(res: &mut ResourceState, limits: RingLimits, now: Instant) {
+    while let Some((at, ev)) = res.ring.front() {
+        let over_bytes = res.ring_bytes > limits.bytes && res.ring.len() > 1;
+        let over_count = res.ring.len() > limits.events
+            && (now.duration_since(*at) >= MIN_HISTORY || res.ring.len() > limits.events * 4);
+        if !over_bytes && !over_count {
             break;
         }
         res.complete_after = ev.revision;
+        res.ring_bytes = res.ring_bytes.saturating_sub(event_cost(ev));
         res.ring.pop_front();
     }
 }
@@ -515,6 +552,52 @@ mod tests {
             .await
             .expect_err("future");
         assert!(matches!(e, WatchError::TooLarge { .. }));
+    }
+
+    #[tokio::test]
+    async fn history_is_bounded_in_bytes_whatever_its_age() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let engine = Arc::new(Embedded::open(&dir.path().join("db")).expect("open"));
+        let store = Store::open(engine).expect("store");
+        // Room for many events by count, for about 10 events of 10 KB by bytes.
+        let limits = RingLimits {
+            events: 10_000,
+            bytes: 10 * 10_000 * EVENT_COST_FACTOR,
+        };
+        let cache = Cache::start(store.clone(), limits).await.expect("cache");
+        let first = create(&store, "a").await;
+        for i in 0..40 {
+            store
+                .write(Write::Create {
+                    key: format!("g/r/ns/big{i}"),
+                    object: json!({"apiVersion": "g/v1", "kind": "K", "metadata": {"name": format!("big{i}")}, "data": "x".repeat(10_000)}),
+                })
+                .await
+                .expect("create");
+        }
+        cache
+            .wait_for(store.revision(), Duration::from_secs(2))
+            .await
+            .expect("caught up");
+        let kept = {
+            let state = cache.read();
+            let res = &state.resources["g/r"];
+            assert!(
+                res.ring_bytes <= limits.bytes,
+                "{} > {}",
+                res.ring_bytes,
+                limits.bytes
+            );
+            res.ring.len()
+        };
+        assert!((5..=10).contains(&kept), "kept {kept} events");
+        // Young events were dropped for their size: resuming from them is 410.
+        assert!(matches!(
+            cache.watch("g/r", Start::After(first), Filter::everything()),
+            Err(WatchError::TooOld { .. })
+        ));
+        // Every object is still current.
+        assert_eq!(cache.count("g/r"), 41);
     }
 
     #[tokio::test]

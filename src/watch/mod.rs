@@ -5,8 +5,8 @@
 mod cache;
 
 pub use cache::{
-    frame, Cache, CachedObject, Filter, OnLoad, Start, Subscription, WatchError, WatchEvent,
-    DEFAULT_RING_CAPACITY,
+    frame, Cache, CachedObject, Filter, OnLoad, RingLimits, Start, Subscription, WatchError,
+    WatchEvent, DEFAULT_RING_CAPACITY, DEFAULT_RING_MAX_BYTES,
 };
 
 /// Splits a storage key `group/resource/namespace/name` into the resource id

@@ -288,3 +288,41 @@ impl Drop for KubectlStream {
         let _ = self.child.wait();
     }
 }
+
+/// Starts the real `kshard serve` binary on an ephemeral port with the example
+/// CRDs and `extra` flags; returns the process once it serves (its kubeconfig
+/// is `<data_dir>/kubeconfig`).
+pub fn spawn_kshard(data_dir: &Path, extra: &[&str]) -> std::process::Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
+        .arg(repo_path("crds/examples"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn kshard");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = lines.next().expect("a line").expect("utf8");
+    assert!(
+        first.starts_with("kshard is serving on https://"),
+        "{first}"
+    );
+    // Keep draining stdout so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+/// Resident memory of a process, from /proc (Linux).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .expect("VmRSS")
+}
