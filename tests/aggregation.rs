@@ -772,3 +772,74 @@ async fn discovery_for_the_aggregator_is_exempt_while_load_is_shed() {
         );
     }
 }
+
+/// Authorization and routing read the same decoded path: an encoded `/`
+/// cannot reach a subresource the user may not touch.
+#[tokio::test(flavor = "multi_thread")]
+async fn encoded_slash_cannot_bypass_subresource_authorization() {
+    let s = setup(|_| {}).await;
+    s.host.state.set_policy(|spec| {
+        let ra = &spec["resourceAttributes"];
+        let main_resource_only =
+            ra["resource"] == "widgets" && ra["subresource"].as_str().unwrap_or("").is_empty();
+        (spec["user"] == "alice" && main_resource_only, String::new())
+    });
+    let alice = [("x-remote-user", "alice"), ("x-remote-group", "devs")];
+    let (code, _, body) = send(
+        &s.aggregator,
+        "POST",
+        common::WIDGETS,
+        &alice,
+        Some(&widget("w1")),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+    let (_, _, live) = send(
+        &s.aggregator,
+        "GET",
+        &format!("{}/w1", common::WIDGETS),
+        &alice,
+        None,
+    )
+    .await;
+    let mut obj: Value = serde_json::from_str(&live).expect("json");
+    obj["status"] = json!({"replicas": 9});
+    for (path, sub) in [
+        ("w1%2Fstatus", "status"),
+        ("w1%2fstatus", "status"),
+        ("w1%2Fscale", "scale"),
+    ] {
+        let uri = format!("{}/{path}", common::WIDGETS);
+        let (code, _, body) = send(&s.aggregator, "PUT", &uri, &alice, Some(&obj)).await;
+        assert_eq!(code, 403, "{path}: {body}");
+        assert!(
+            body.contains(&format!("cannot update resource \\\"widgets/{sub}\\\"")),
+            "{path}: {body}"
+        );
+    }
+    let (_, _, after) = send(
+        &s.aggregator,
+        "GET",
+        &format!("{}/w1", common::WIDGETS),
+        &alice,
+        None,
+    )
+    .await;
+    let after: Value = serde_json::from_str(&after).expect("json");
+    assert!(
+        after
+            .get("status")
+            .is_none_or(|st| st.get("replicas").is_none()),
+        "{after}"
+    );
+    // The same request by name-only path is the main resource: allowed.
+    let (code, _, body) = send(
+        &s.aggregator,
+        "GET",
+        &format!("{}/w1", common::WIDGETS),
+        &alice,
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+}

@@ -75,7 +75,10 @@ async fn repeated_updates_of_a_large_object_keep_memory_bounded() {
         .expect("get");
     let obj: serde_json::Value = serde_json::from_str(&obj).expect("json");
     assert_eq!(obj["spec"]["replicas"], UPDATES);
-    assert_eq!(obj["spec"]["color"].as_str().map(str::len), Some(OBJECT_BYTES));
+    assert_eq!(
+        obj["spec"]["color"].as_str().map(str::len),
+        Some(OBJECT_BYTES)
+    );
     // A watch from the first revision is 410 Gone (its events were dropped):
     // the client re-lists, as after compaction.
     let old = http::Request::get(format!(

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use crate::registry::Registry;
 use crate::status::ApiError;
-use request::{route, Route};
+use request::Route;
 use response::{bytes_response, error_response, json_response};
 
 /// Largest request body accepted (kube's limit for JSON is 3 MiB).
@@ -47,7 +47,7 @@ async fn handle(State(state): State<Arc<ApiState>>, req: Request) -> Response {
 
 async fn serve(state: &ApiState, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let path = percent_decode(parts.uri.path());
+    let info = request::RequestInfo::of(&parts.method, &parts.uri, &parts.extensions);
     let query = parts.uri.query().unwrap_or("").to_string();
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,
@@ -64,7 +64,7 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let catalog = &state.registry.catalog;
-    match route(&parts.method, &path, &query) {
+    match info.route {
         Route::Resource(r) => {
             resource::handle(
                 state,
@@ -116,12 +116,6 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         },
         Route::NotFound => error_response(&ApiError::not_found_path()),
     }
-}
-
-fn percent_decode(path: &str) -> String {
-    percent_encoding::percent_decode_str(path)
-        .decode_utf8_lossy()
-        .into_owned()
 }
 
 pub fn version_info() -> Value {

@@ -72,6 +72,37 @@ pub struct ResourceRequest {
     pub verb: Option<Verb>,
 }
 
+/// A request's path, percent-decoded once, and what it addresses. The filters
+/// put it in the request's extensions before anything reads the path, and
+/// authentication, authorization, flow control, audit and the handler all use
+/// this one value, so no stage can see a different resource, subresource or
+/// namespace than another (e.g. `w1%2Fstatus` is the status subresource for
+/// every stage, as in kube-apiserver, which routes on the decoded path too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// The decoded path (`%2F` is `/`).
+    pub path: String,
+    pub route: Route,
+}
+
+impl RequestInfo {
+    pub fn parse(method: &Method, uri: &http::Uri) -> Self {
+        let path = percent_encoding::percent_decode_str(uri.path())
+            .decode_utf8_lossy()
+            .into_owned();
+        let route = route(method, &path, uri.query().unwrap_or(""));
+        RequestInfo { path, route }
+    }
+
+    /// The request's info: the one the filters stored, else parsed now.
+    pub fn of(method: &Method, uri: &http::Uri, extensions: &http::Extensions) -> Self {
+        extensions
+            .get::<RequestInfo>()
+            .cloned()
+            .unwrap_or_else(|| Self::parse(method, uri))
+    }
+}
+
 fn is_truthy(v: &str) -> bool {
     matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
 }

@@ -11,7 +11,7 @@ use axum::response::Response;
 use http::{HeaderValue, StatusCode};
 
 use super::metrics::{record_request, RequestLabels};
-use crate::api::request::{route, Route, Verb};
+use crate::api::request::{RequestInfo, Route, Verb};
 use crate::api::watch::InitialEventsSent;
 use crate::auth::Identity;
 use crate::flowcontrol::{Apf, EstimateInputs, RequestDigest, TOO_MANY_REQUESTS_BODY};
@@ -56,8 +56,8 @@ struct Info {
 }
 
 fn request_info(req: &Request, identity: &Identity) -> Info {
-    let path = req.uri().path().to_string();
-    let query = req.uri().query().unwrap_or("");
+    let ri = RequestInfo::of(req.method(), req.uri(), req.extensions());
+    let path = ri.path.clone();
     let method = req.method().clone();
     let mut digest = RequestDigest {
         user: identity.user.clone(),
@@ -83,7 +83,7 @@ fn request_info(req: &Request, identity: &Identity) -> Info {
     };
     let mut verb = None;
     let mut resource_id = None;
-    if let Route::Resource(r) = route(&method, &path, query) {
+    if let Route::Resource(r) = ri.route {
         digest.is_resource = true;
         verb = r.verb;
         digest.verb = r
@@ -210,7 +210,10 @@ fn audit_meta(req: &Request, info: &Info, user: &Identity) -> crate::audit::Requ
 
 pub async fn filter(State(f): State<Arc<Filters>>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
-    let path = req.uri().path().to_string();
+    // Parsed once; every later stage reads this value.
+    let ri = RequestInfo::parse(req.method(), req.uri());
+    let path = ri.path.clone();
+    req.extensions_mut().insert(ri);
     let peer = req
         .extensions()
         .get::<crate::auth::PeerCertificates>()
