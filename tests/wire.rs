@@ -420,3 +420,36 @@ async fn insecure_listener_serves_plain_http_for_debugging() {
     assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
     assert!(resp.contains("\"kind\":\"APIResourceList\""), "{resp}");
 }
+
+/// A huge `timeoutSeconds` is clamped, not an overflow in the watch task.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_with_the_largest_timeout_serves_events() {
+    use http_body_util::BodyExt;
+    let s = common::start().await;
+    assert_eq!(
+        s.post_json(common::WIDGETS, &common::widget("w1", 1))
+            .await
+            .status,
+        201
+    );
+    let req = http::Request::get(format!(
+        "{}?watch=true&timeoutSeconds=9223372036854775807",
+        common::WIDGETS
+    ))
+    .body(kube::client::Body::empty())
+    .expect("request");
+    let resp = s.client.send(req).await.expect("watch");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let frame = tokio::time::timeout(std::time::Duration::from_secs(10), body.frame())
+        .await
+        .expect("a frame within 10 s")
+        .expect("a frame")
+        .expect("data");
+    let data = frame.into_data().expect("data frame");
+    let ev: serde_json::Value = serde_json::from_slice(&data).expect("event");
+    assert_eq!(ev["type"], "ADDED");
+    assert_eq!(ev["object"]["metadata"]["name"], "w1");
+    drop(body);
+    assert_eq!(s.get(&format!("{}/w1", common::WIDGETS)).await.status, 200);
+}

@@ -24,6 +24,8 @@ use crate::storage::EventType;
 use crate::watch::{frame, Filter, Start, Subscription, WatchError, WatchEvent};
 
 /// Frames buffered between the event loop and the socket.
+/// Longest watch a client can ask for with `timeoutSeconds` (one week).
+const MAX_WATCH_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
 const OUT_BUFFER: usize = 256;
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -105,10 +107,16 @@ pub async fn serve(
         WatchStart::After(rev) => subscribe(Start::After(rev)),
         WatchStart::Now => subscribe(Start::After(reg.cache.revision())),
     };
-    let timeout = Duration::from_secs(opts.timeout_seconds.unwrap_or_else(|| {
-        // kube: minRequestTimeout × [1, 2): spreads reconnects.
-        1800 + u64::from(uuid::Uuid::new_v4().as_bytes()[0]) * 1800 / 256
-    }));
+    let timeout = Duration::from_secs(
+        opts.timeout_seconds
+            .unwrap_or_else(|| {
+                // kube: minRequestTimeout × [1, 2): spreads reconnects.
+                1800 + u64::from(uuid::Uuid::new_v4().as_bytes()[0]) * 1800 / 256
+            })
+            // Any longer is forever for a client; larger values would overflow
+            // the deadline arithmetic.
+            .min(MAX_WATCH_TIMEOUT_SECS),
+    );
     let (tx, rx) = mpsc::channel::<Bytes>(OUT_BUFFER);
     let stream = Stream {
         t: t.clone(),
@@ -192,7 +200,8 @@ struct Stream {
 
 impl Stream {
     async fn run(mut self, mut sub: Subscription, tx: mpsc::Sender<Bytes>, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        let deadline = now.checked_add(timeout).unwrap_or(now);
         for ev in std::mem::take(&mut sub.initial) {
             if let Some(f) = self.encode(&ev) {
                 if tx.send(f).await.is_err() {
