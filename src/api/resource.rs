@@ -52,7 +52,8 @@ pub fn decode_body(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<Value
     let ct = content_type(headers);
     let media = ct.split(';').next().unwrap_or("").trim();
     let value: Value = match media {
-        "" | "application/json" | "*/*" => serde_json::from_slice(body).map_err(|e| {
+        // An absent type is JSON, as kube reads it; a wildcard names no format: 415.
+        "" | "application/json" => serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!("the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e}"))
         })?,
         "application/cbor" => super::encoding::cbor::from_cbor(body)

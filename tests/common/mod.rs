@@ -293,6 +293,15 @@ impl Drop for KubectlStream {
 /// CRDs and `extra` flags; returns the process once it serves (its kubeconfig
 /// is `<data_dir>/kubeconfig`).
 pub fn spawn_kshard(data_dir: &Path, extra: &[&str]) -> std::process::Child {
+    spawn_kshard_with(data_dir, extra, &[])
+}
+
+/// [`spawn_kshard`] with environment variables for the process.
+pub fn spawn_kshard_with(
+    data_dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Child {
     use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kshard"))
         .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
@@ -300,6 +309,7 @@ pub fn spawn_kshard(data_dir: &Path, extra: &[&str]) -> std::process::Child {
         .arg("--data-dir")
         .arg(data_dir)
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -318,11 +328,34 @@ pub fn spawn_kshard(data_dir: &Path, extra: &[&str]) -> std::process::Child {
 
 /// Resident memory of a process, from /proc (Linux).
 pub fn rss_bytes(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmRSS:")
+}
+
+/// A `kB` figure of /proc/<pid>/status (`VmRSS:`, `VmSize:`), in bytes.
+pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .expect("VmRSS")
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+/// Caps a running process's address space at its current size plus
+/// `headroom` (util-linux `prlimit`): an allocation beyond it fails, and a
+/// Rust process aborts, so a test that the server survives means its memory
+/// stayed within the headroom.
+pub fn limit_memory(pid: u32, headroom: u64) {
+    let cap = proc_status_bytes(pid, "VmSize:") + headroom;
+    let out = std::process::Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--as={cap}"))
+        .output()
+        .expect("prlimit (util-linux) on PATH");
+    assert!(
+        out.status.success(),
+        "prlimit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
