@@ -106,6 +106,11 @@ async fn front_proxy_and_client_certificates() {
     let ops = client(&users_ca, "ops", &["system:masters"]);
     let ops_client = client_with(&s, Some(&ops), dir.path(), "ops").await;
     assert_eq!(get(&ops_client, widgets, &[]).await.0, 200);
+    // A certificate with an empty common name names no user, whatever its groups.
+    let nameless = client(&users_ca, "", &["system:masters"]);
+    let nameless_client = client_with(&s, Some(&nameless), dir.path(), "nameless").await;
+    let (code, body) = get(&nameless_client, widgets, &[]).await;
+    assert_eq!(code, 401, "{body}");
     // ...which may not claim to be someone else through proxy headers or impersonation.
     let (code, body) = get(&alice_client, widgets, &[("impersonate-user", "bob")]).await;
     assert_eq!(code, 403, "{body}");

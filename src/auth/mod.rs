@@ -250,7 +250,8 @@ impl Authenticator {
         if identity.is_none() {
             if let (Some(ca), Some(leaf)) = (&config.client_ca, chain.first()) {
                 if ca.verifies(chain) {
-                    if let Some((cn, orgs)) = x509::subject(leaf) {
+                    // kube: a certificate without a common name names no user.
+                    if let Some((cn, orgs)) = x509::subject(leaf).filter(|(cn, _)| !cn.is_empty()) {
                         identity = Some(Identity {
                             user: cn,
                             groups: orgs,
