@@ -98,8 +98,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     }
     let catalog = Arc::new(catalog);
     tracing::info!(resources = catalog.resources.len(), "catalog loaded");
-    std::fs::create_dir_all(&cfg.data_dir)
-        .map_err(io(format!("creating {}", cfg.data_dir.display())))?;
+    pki::private_dir(&cfg.data_dir)?;
 
     let engine = crate::storage::open_engine(
         cfg.store.as_deref(),

@@ -42,11 +42,44 @@ impl Pki {
     }
 }
 
+/// Writes a file only its owner may read (0600): keys, and kubeconfigs that
+/// carry a key. An existing file's mode is tightened too.
 fn write(path: &Path, text: &str) -> Result<(), PkiError> {
-    std::fs::write(path, text).map_err(|source| PkiError::Io {
+    let io = |source| PkiError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.mode(0o600);
+    }
+    let mut f = o.open(path).map_err(io)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(io)?;
+    }
+    std::io::Write::write_all(&mut f, text.as_bytes()).map_err(io)
+}
+
+/// Creates `dir` (and its parents) if needed and makes it the owner's alone
+/// (0700): it holds private keys, the store and the admin kubeconfig.
+pub fn private_dir(dir: &Path) -> Result<(), PkiError> {
+    let io = |source| PkiError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+    }
+    Ok(())
 }
 
 /// Loads the PKI under `dir`, generating whatever is missing.
@@ -54,10 +87,7 @@ pub fn ensure(dir: &Path, extra_sans: &[String]) -> Result<Pki, PkiError> {
     let pki = Pki {
         dir: dir.to_path_buf(),
     };
-    std::fs::create_dir_all(dir).map_err(|source| PkiError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    private_dir(dir)?;
     let complete = [
         pki.ca_cert(),
         pki.server_cert(),
@@ -166,6 +196,31 @@ current-context: kshard
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn keys_and_kubeconfig_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let pki_dir = dir.path().join("pki");
+        // A directory left open by an older version is closed again.
+        std::fs::create_dir(&pki_dir).expect("dir");
+        std::fs::set_permissions(&pki_dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let pki = ensure(&pki_dir, &[]).expect("pki");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, "old").expect("old kubeconfig");
+        write_kubeconfig(&pki, "https://127.0.0.1:6443", &kubeconfig).expect("kubeconfig");
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode(&pki_dir), 0o700);
+        for f in [
+            pki.server_key(),
+            pki.admin_key(),
+            pki_dir.join("ca.key"),
+            kubeconfig,
+        ] {
+            assert_eq!(mode(&f), 0o600, "{}", f.display());
+        }
+    }
 
     #[test]
     fn serving_certificate_names_the_in_cluster_service() {
