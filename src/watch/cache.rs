@@ -202,6 +202,9 @@ pub struct Cache {
     state: RwLock<State>,
     revision: watch::Sender<Revision>,
     ring: RingLimits,
+    /// The revision the cache loaded its objects at. A resource with no state
+    /// yet has had no event since, so its history is complete from here.
+    loaded_at: Revision,
 }
 
 impl Cache {
@@ -263,6 +266,7 @@ impl Cache {
             }),
             revision: tx,
             ring,
+            loaded_at: rev,
         });
         let weak = Arc::downgrade(&cache);
         tokio::spawn(async move {
@@ -310,7 +314,8 @@ impl Cache {
             let Some((resource, sub)) = split_key(&event.key) else {
                 continue;
             };
-            let complete_after = state.revision;
+            // First event of this resource since loading: nothing before it was missed.
+            let complete_after = self.loaded_at;
             let res = state
                 .resources
                 .entry(resource.to_string())
@@ -414,11 +419,12 @@ impl Cache {
     ) -> Result<Subscription, WatchError> {
         let mut state = self.write();
         let current = state.revision;
+        let loaded_at = self.loaded_at;
         let res = state
             .resources
             .entry(resource.to_string())
             .or_insert_with(|| ResourceState {
-                complete_after: current,
+                complete_after: loaded_at,
                 ..Default::default()
             });
         let (initial, after) = match start {
@@ -552,6 +558,26 @@ mod tests {
             .await
             .expect_err("future");
         assert!(matches!(e, WatchError::TooLarge { .. }));
+    }
+
+    #[tokio::test]
+    async fn first_watch_of_a_never_written_resource_is_not_too_old() {
+        let (_d, store, cache) = setup(100).await;
+        // A client lists the empty resource g/empty at the current revision...
+        let listed_at = cache.revision();
+        // ...meanwhile other resources are written...
+        for i in 0..3 {
+            create(&store, &format!("other{i}")).await;
+        }
+        cache
+            .wait_for(store.revision(), Duration::from_secs(2))
+            .await
+            .expect("caught up");
+        // ...and its watch from the list's revision starts, as for any resource.
+        let sub = cache
+            .watch("g/empty", Start::After(listed_at), Filter::everything())
+            .expect("not 410");
+        assert!(sub.initial.is_empty());
     }
 
     #[tokio::test]
