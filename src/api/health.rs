@@ -1,61 +1,140 @@
-//! `/livez`, `/readyz` and `/healthz` in kube's format: named checks, `ok`
-//! when all pass (the list with `?verbose`), and on failure the list with
-//! reasons withheld and HTTP 500, as k8s.io/apiserver's healthz does.
+//! `/livez`, `/readyz` and `/healthz` in kube's format (k8s.io/apiserver's
+//! healthz): named checks, `ok` when all pass (the list with `?verbose`), on
+//! failure the list with reasons withheld and HTTP 500; one check alone at
+//! `/readyz/<name>`; `?exclude=<name>` skips a check. Checks that do I/O
+//! (the store) run with a deadline, so a hung disk fails the check instead
+//! of hanging the probe.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use axum::response::Response;
 use http::StatusCode;
 
 use super::request::Health;
 use super::response::bytes_response;
+use crate::status::ApiError;
 
-type Check = Arc<dyn Fn() -> bool + Send + Sync>;
+type CheckFuture = Pin<Box<dyn Future<Output = bool> + Send>>;
+type Check = Arc<dyn Fn() -> CheckFuture + Send + Sync>;
 
-/// The readiness checks; components add theirs as they start.
+/// How long one check may take before it counts as failed.
+pub const CHECK_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Which endpoints a check belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// `/readyz` only.
+    Ready,
+    /// `/livez`, `/healthz` and `/readyz` (a failed store means restart, too).
+    Live,
+}
+
+/// The health checks; components add theirs as they start.
 #[derive(Default)]
 pub struct Readiness {
-    checks: RwLock<Vec<(String, Check)>>,
+    checks: RwLock<Vec<(String, Probe, Check)>>,
 }
 
 impl Readiness {
+    /// A readiness check that answers at once from memory.
     pub fn add(&self, name: &str, check: impl Fn() -> bool + Send + Sync + 'static) {
+        let check = Arc::new(check);
+        self.add_async(name, Probe::Ready, move || {
+            let ok = check();
+            async move { ok }
+        });
+    }
+
+    /// A check that does I/O; it fails if it takes longer than [`CHECK_DEADLINE`].
+    pub fn add_async<F, Fut>(&self, name: &str, probe: Probe, check: F)
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        let check: Check = Arc::new(move || Box::pin(check()));
         let mut checks = self.checks.write().unwrap_or_else(|e| e.into_inner());
-        checks.push((name.to_string(), Arc::new(check)));
+        checks.push((name.to_string(), probe, check));
     }
 
-    /// Every check with its result, in the order they were added.
-    pub fn results(&self) -> Vec<(String, bool)> {
-        let checks = self.checks.read().unwrap_or_else(|e| e.into_inner());
-        checks.iter().map(|(n, c)| (n.clone(), c())).collect()
+    /// The checks of one endpoint with their results, in the order they were added.
+    pub async fn results(&self, which: Health) -> Vec<(String, bool)> {
+        let checks: Vec<(String, Check)> = {
+            let checks = self.checks.read().unwrap_or_else(|e| e.into_inner());
+            checks
+                .iter()
+                .filter(|(_, p, _)| which == Health::Readyz || *p == Probe::Live)
+                .map(|(n, _, c)| (n.clone(), c.clone()))
+                .collect()
+        };
+        let runs = checks.into_iter().map(|(name, check)| async move {
+            let ok = tokio::time::timeout(CHECK_DEADLINE, check())
+                .await
+                .unwrap_or(false);
+            (name, ok)
+        });
+        futures::future::join_all(runs).await
     }
 
-    pub fn is_ready(&self) -> bool {
-        self.results().iter().all(|(_, ok)| *ok)
+    pub async fn is_ready(&self) -> bool {
+        self.results(Health::Readyz).await.iter().all(|(_, ok)| *ok)
     }
 }
 
-pub fn respond(readiness: &Readiness, which: Health, query: &str) -> Response {
-    let (name, results) = match which {
-        // The process answering is what liveness asks about.
-        Health::Livez => ("livez", vec![("ping".to_string(), true)]),
-        Health::Healthz => ("healthz", vec![("ping".to_string(), true)]),
-        Health::Readyz => {
-            let mut r = vec![("ping".to_string(), true)];
-            r.extend(readiness.results());
-            ("readyz", r)
-        }
+/// Answers `/<which>` or `/<which>/<check>`.
+pub async fn respond(readiness: &Readiness, which: Health, path: &str, query: &str) -> Response {
+    let name = match which {
+        Health::Livez => "livez",
+        Health::Healthz => "healthz",
+        Health::Readyz => "readyz",
     };
+    let mut results = vec![("ping".to_string(), true)];
+    results.extend(readiness.results(which).await);
+    let text = "text/plain; charset=utf-8";
+    // `/readyz/<check>`: that check alone.
+    let single = path
+        .trim_matches('/')
+        .strip_prefix(name)
+        .map(|rest| rest.trim_start_matches('/'))
+        .filter(|rest| !rest.is_empty());
+    if let Some(check) = single {
+        return match results.iter().find(|(n, _)| n == check) {
+            Some((_, true)) => bytes_response(StatusCode::OK, text, "ok"),
+            Some((_, false)) => bytes_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                text,
+                "internal server error: reason withheld\n",
+            ),
+            None => super::response::error_response(&ApiError::not_found_path()),
+        };
+    }
+    let excluded: Vec<String> = form_urlencoded::parse(query.as_bytes())
+        .filter(|(k, _)| k == "exclude")
+        .map(|(_, v)| v.into_owned())
+        .collect();
     let mut listing = String::new();
+    let mut failed = false;
     for (check, ok) in &results {
-        if *ok {
+        if excluded.iter().any(|e| e == check) {
+            listing.push_str(&format!("[+]{check} excluded: ok\n"));
+        } else if *ok {
             listing.push_str(&format!("[+]{check} ok\n"));
         } else {
+            failed = true;
             listing.push_str(&format!("[-]{check} failed: reason withheld\n"));
         }
     }
-    let text = "text/plain; charset=utf-8";
-    if results.iter().any(|(_, ok)| !ok) {
+    for e in excluded
+        .iter()
+        .filter(|e| !results.iter().any(|(n, _)| n == *e))
+    {
+        listing.push_str(&format!(
+            "warn: some health checks cannot be excluded: no matches for \"{e}\"\n"
+        ));
+    }
+    if failed {
         return bytes_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             text,
@@ -71,5 +150,84 @@ pub fn respond(readiness: &Readiness, which: Health, query: &str) -> Response {
         )
     } else {
         bytes_response(StatusCode::OK, text, "ok")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn text(r: Response) -> (u16, String) {
+        let code = r.status().as_u16();
+        let body = r.into_body().collect().await.expect("body").to_bytes();
+        (code, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn checks_endpoints_exclusion_and_deadlines() {
+        let r = Readiness::default();
+        r.add("informer-sync", || true);
+        r.add_async("storage", Probe::Live, || async { false });
+        r.add_async("slow", Probe::Ready, || async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            true
+        });
+        tokio::time::pause();
+        let (code, body) = text(respond(&r, Health::Readyz, "/readyz", "verbose").await).await;
+        assert_eq!(code, 500);
+        assert_eq!(
+            body,
+            "[+]ping ok\n[+]informer-sync ok\n[-]storage failed: reason withheld\n[-]slow failed: reason withheld\nreadyz check failed\n"
+        );
+        // Liveness runs only the live checks.
+        let (code, body) = text(respond(&r, Health::Livez, "/livez", "").await).await;
+        assert_eq!(
+            (code, body.as_str()),
+            (
+                500,
+                "[+]ping ok\n[-]storage failed: reason withheld\nlivez check failed\n"
+            )
+        );
+        let (code, body) = text(
+            respond(
+                &r,
+                Health::Readyz,
+                "/readyz",
+                "exclude=storage&exclude=slow&exclude=nope",
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(body, "ok");
+        let (code, body) = text(
+            respond(
+                &r,
+                Health::Readyz,
+                "/readyz",
+                "verbose&exclude=storage&exclude=slow",
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(code, 200);
+        assert!(body.contains("[+]storage excluded: ok\n"), "{body}");
+        assert_eq!(
+            text(respond(&r, Health::Readyz, "/readyz/informer-sync", "").await).await,
+            (200, "ok".into())
+        );
+        assert_eq!(
+            text(respond(&r, Health::Readyz, "/readyz/storage", "").await)
+                .await
+                .0,
+            500
+        );
+        assert_eq!(
+            text(respond(&r, Health::Readyz, "/readyz/nope", "").await)
+                .await
+                .0,
+            404
+        );
     }
 }

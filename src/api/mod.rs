@@ -103,7 +103,15 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             None => error_response(&ApiError::not_found_path()),
         },
         Route::Version => json_response(StatusCode::OK, &version_info()),
-        Route::Health(h) => health::respond(&state.readiness, h, parts.uri.query().unwrap_or("")),
+        Route::Health(h) => {
+            health::respond(
+                &state.readiness,
+                h,
+                &info.path,
+                parts.uri.query().unwrap_or(""),
+            )
+            .await
+        }
         Route::OpenApiV2 => etagged(&parts.headers, &openapi::v2(catalog), "application/json"),
         Route::OpenApiV3Root => etagged(
             &parts.headers,

@@ -139,8 +139,14 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         store.spawn_compactor(cfg.compaction_interval),
     ];
     let readiness = Arc::new(crate::api::health::Readiness::default());
-    // Listening starts after the store is open and the watch caches loaded.
-    readiness.add("storage", || true);
+    // A real read through the engine, for liveness and readiness alike (kube's
+    // `etcd` check): a store that cannot answer within the deadline fails both.
+    let probe = store.clone();
+    readiness.add_async("storage", crate::api::health::Probe::Live, move || {
+        let store = probe.clone();
+        async move { store.stored_revision().await.is_ok() }
+    });
+    // Listening starts after the watch caches are loaded.
     readiness.add("watch-cache-sync", || true);
     if let Some(r) = &replica {
         tasks.extend(r.start().await);
