@@ -90,7 +90,7 @@ impl Setup {
     async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let (code, _, body) = send(&self.aggregator, "GET", "/readyz", &[], None).await;
+            let (code, _, body) = send(&self.aggregator, "GET", "/readyz", &AGGREGATOR, None).await;
             if code == 200 {
                 return;
             }
@@ -383,14 +383,12 @@ async fn front_proxy_trust_rotation_and_impersonation() {
     };
     let alice_hdr = [("x-remote-user", "alice"), ("x-remote-group", "devs")];
 
-    // X-Remote-* without a proxy certificate: ignored, anonymous, 401.
+    // X-Remote-* without a proxy certificate: ignored; the request is
+    // anonymous, and the host does not authorize system:anonymous.
     let anon = common::client_for(&client_with("anon", None)).await;
-    assert_eq!(
-        send(&anon, "GET", common::WIDGETS, &alice_hdr, None)
-            .await
-            .0,
-        401
-    );
+    let (code, _, body) = send(&anon, "GET", common::WIDGETS, &alice_hdr, None).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("system:anonymous"), "{body}");
     // A certificate from the proxy CA with a CN that is not allowed: 401.
     let wrong_cn = common::client_for(&client_with(
         "wrong-cn",

@@ -82,7 +82,12 @@ async fn log_backend_records_each_stage_at_the_policy_level() {
     assert_eq!(done["level"], "RequestResponse");
     assert_eq!(done["verb"], "create");
     assert_eq!(done["requestURI"], WIDGETS);
-    assert_eq!(done["user"]["username"], "system:admin");
+    // The admin kubeconfig's certificate: CN kshard-admin, O system:masters.
+    assert_eq!(done["user"]["username"], "kshard-admin");
+    assert_eq!(
+        done["user"]["groups"],
+        json!(["system:masters", "system:authenticated"])
+    );
     assert_eq!(done["userAgent"], "kshard-tests/0.1");
     assert_eq!(done["sourceIPs"], json!(["127.0.0.1"]));
     assert_eq!(

@@ -27,13 +27,14 @@ async fn client_with(
     let ca = std::fs::read_to_string(s.running.kubeconfig.with_file_name("pki").join("ca.crt"))
         .expect("server ca");
     let path = dir.join(format!("{name}.kubeconfig"));
-    write_kubeconfig(
-        &path,
-        &format!("https://{}", s.running.addr),
-        &ca,
-        None,
-        cert,
-    );
+    // A server on 0.0.0.0 is reached on loopback (its certificate names 127.0.0.1).
+    let port = s.running.addr.port();
+    let server = if s.running.addr.ip().is_unspecified() {
+        format!("https://127.0.0.1:{port}")
+    } else {
+        format!("https://{}", s.running.addr)
+    };
+    write_kubeconfig(&path, &server, &ca, None, cert);
     common::client_for(&path).await
 }
 
@@ -71,26 +72,34 @@ async fn front_proxy_and_client_certificates() {
     .await;
     let widgets = common::WIDGETS;
 
-    // No credentials: 401 with kube's Status; probes still answer.
+    // No credentials: anonymous (kube's --anonymous-auth=true default), which
+    // the authorizer refuses with kube's 403; probes still answer.
     let anon = client_with(&s, None, dir.path(), "anon").await;
     let (code, body) = get(&anon, widgets, &[]).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("User \\\"system:anonymous\\\" cannot list resource"),
+        "{body}"
+    );
+    assert_eq!(get(&anon, "/readyz", &[]).await.0, 200);
+    // X-Remote-* without a proxy certificate is ignored: still anonymous.
+    let (code, body) = get(
+        &anon,
+        widgets,
+        &[
+            ("x-remote-user", "admin"),
+            ("x-remote-group", "system:masters"),
+        ],
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("system:anonymous"), "{body}");
+    // A certificate from a CA nobody trusts is refused outright: 401.
+    let rogue = client(&rogue_ca, "admin", &["system:masters"]);
+    let rogue_client = client_with(&s, Some(&rogue), dir.path(), "rogue").await;
+    let (code, body) = get(&rogue_client, widgets, &[]).await;
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("\"reason\":\"Unauthorized\""), "{body}");
-    assert_eq!(get(&anon, "/readyz", &[]).await.0, 200);
-    // X-Remote-* without a proxy certificate is ignored.
-    assert_eq!(
-        get(
-            &anon,
-            widgets,
-            &[
-                ("x-remote-user", "admin"),
-                ("x-remote-group", "system:masters")
-            ]
-        )
-        .await
-        .0,
-        401
-    );
 
     // A user certificate from the client CA authenticates; with no host to ask,
     // only system:masters is authorized (as k8s.io/apiserver without an
@@ -106,11 +115,13 @@ async fn front_proxy_and_client_certificates() {
     let ops = client(&users_ca, "ops", &["system:masters"]);
     let ops_client = client_with(&s, Some(&ops), dir.path(), "ops").await;
     assert_eq!(get(&ops_client, widgets, &[]).await.0, 200);
-    // A certificate with an empty common name names no user, whatever its groups.
+    // A certificate with an empty common name names no user, whatever its
+    // groups: the request is anonymous.
     let nameless = client(&users_ca, "", &["system:masters"]);
     let nameless_client = client_with(&s, Some(&nameless), dir.path(), "nameless").await;
     let (code, body) = get(&nameless_client, widgets, &[]).await;
-    assert_eq!(code, 401, "{body}");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("system:anonymous"), "{body}");
     // ...which may not claim to be someone else through proxy headers or impersonation.
     let (code, body) = get(&alice_client, widgets, &[("impersonate-user", "bob")]).await;
     assert_eq!(code, 403, "{body}");
@@ -184,4 +195,53 @@ async fn front_proxy_and_client_certificates() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn anonymous_auth_false_refuses_requests_without_credentials() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = common::start_with(|cfg| cfg.anonymous_auth = false).await;
+    let anon = client_with(&s, None, dir.path(), "anon").await;
+    for path in [common::WIDGETS, "/readyz", "/version"] {
+        let (code, body) = get(&anon, path, &[]).await;
+        assert_eq!(code, 401, "{path}: {body}");
+    }
+    // The admin kubeconfig's certificate still works.
+    assert_eq!(s.get(common::WIDGETS).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standalone_anonymous_access_depends_on_the_address() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // Loopback (a laptop): anonymous requests may do what the admin may.
+    let local = common::start().await;
+    let anon = client_with(&local, None, dir.path(), "anon-local").await;
+    assert_eq!(get(&anon, common::WIDGETS, &[]).await.0, 200);
+
+    // Any other address: only probes, version and discovery without credentials.
+    let open = common::start_with(|cfg| cfg.listen = "0.0.0.0:0".parse().expect("addr")).await;
+    let anon = client_with(&open, None, dir.path(), "anon-open").await;
+    let (code, body) = get(&anon, common::WIDGETS, &[]).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains("User \\\"system:anonymous\\\" cannot list resource"),
+        "{body}"
+    );
+    for path in ["/readyz", "/version", "/apis", "/openapi/v2"] {
+        assert_eq!(get(&anon, path, &[]).await.0, 200, "{path}");
+    }
+    assert_eq!(
+        open.get(common::WIDGETS).await.status,
+        200,
+        "the admin certificate"
+    );
+
+    // ...unless the operator says otherwise.
+    let opened = common::start_with(|cfg| {
+        cfg.listen = "0.0.0.0:0".parse().expect("addr");
+        cfg.anonymous_admin = true;
+    })
+    .await;
+    let anon = client_with(&opened, None, dir.path(), "anon-opened").await;
+    assert_eq!(get(&anon, common::WIDGETS, &[]).await.0, 200);
 }

@@ -1,12 +1,12 @@
-//! Who is asking. Standalone (dev) mode: every request is `system:admin` in
-//! `system:masters`, which may impersonate others with kube's `Impersonate-*`
-//! headers (as a cluster admin can). Delegated mode authenticates as
-//! k8s.io/apiserver's delegating authenticator does, in its order: a front
-//! proxy whose client certificate chains to the requestheader CA (and whose CN
-//! is allowed) names the user in `X-Remote-*` headers; else a client
-//! certificate from the client CA (CN user, O groups); else a bearer token the
-//! host confirms with a TokenReview; else anonymous, refused outside the health
-//! paths. The CAs and header names come from flags or from the host's
+//! Who is asking, as k8s.io/apiserver's delegating authenticator decides it,
+//! in its order: a front proxy whose client certificate chains to the
+//! requestheader CA (and whose CN is allowed) names the user in `X-Remote-*`
+//! headers; else a client certificate from the client CA (CN user, O groups;
+//! an empty CN names nobody); else a bearer token the host confirms with a
+//! TokenReview; else anonymous (`system:anonymous`), or 401 with
+//! `--anonymous-auth=false`. Credentials presented but not accepted are 401.
+//! Standalone, the client CA is kshard's generated one. The CAs and header
+//! names come from flags or from the host's
 //! `extension-apiserver-authentication` ConfigMap (`configmap`), swapped in
 //! place when it changes. Authorization and impersonation are in `crate::authz`.
 
@@ -153,26 +153,39 @@ impl DynamicConfig {
 
 #[derive(Clone, Debug, Default)]
 pub enum Authenticator {
-    /// Standalone development: every request is the admin.
+    /// Every request is the admin (in-process tests and tools only; `serve`
+    /// authenticates certificates even standalone).
     #[default]
     Dev,
     Delegating {
         config: Arc<DynamicConfig>,
         tokens: Option<Arc<token::TokenReviewer>>,
+        anonymous: Anonymous,
     },
+}
+
+/// What a request without credentials is (kube's `--anonymous-auth`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anonymous {
+    /// 401, whatever the path.
+    Refused,
+    /// `system:anonymous` in `system:unauthenticated`: the authorizer decides.
+    Allowed,
+}
+
+fn anonymous_identity() -> Identity {
+    Identity {
+        user: "system:anonymous".into(),
+        groups: vec!["system:unauthenticated".into()],
+        uid: String::new(),
+        extra: BTreeMap::new(),
+    }
 }
 
 /// kube's 401 answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("Unauthorized")]
 pub struct Unauthorized;
-
-/// Paths anonymous requests may reach (probes).
-pub fn is_health_path(path: &str) -> bool {
-    ["/healthz", "/livez", "/readyz"]
-        .iter()
-        .any(|p| path == *p || path.starts_with(&format!("{p}/")))
-}
 
 fn header_values(headers: &HeaderMap, name: &str) -> Vec<String> {
     headers
@@ -232,11 +245,18 @@ impl Authenticator {
         &self,
         headers: &mut HeaderMap,
         peer: Option<&PeerCertificates>,
-        path: &str,
     ) -> Result<Identity, Unauthorized> {
-        let Authenticator::Delegating { config, tokens } = self else {
+        let Authenticator::Delegating {
+            config,
+            tokens,
+            anonymous,
+        } = self
+        else {
             return Ok(authenticate_dev(headers));
         };
+        // Credentials presented but not accepted are 401, never anonymous
+        // (kube's union of authenticators fails on their error).
+        let mut rejected = false;
         let config = config.get();
         let chain: &[CertificateDer<'static>] = peer.map(|p| p.0.as_slice()).unwrap_or(&[]);
         let mut identity = None;
@@ -249,6 +269,10 @@ impl Authenticator {
         }
         if identity.is_none() {
             if let (Some(ca), Some(leaf)) = (&config.client_ca, chain.first()) {
+                // A certificate that does not chain to the client CA (a front
+                // proxy's that named no user included) is an error, as kube's
+                // x509 authenticator makes it.
+                rejected |= !ca.verifies(chain);
                 if ca.verifies(chain) {
                     // kube: a certificate without a common name names no user.
                     if let Some((cn, orgs)) = x509::subject(leaf).filter(|(cn, _)| !cn.is_empty()) {
@@ -269,8 +293,11 @@ impl Authenticator {
                         headers.remove(http::header::AUTHORIZATION);
                         identity = Some(id);
                     }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(error = %e, "TokenReview failed"),
+                    Ok(None) => rejected = true,
+                    Err(e) => {
+                        rejected = true;
+                        tracing::warn!(error = %e, "TokenReview failed");
+                    }
                 }
             }
         }
@@ -281,13 +308,12 @@ impl Authenticator {
                 }
                 Ok(id)
             }
-            None if is_health_path(path) => Ok(Identity {
-                user: "system:anonymous".into(),
-                groups: vec!["system:unauthenticated".into()],
-                uid: String::new(),
-                extra: BTreeMap::new(),
-            }),
-            None => Err(Unauthorized),
+            None if rejected => Err(Unauthorized),
+            None => match anonymous {
+                Anonymous::Allowed => Ok(anonymous_identity()),
+                // As kube with --anonymous-auth=false: probes too.
+                Anonymous::Refused => Err(Unauthorized),
+            },
         }
     }
 }

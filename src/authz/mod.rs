@@ -52,20 +52,51 @@ pub struct AuthzError(String);
 
 #[derive(Debug, Clone, Default)]
 pub enum Authorizer {
-    /// Standalone development: every request.
+    /// Every request (kube-apiserver's default `--authorization-mode`).
     #[default]
     AlwaysAllow,
+    /// A standalone server: every authenticated user (kube's AlwaysAllow);
+    /// `system:anonymous` too when `anonymous_full_access` (a loopback
+    /// address, or `--anonymous-admin`), else only the probes and discovery,
+    /// as RBAC's `system:public-info-viewer` and `system:discovery` allow.
+    Standalone {
+        anonymous_full_access: bool,
+    },
     Delegating(std::sync::Arc<SubjectAccessReviewer>),
+}
+
+/// What an unauthenticated client may read from a standalone server on a
+/// network address: health, version and discovery documents.
+fn public_info(a: &Attributes) -> bool {
+    let path = a.path.as_str();
+    !a.resource_request
+        && a.verb == "get"
+        && ([
+            "/healthz", "/livez", "/readyz", "/version", "/api", "/apis", "/openapi",
+        ]
+        .iter()
+        .any(|p| path == *p || path.starts_with(&format!("{p}/"))))
 }
 
 impl Authorizer {
     pub async fn authorize(&self, a: &Attributes) -> Result<Decision, AuthzError> {
         match self {
             Authorizer::AlwaysAllow => Ok(Decision::Allow),
+            Authorizer::Standalone {
+                anonymous_full_access,
+            } => Ok(
+                if a.user.user != ANONYMOUS_USER || *anonymous_full_access || public_info(a) {
+                    Decision::Allow
+                } else {
+                    Decision::Deny(String::new())
+                },
+            ),
             Authorizer::Delegating(r) => r.authorize(a).await,
         }
     }
 }
+
+const ANONYMOUS_USER: &str = "system:anonymous";
 
 type CacheEntry = (Instant, Decision);
 

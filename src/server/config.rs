@@ -87,6 +87,16 @@ pub struct ServeConfig {
     /// Cluster that answers SubjectAccessReviews.
     #[arg(long)]
     pub authorization_kubeconfig: Option<PathBuf>,
+    /// Requests without credentials are `system:anonymous` (in
+    /// `system:unauthenticated`) and get what the authorizer allows; with
+    /// `false`, they are refused with 401 (kube-apiserver's flag).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub anonymous_auth: bool,
+    /// Standalone on a non-loopback address: anonymous requests may read and
+    /// write everything (as they may on loopback). Anyone who can reach the
+    /// port then can, so kshard says so loudly at start.
+    #[arg(long)]
+    pub anonymous_admin: bool,
     /// Do not read kube-system/extension-apiserver-authentication from the host.
     #[arg(long)]
     pub authentication_skip_lookup: bool,

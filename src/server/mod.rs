@@ -165,28 +165,6 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     metrics::handle();
     apf.set_observer(Arc::new(metrics::Observer));
     tasks.push(apf.spawn_borrowing_loop());
-    let delegation = delegation(&cfg, &registry, &readiness).await?;
-    tasks.extend(delegation.tasks);
-    let auth = delegation.auth;
-    let auditor = crate::audit::Auditor::from_options(&cfg.audit)
-        .await
-        .map_err(|e| ServerError::Config(e.to_string()))?;
-    let app = app(
-        state.clone(),
-        filters::Filters {
-            apf: apf.clone(),
-            registry: registry.clone(),
-            auth: auth.clone(),
-            authz: delegation.authz,
-            replica: replica.clone(),
-            auditor,
-        },
-    );
-    if let (Some(r), Some(l)) = (&replica, internal_listener) {
-        let internal = crate::replica::internal::router(r.clone(), app.clone());
-        tasks.push(tokio::spawn(serve_plain(l, internal)));
-    }
-
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(io(format!("listening on {}", cfg.listen)))?;
@@ -209,6 +187,28 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         &format!("https://{host}:{}", addr.port()),
         &kubeconfig,
     )?;
+    let delegation = delegation(&cfg, &registry, &readiness, &pki, addr).await?;
+    tasks.extend(delegation.tasks);
+    let auth = delegation.auth;
+    let auditor = crate::audit::Auditor::from_options(&cfg.audit)
+        .await
+        .map_err(|e| ServerError::Config(e.to_string()))?;
+    let app = app(
+        state.clone(),
+        filters::Filters {
+            apf: apf.clone(),
+            registry: registry.clone(),
+            auth: auth.clone(),
+            authz: delegation.authz,
+            replica: replica.clone(),
+            auditor,
+        },
+    );
+    if let (Some(r), Some(l)) = (&replica, internal_listener) {
+        let internal = crate::replica::internal::router(r.clone(), app.clone());
+        tasks.push(tokio::spawn(serve_plain(l, internal)));
+    }
+
     let serving = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
         (Some(c), Some(k)) => tls::ReloadingCert::new(c.clone(), k.clone())?,
         (None, None) => tls::ReloadingCert::new(pki.server_cert(), pki.server_key())?,
@@ -227,7 +227,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             .await
             .map_err(io(format!("listening on {a}")))?;
         insecure_addr = Some(l.local_addr().map_err(io("local address"))?);
-        tracing::warn!(addr = %a, "serving plain HTTP without authentication");
+        tracing::warn!(addr = %a, "serving plain HTTP without authentication: every request is the admin");
+        let app = app.layer(axum::Extension(filters::InsecureListener));
         tasks.push(tokio::spawn(serve_plain(l, app)));
     }
     if cfg.flowcontrol_controller {
@@ -304,16 +305,66 @@ async fn delegation(
     cfg: &ServeConfig,
     registry: &Arc<Registry>,
     readiness: &Arc<crate::api::health::Readiness>,
+    pki: &pki::Pki,
+    addr: SocketAddr,
 ) -> Result<Delegation, ServerError> {
-    use crate::auth::{AuthConfig, Authenticator, CaBundle, DynamicConfig, RequestHeader};
+    use crate::auth::{
+        Anonymous, AuthConfig, Authenticator, CaBundle, DynamicConfig, RequestHeader,
+    };
+    let anonymous = if cfg.anonymous_auth {
+        Anonymous::Allowed
+    } else {
+        Anonymous::Refused
+    };
+    if !cfg.delegated() {
+        // Standalone: the generated CA's certificates authenticate (the admin
+        // kubeconfig's is in system:masters); every authenticated user is
+        // authorized, as kube-apiserver's default AlwaysAllow mode. Anonymous
+        // requests get everything too on a loopback address (a laptop), and on
+        // any other address only the probes and discovery unless
+        // --anonymous-admin says otherwise.
+        let anonymous_full_access =
+            cfg.anonymous_auth && (addr.ip().is_loopback() || cfg.anonymous_admin);
+        if cfg.anonymous_admin && !addr.ip().is_loopback() {
+            tracing::warn!(
+                %addr,
+                "--anonymous-admin on an address other hosts can reach: anyone who can \
+                 connect can read and write every object without credentials"
+            );
+        } else if cfg.anonymous_auth && !addr.ip().is_loopback() {
+            tracing::info!(
+                %addr,
+                "anonymous requests may only read health and discovery on this address; \
+                 use the admin kubeconfig, or --anonymous-admin to open everything"
+            );
+        }
+        let config = AuthConfig {
+            client_ca: Some(CaBundle::load(&pki.ca_cert())?),
+            request_header: None,
+        };
+        return Ok(Delegation {
+            auth: Authenticator::Delegating {
+                config: Arc::new(DynamicConfig::new(config, true)),
+                tokens: None,
+                anonymous,
+            },
+            authz: crate::authz::Authorizer::Standalone {
+                anonymous_full_access,
+            },
+            tasks: Vec::new(),
+        });
+    }
+    if cfg.anonymous_admin {
+        return Err(ServerError::Config(
+            "--anonymous-admin is for a standalone server; behind a host, the host authorizes"
+                .into(),
+        ));
+    }
     let mut out = Delegation {
         auth: Authenticator::Dev,
         authz: crate::authz::Authorizer::AlwaysAllow,
         tasks: Vec::new(),
     };
-    if !cfg.delegated() {
-        return Ok(out);
-    }
     let flags = AuthConfig {
         client_ca: cfg
             .client_ca_file
@@ -356,7 +407,11 @@ async fn delegation(
     }
     let loaded = config.clone();
     readiness.add("authentication-config", move || loaded.is_loaded());
-    out.auth = Authenticator::Delegating { config, tokens };
+    out.auth = Authenticator::Delegating {
+        config,
+        tokens,
+        anonymous,
+    };
 
     let authz_host = match cfg.host_for(&cfg.authorization_kubeconfig) {
         Some(h) => Some(crate::host::client(h.as_deref()).await?),
