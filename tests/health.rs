@@ -54,3 +54,54 @@ async fn a_store_that_does_not_answer_fails_readyz_and_livez() {
     .await;
     assert_eq!(probe(&s, "/livez").await, (200, "ok".to_string()));
 }
+
+/// TiKV unreachable at start: a clear message, retried with backoff, no panic.
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_tikv_at_start_is_retried_with_a_clear_message() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tmp");
+    // A port nothing listens on: bound, then closed, so connections are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
+        .arg(common::repo_path("crds/examples"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args([
+            "--store",
+            &format!("tikv://127.0.0.1:{port}?prefix=unreachable"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn kshard");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut attempts = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while attempts < 2 {
+        let line = tokio::task::block_in_place(|| lines.recv_timeout(Duration::from_secs(60)))
+            .expect("kshard keeps logging while it retries");
+        assert!(!line.contains("panicked"), "{line}");
+        if line.contains("cannot reach the TiKV cluster") && line.contains("retry_in") {
+            attempts += 1;
+        }
+        assert!(std::time::Instant::now() < deadline, "no retry logged");
+    }
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "kshard exited instead of retrying"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -11,6 +11,7 @@ pub mod tls;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::response::IntoResponse;
@@ -100,11 +101,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     tracing::info!(resources = catalog.resources.len(), "catalog loaded");
     pki::private_dir(&cfg.data_dir)?;
 
-    let engine = crate::storage::open_engine(
-        cfg.store.as_deref(),
-        &cfg.data_dir.join("store.redb"),
-        usize::try_from(cfg.storage_cache_bytes).unwrap_or(usize::MAX),
-    )?;
+    let engine = open_engine_retrying(&cfg).await?;
     // The embedded store belongs to this process alone: no lease, no peers.
     let shared_store = cfg
         .store
@@ -256,6 +253,33 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         readiness,
         tasks,
     })
+}
+
+/// Opens the storage engine; a cluster that cannot be reached yet (TiKV still
+/// starting) is retried with backoff (0.5 s doubling to 30 s), saying so each
+/// time, instead of failing the start.
+async fn open_engine_retrying(
+    cfg: &ServeConfig,
+) -> Result<Arc<dyn crate::storage::Engine>, ServerError> {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let store = cfg.store.clone();
+        let path = cfg.data_dir.join("store.redb");
+        let cache = usize::try_from(cfg.storage_cache_bytes).unwrap_or(usize::MAX);
+        let opened = tokio::task::spawn_blocking(move || {
+            crate::storage::open_engine(store.as_deref(), &path, cache)
+        })
+        .await
+        .map_err(|e| ServerError::Config(format!("opening the store: {e}")))?;
+        match opened {
+            Err(StorageError::Unavailable(why)) => {
+                tracing::error!(retry_in = ?backoff, "{why}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+            other => return Ok(other?),
+        }
+    }
 }
 
 /// This replica's configuration (id, advertised address) on a shared store,

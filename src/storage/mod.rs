@@ -98,6 +98,9 @@ pub enum StorageError {
     /// This replica does not hold the leader lease: nothing was written.
     #[error("not the leader: {0}")]
     NotLeader(String),
+    /// The engine cannot be reached (TiKV down at start); worth retrying.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -309,10 +309,21 @@ impl Tikv {
             let config = Config::default().with_timeout(REQUEST_TIMEOUT);
             let _ = tx.send(TransactionClient::new_with_config(endpoints, config).await);
         });
-        let client = rx
-            .recv()
-            .map_err(|_| StorageError::Engine("tikv runtime stopped".into()))?
-            .map_err(|e| StorageError::Engine(format!("connecting to PD: {e}")))?;
+        let client = match rx.recv() {
+            Ok(Ok(client)) => client,
+            failed => {
+                // Dropping a runtime inside an async context panics: the caller
+                // may be one, so this runtime goes away in the background.
+                runtime.shutdown_background();
+                return Err(match failed {
+                    Ok(Err(e)) => StorageError::Unavailable(format!(
+                        "cannot reach the TiKV cluster (PD {:?}): {e}",
+                        url.pd_endpoints
+                    )),
+                    _ => StorageError::Engine("tikv runtime stopped".into()),
+                });
+            }
+        };
         tracing::info!(pd = ?url.pd_endpoints, shard = %url.shard, "connected to TiKV");
         Ok(Self {
             shared: Arc::new(Shared {
