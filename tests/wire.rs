@@ -453,3 +453,24 @@ async fn watch_with_the_largest_timeout_serves_events() {
     drop(body);
     assert_eq!(s.get(&format!("{}/w1", common::WIDGETS)).await.status, 200);
 }
+
+/// `1e2` in an integer field is stored as kube stores it: `100`, not `100.0`.
+#[tokio::test(flavor = "multi_thread")]
+async fn whole_numbers_keep_kube_integer_form() {
+    let s = common::start().await;
+    let body = br#"{"apiVersion":"demo.kshard.dev/v1","kind":"Widget","metadata":{"name":"n1"},"spec":{"replicas":1e2,"color":"blue","ratio":2.5,"count":3.0}}"#;
+    let r = s
+        .raw(
+            "POST",
+            WIDGETS,
+            &[("content-type", "application/json")],
+            body.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let text = s.get(&format!("{WIDGETS}/n1")).await.text();
+    assert!(text.contains("\"replicas\":100,"), "{text}");
+    assert!(text.contains("\"count\":3"), "{text}");
+    assert!(!text.contains("\"count\":3.0"), "{text}");
+    assert!(text.contains("\"ratio\":2.5"), "{text}");
+}

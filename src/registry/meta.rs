@@ -368,3 +368,49 @@ mod tests {
         assert!(errs.iter().any(|e| e.detail == "must not contain dots"));
     }
 }
+
+/// Numbers as kube-apiserver stores them: it decodes a JSON number as an
+/// int64 when it can, else a float64, and Go writes a whole float64 without a
+/// fraction, so `1e2` and `100.0` are stored as `100`. Whole floats in the
+/// int64 range become integers here for the same result; `2.5` stays.
+pub fn whole_numbers_as_integers(v: &mut Value) {
+    match v {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            if let Some(f) = n.as_f64() {
+                // Exactly representable and in range: -2^63 ≤ f < 2^63.
+                if f.fract() == 0.0
+                    && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f)
+                    && !(f == 0.0 && f.is_sign_negative())
+                {
+                    *v = Value::from(f as i64);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        Value::Object(map) => map.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod number_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn whole_floats_become_integers_as_in_kube() {
+        let mut v: Value = serde_json::from_str(
+            r#"{"a": 1e2, "b": 100.0, "c": 2.5, "d": [3.0, -4e0, 1e300], "e": 7, "f": -0.0}"#,
+        )
+        .expect("json");
+        whole_numbers_as_integers(&mut v);
+        assert_eq!(v["a"], json!(100));
+        assert!(v["a"].is_i64() && v["b"].is_i64());
+        assert_eq!(v["c"], json!(2.5));
+        assert_eq!(v["d"][0], json!(3));
+        assert_eq!(v["d"][1], json!(-4));
+        assert!(v["d"][2].is_f64(), "out of int64 range stays a float");
+        assert_eq!(v["e"], json!(7));
+        assert_eq!(serde_json::to_string(&v["a"]).expect("json"), "100");
+    }
+}

@@ -229,6 +229,7 @@ impl Registry {
         opts: &WriteOptions,
         warnings: &mut Vec<String>,
     ) -> Result<(), ApiError> {
+        super::meta::whole_numbers_as_integers(obj);
         let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) else {
             return Ok(());
         };
