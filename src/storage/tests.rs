@@ -181,9 +181,20 @@ async fn state_and_revision_survive_reopen() {
             store.write(w).await.expect("create");
         }
     }
-    // The writer thread holds the database until its channel closes.
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let store = open(dir.path());
+    // The writer thread holds the database until its channel closes: wait
+    // until the file can be opened again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let engine = loop {
+        match Embedded::open(&dir.path().join("db")) {
+            Ok(e) => break Arc::new(e),
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the database was never released: {e}"),
+        }
+    };
+    let store = Store::open(engine).expect("store");
     assert_eq!(store.revision(), 3);
     let w = store
         .write(Write::Create {
