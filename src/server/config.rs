@@ -139,6 +139,8 @@ pub struct ServeConfig {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub lease_duration: Duration,
     #[command(flatten)]
+    pub connections: super::conn::ConnectionLimits,
+    #[command(flatten)]
     pub audit: crate::audit::AuditOptions,
 }
 

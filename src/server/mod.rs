@@ -3,6 +3,7 @@
 //! plain HTTP for local debugging.
 
 mod config;
+pub mod conn;
 pub mod filters;
 pub mod metrics;
 pub mod pki;
@@ -17,8 +18,6 @@ use axum::extract::{Query, State};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
 use crate::api::{self, ApiState};
@@ -187,6 +186,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let delegation = delegation(&cfg, &registry, &readiness, &pki, addr).await?;
     tasks.extend(delegation.tasks);
     let auth = delegation.auth;
+    let limits = Arc::new(cfg.connections.clone());
     let auditor = crate::audit::Auditor::from_options(&cfg.audit)
         .await
         .map_err(|e| ServerError::Config(e.to_string()))?;
@@ -203,7 +203,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     );
     if let (Some(r), Some(l)) = (&replica, internal_listener) {
         let internal = crate::replica::internal::router(r.clone(), app.clone());
-        tasks.push(tokio::spawn(serve_plain(l, internal)));
+        tasks.push(tokio::spawn(serve_plain(l, internal, limits.clone())));
     }
 
     let serving = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
@@ -216,7 +216,12 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         }
     };
     let tls = tls::server_config(Arc::new(serving), !auth.is_dev());
-    tasks.push(tokio::spawn(serve_tls(listener, tls, app.clone())));
+    tasks.push(tokio::spawn(serve_tls(
+        listener,
+        tls,
+        app.clone(),
+        limits.clone(),
+    )));
 
     let mut insecure_addr = None;
     if let Some(a) = cfg.insecure_listen {
@@ -226,7 +231,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         insecure_addr = Some(l.local_addr().map_err(io("local address"))?);
         tracing::warn!(addr = %a, "serving plain HTTP without authentication: every request is the admin");
         let app = app.layer(axum::Extension(filters::InsecureListener));
-        tasks.push(tokio::spawn(serve_plain(l, app)));
+        tasks.push(tokio::spawn(serve_plain(l, app, limits.clone())));
     }
     if cfg.flowcontrol_controller {
         let client = match &flowcontrol_host {
@@ -581,24 +586,33 @@ async fn controller_client(kubeconfig: &std::path::Path) -> Result<kube::Client,
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
-async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router) {
+async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    limits: Arc<conn::ConnectionLimits>,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        let (tcp, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
+    let l = limits.clone();
+    conn::accept_loop(listener, &l, move |tcp, peer, permit| {
         let acceptor = acceptor.clone();
         let app = app.clone();
-        tokio::spawn(async move {
-            let stream = match acceptor.accept(tcp).await {
-                Ok(s) => s,
-                Err(e) => {
+        let limits = limits.clone();
+        async move {
+            // A client that never finishes the handshake gives its slot back.
+            let stream = match tokio::time::timeout(
+                limits.tls_handshake_timeout,
+                acceptor.accept(tcp),
+            )
+            .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
                     return;
                 }
             };
@@ -613,31 +627,24 @@ async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: R
             let app = app
                 .layer(axum::Extension(peer_certs))
                 .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
-            serve_connection(TokioIo::new(stream), app).await;
-        });
-    }
+            conn::serve_connection(stream, app, &limits).await;
+            drop(permit);
+        }
+    })
+    .await;
 }
 
-async fn serve_plain(listener: TcpListener, app: Router) {
-    loop {
-        let Ok((tcp, peer)) = listener.accept().await else {
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
+async fn serve_plain(listener: TcpListener, app: Router, limits: Arc<conn::ConnectionLimits>) {
+    let l = limits.clone();
+    conn::accept_loop(listener, &l, move |tcp, peer, permit| {
         let app = app
             .clone()
             .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
-        tokio::spawn(serve_connection(TokioIo::new(tcp), app));
-    }
-}
-
-async fn serve_connection<I>(io: I, app: Router)
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let service = TowerToHyperService::new(app);
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    if let Err(e) = builder.serve_connection_with_upgrades(io, service).await {
-        tracing::debug!(error = %e, "connection ended with an error");
-    }
+        let limits = limits.clone();
+        async move {
+            conn::serve_connection(tcp, app, &limits).await;
+            drop(permit);
+        }
+    })
+    .await;
 }

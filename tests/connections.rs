@@ -1,0 +1,190 @@
+//! Clients that hold connections without finishing anything: they cost the
+//! server a socket for a bounded time, and everyone else is served meanwhile.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A TLS client that trusts the server's generated CA (no client certificate).
+fn tls_connector(s: &common::TestServer) -> tokio_rustls::TlsConnector {
+    let ca = std::fs::read(s.running.kubeconfig.with_file_name("pki").join("ca.crt")).expect("ca");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile_certs(&ca) {
+        roots.add(cert).expect("ca cert");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .map(|c| c.expect("pem"))
+        .collect()
+}
+
+/// Waits until the peer closes `stream` (read returns 0 or an error).
+async fn closed_by_server(stream: &mut (impl AsyncReadExt + Unpin), within: Duration) -> bool {
+    let mut buf = [0u8; 512];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_and_stuck_handshakes_are_cut_off_while_others_are_served() {
+    let s = common::start_with(|c| {
+        c.connections.tls_handshake_timeout = Duration::from_secs(1);
+        c.connections.request_header_timeout = Duration::from_secs(1);
+        c.connections.max_connections = 40;
+    })
+    .await;
+    let addr = s.running.addr;
+    // Twice the connection cap: plain TCP that never says hello, and TLS
+    // that starts a handshake and stops.
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    let mut stuck = Vec::new();
+    for _ in 0..40 {
+        let mut t = TcpStream::connect(addr).await.expect("connect");
+        // The first bytes of a ClientHello record header, then nothing.
+        t.write_all(&[0x16, 0x03, 0x01]).await.expect("write");
+        stuck.push(t);
+    }
+    // Others are served meanwhile: probes and reads answer once the slots of
+    // the hostile connections are reclaimed, within a few handshake timeouts.
+    common::eventually("a GET is served while 80 connections hang", || async {
+        s.get(common::WIDGETS).await.status == 200
+    })
+    .await;
+    assert_eq!(s.get("/readyz").await.status, 200);
+    // And each hostile connection was closed by the server.
+    for mut c in idle.into_iter().chain(stuck) {
+        assert!(
+            closed_by_server(&mut c, Duration::from_secs(30)).await,
+            "a connection stayed open"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn headers_trickled_one_byte_at_a_time_are_cut_off() {
+    let s =
+        common::start_with(|c| c.connections.request_header_timeout = Duration::from_secs(1)).await;
+    let connector = tls_connector(&s);
+    let tcp = TcpStream::connect(s.running.addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    let request = b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let started = Instant::now();
+    let mut cut_off = false;
+    for b in request.iter() {
+        if tls.write_all(&[*b]).await.and(tls.flush().await).is_err() {
+            cut_off = true;
+            break;
+        }
+        // One byte every 200 ms: the whole header would take about 20 s.
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(Duration::from_millis(200), tls.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                cut_off = true;
+                break;
+            }
+            Ok(Ok(n)) => {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                // hyper answers 408 before closing; either way it is over.
+                assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+                cut_off = true;
+                break;
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(cut_off, "the server waited for the whole trickled header");
+    eprintln!("trickling client cut off after {:?}", started.elapsed());
+    // The server still answers others.
+    assert_eq!(s.get("/readyz").await.status, 200);
+}
+
+/// Out of descriptors: with twice its descriptor limit in idle connections,
+/// the server backs off instead of spinning on accept errors, and answers
+/// once the handshake timeout frees descriptors.
+#[tokio::test(flavor = "multi_thread")]
+async fn accept_errors_back_off_instead_of_spinning() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("data");
+    let mut child = common::spawn_kshard(&data, &["--tls-handshake-timeout", "2s"]);
+    let pid = child.id();
+    let client = common::client_for(&data.join("kubeconfig")).await;
+    // Warm up (threads, files) before the limit goes on.
+    client
+        .request_text(http::Request::get("/readyz").body(Vec::new()).expect("req"))
+        .await
+        .expect("ready");
+    let out = std::process::Command::new("prlimit")
+        .args([format!("--pid={pid}"), "--nofile=96:96".to_string()])
+        .output()
+        .expect("prlimit");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kubeconfig = std::fs::read_to_string(data.join("kubeconfig")).expect("kubeconfig");
+    let server = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .expect("server")
+        .to_string();
+    let mut idle = Vec::new();
+    for _ in 0..192 {
+        if let Ok(c) = TcpStream::connect(&server).await {
+            idle.push(c);
+        }
+    }
+    // CPU over one second with the listener out of descriptors.
+    let cpu = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .expect("stat")
+            .1
+            .split_whitespace()
+            .collect();
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+    };
+    let before = cpu(pid);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ticks = cpu(pid) - before;
+    eprintln!("CPU while out of descriptors: {ticks} ticks in 1 s");
+    // A spinning accept loop burns a whole core (~100 ticks); backing off, a few.
+    assert!(ticks < 50, "accept loop spins: {ticks} ticks in 1 s");
+    drop(idle);
+    common::eventually("the server answers again", || async {
+        client
+            .request_text(http::Request::get("/readyz").body(Vec::new()).expect("req"))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(child.try_wait().expect("wait").is_none(), "the server died");
+    let _ = child.kill();
+    let _ = child.wait();
+}
