@@ -319,6 +319,10 @@ impl ApiError {
             ..Default::default()
         })
     }
+    /// 504 `Timeout` (kube's NewTimeoutError, no retry hint).
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(504, "Timeout", message)
+    }
     /// 503 with `Retry-After: 1`: the request was not carried out; try again.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(503, "ServiceUnavailable", message).with_details(Details {

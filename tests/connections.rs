@@ -123,6 +123,18 @@ async fn headers_trickled_one_byte_at_a_time_are_cut_off() {
     assert_eq!(s.get("/readyz").await.status, 200);
 }
 
+/// CPU time (clock ticks) a process has used.
+fn cpu(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("stat")
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
 /// Out of descriptors: with twice its descriptor limit in idle connections,
 /// the server backs off instead of spinning on accept errors, and answers
 /// once the handshake timeout frees descriptors.
@@ -138,6 +150,18 @@ async fn accept_errors_back_off_instead_of_spinning() {
         .request_text(http::Request::get("/readyz").body(Vec::new()).expect("req"))
         .await
         .expect("ready");
+    // And let start-up work (the flow-control controller's first
+    // reconciliation) finish: wait for a quiet half second.
+    let mut settled = false;
+    for _ in 0..60 {
+        let before = cpu(pid);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if cpu(pid) - before < 5 {
+            settled = true;
+            break;
+        }
+    }
+    assert!(settled, "the server never went quiet");
     let out = std::process::Command::new("prlimit")
         .args([format!("--pid={pid}"), "--nofile=96:96".to_string()])
         .output()

@@ -3,13 +3,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 
-fn spawn(data_dir: &Path) -> Child {
+fn spawn(data_dir: &Path) -> common::KillOnDrop {
     common::spawn_kshard(data_dir, &[])
 }
 

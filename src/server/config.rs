@@ -201,6 +201,46 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}"))
 }
 
+/// A Go `time.Duration` string as clients send it (`?timeout=1m0s`, `30s`,
+/// `1.5h`, `250ms`): one or more number-and-unit pairs, units ns, us, µs,
+/// ms, s, m, h.
+pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {s:?}");
+    let mut rest = s;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        if num_len == 0 {
+            return Err(bad());
+        }
+        let n: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let secs = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += n * secs;
+        rest = &rest[unit_len..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
+}
+
 /// Sizes as the flags take them: `1048576`, `512Ki`, `64Mi`, `1Gi`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.get(s.len().saturating_sub(2)..) {
@@ -234,6 +274,18 @@ mod tests {
         assert_eq!(c.authorization_deny_ttl, crate::authz::DEFAULT_DENY_TTL);
         assert!(c.flowcontrol_controller && !c.in_cluster);
         assert_eq!(c.watch_history, crate::watch::DEFAULT_RING_CAPACITY);
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("1m0s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_go_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_go_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_go_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_go_duration("0"), Ok(Duration::ZERO));
+        for bad in ["", "soon", "5", "s", "1d", "-1s"] {
+            assert!(parse_go_duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -38,6 +38,12 @@ pub struct ConnectionLimits {
     /// kernel's accept queue until one closes.
     #[arg(long, default_value_t = 10_000)]
     pub max_connections: usize,
+    /// Deadline of a request that is not a watch, from its arrival to the last
+    /// byte of its response (a `?timeout=` shorter than it wins): 504 if the
+    /// handler is not done by then, and its flow-control seats are returned
+    /// then even if a slow client is still reading.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
 }
 
 /// Accepts connections while under the cap, backing off on accept errors

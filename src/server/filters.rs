@@ -2,6 +2,7 @@
 //! order: request info → authentication → impersonation → API Priority and
 //! Fairness → authorization → handler, with request metrics around them all.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,6 +27,40 @@ pub struct Filters {
     pub replica: Option<Arc<crate::replica::Replica>>,
     /// With an audit policy: records events (the `Audit-Id` header is always set).
     pub auditor: Option<Arc<crate::audit::Auditor>>,
+    /// `--request-timeout`: the longest a non-watch request may take.
+    pub request_timeout: std::time::Duration,
+}
+
+/// kube's 504 for a request past its deadline.
+fn deadline_exceeded() -> Response {
+    let e = crate::status::ApiError::timeout(
+        "Timeout: request did not complete within requested timeout - context deadline exceeded",
+    );
+    status_response(&e)
+}
+
+/// The request's deadline: `--request-timeout`, or the client's shorter
+/// `?timeout=` (Go duration syntax). `Err` is kube's 400 for a bad value.
+fn request_deadline(
+    req: &Request,
+    max: std::time::Duration,
+) -> Result<tokio::time::Instant, crate::status::ApiError> {
+    let asked = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "timeout")
+        .map(|(_, v)| v.into_owned());
+    let timeout = match asked {
+        None => max,
+        Some(v) => match super::parse_go_duration(&v) {
+            Ok(d) if !d.is_zero() => d.min(max),
+            Ok(_) => max,
+            Err(_) => {
+                return Err(crate::status::ApiError::bad_request(format!(
+                    "invalid timeout specified in the request URL: {v}"
+                )))
+            }
+        },
+    };
+    Ok(tokio::time::Instant::now() + timeout)
 }
 
 /// Marks requests of `--insecure-listen`, the plain-HTTP debugging port,
@@ -316,12 +351,21 @@ async fn admit_and_serve(
         }
     }
     req.extensions_mut().insert(identity.clone());
+    // A watch is long-running: it has its own timeoutSeconds.
+    let deadline = if info.verb == Some(Verb::Watch) {
+        None
+    } else {
+        match request_deadline(&req, f.request_timeout) {
+            Ok(d) => Some(d),
+            Err(bad) => return status_response(&bad),
+        }
+    };
     let inputs = estimate(&f.registry, &info);
     let queued = Instant::now();
     // A client that goes away drops this future, which withdraws a queued request.
     let admitted = f
         .apf
-        .admit(&info.digest, inputs, None, std::future::pending::<()>())
+        .admit(&info.digest, inputs, deadline, std::future::pending::<()>())
         .await;
     if let Some(rec) = &recording {
         rec.annotate(
@@ -405,17 +449,39 @@ async fn admit_and_serve(
                 }));
                 next.run(req).await
             } else {
-                // Seats are held until the body is fully sent: a streamed LIST works
-                // after its handler returns.
-                let r = next.run(req).await;
-                let (parts, body) = r.into_parts();
-                Response::from_parts(
-                    parts,
-                    axum::body::Body::new(FinishOnEnd {
-                        inner: body,
-                        seats: Some(seats),
-                    }),
-                )
+                // Seats are held until the body is fully sent (a streamed LIST
+                // works after its handler returns), and never past the deadline.
+                let deadline = deadline.unwrap_or_else(tokio::time::Instant::now);
+                let seats = Arc::new(std::sync::Mutex::new(Some(seats)));
+                let held = seats.clone();
+                let reclaim = tokio::spawn(async move {
+                    tokio::time::sleep_until(deadline).await;
+                    if let Some(s) = take_seats(&held) {
+                        tracing::debug!("seats returned at the request deadline");
+                        s.finish();
+                    }
+                });
+                match tokio::time::timeout_at(deadline, next.run(req)).await {
+                    Ok(r) => {
+                        let (parts, body) = r.into_parts();
+                        Response::from_parts(
+                            parts,
+                            axum::body::Body::new(FinishOnEnd {
+                                inner: body,
+                                seats,
+                                deadline: Box::pin(tokio::time::sleep_until(deadline)),
+                                reclaim,
+                            }),
+                        )
+                    }
+                    Err(_) => {
+                        reclaim.abort();
+                        if let Some(s) = take_seats(&seats) {
+                            s.finish();
+                        }
+                        deadline_exceeded()
+                    }
+                }
             };
             set_header(&mut r, "x-kubernetes-pf-flowschema-uid", &fs);
             set_header(&mut r, "x-kubernetes-pf-prioritylevel-uid", &pl);
@@ -429,11 +495,31 @@ async fn admit_and_serve(
     resp
 }
 
+fn take_seats(
+    seats: &std::sync::Mutex<Option<crate::flowcontrol::SeatGuard>>,
+) -> Option<crate::flowcontrol::SeatGuard> {
+    seats.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
 /// A response body that returns its request's seats when it has been sent
-/// (or dropped, when the client goes away).
+/// (or dropped, when the client goes away), or at the request deadline,
+/// whichever comes first: a client that reads slowly cannot keep them. A body
+/// still unsent at the deadline ends with an error, which closes the stream.
 struct FinishOnEnd {
     inner: axum::body::Body,
-    seats: Option<crate::flowcontrol::SeatGuard>,
+    seats: Arc<std::sync::Mutex<Option<crate::flowcontrol::SeatGuard>>>,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Returns the seats at the deadline even when nobody polls this body.
+    reclaim: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FinishOnEnd {
+    fn drop(&mut self) {
+        self.reclaim.abort();
+        if let Some(s) = take_seats(&self.seats) {
+            s.finish();
+        }
+    }
 }
 
 impl http_body::Body for FinishOnEnd {
@@ -444,9 +530,17 @@ impl http_body::Body for FinishOnEnd {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            if let Some(s) = take_seats(&self.seats) {
+                s.finish();
+            }
+            return std::task::Poll::Ready(Some(Err(axum::Error::new(
+                "response not sent within the request deadline",
+            ))));
+        }
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
         if let std::task::Poll::Ready(None) = polled {
-            if let Some(s) = self.seats.take() {
+            if let Some(s) = take_seats(&self.seats) {
                 s.finish();
             }
         }

@@ -26,7 +26,7 @@ use crate::registry::{gc, Catalog, Registry};
 use crate::storage::{StorageError, Store};
 use crate::watch::Cache;
 
-pub use config::{parse_bytes, parse_duration, ServeConfig};
+pub use config::{parse_bytes, parse_duration, parse_go_duration, ServeConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -199,6 +199,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             authz: delegation.authz,
             replica: replica.clone(),
             auditor,
+            request_timeout: cfg.connections.request_timeout,
         },
     );
     if let (Some(r), Some(l)) = (&replica, internal_listener) {

@@ -292,16 +292,35 @@ impl Drop for KubectlStream {
 /// Starts the real `kshard serve` binary on an ephemeral port with the example
 /// CRDs and `extra` flags; returns the process once it serves (its kubeconfig
 /// is `<data_dir>/kubeconfig`).
-pub fn spawn_kshard(data_dir: &Path, extra: &[&str]) -> std::process::Child {
+pub fn spawn_kshard(data_dir: &Path, extra: &[&str]) -> KillOnDrop {
     spawn_kshard_with(data_dir, extra, &[])
 }
 
+/// A child process that is killed when the test ends, passed or not.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// [`spawn_kshard`] with environment variables for the process.
-pub fn spawn_kshard_with(
-    data_dir: &Path,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> std::process::Child {
+pub fn spawn_kshard_with(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> KillOnDrop {
     use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kshard"))
         .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
@@ -323,7 +342,7 @@ pub fn spawn_kshard_with(
     );
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    child
+    KillOnDrop(child)
 }
 
 /// Resident memory of a process, from /proc (Linux).
