@@ -86,6 +86,23 @@ async fn patches_and_bodies_that_would_exhaust_memory_are_refused() {
     assert_eq!(code, 415, "{st}");
     assert_eq!(st["reason"], "UnsupportedMediaType");
 
+    // A YAML "billion laughs" apply: each alias doubles the one before; the
+    // decoder's budget refuses it before it expands.
+    let mut bomb = String::from("apiVersion: demo.kshard.dev/v1\nkind: Widget\nmetadata: {name: w1}\nspec:\n  a0: &a0 [\"lol\", \"lol\"]\n");
+    for i in 1..40 {
+        bomb.push_str(&format!("  a{i}: &a{i} [*a{}, *a{}]\n", i - 1, i - 1));
+    }
+    let (code, st) = send(
+        &client,
+        "PATCH",
+        &format!("{w1}?fieldManager=bomb"),
+        "application/apply-patch+yaml",
+        bomb.into_bytes(),
+    )
+    .await;
+    assert_eq!(code, 400, "{st}");
+    assert_eq!(st["reason"], "BadRequest");
+
     // Still serving, and nothing was half-applied.
     let (code, obj) = send(&client, "GET", &w1, "application/json", Vec::new()).await;
     assert_eq!(code, 200);
