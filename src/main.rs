@@ -57,7 +57,12 @@ fn main() -> anyhow::Result<()> {
                     r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
                     _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
                 }
-                running.shutdown();
+                // A second signal stops at once.
+                tokio::select! {
+                    _ = running.shutdown_gracefully() => {}
+                    _ = tokio::signal::ctrl_c() => tracing::warn!("second signal: stopping now"),
+                    _ = term.recv() => tracing::warn!("second signal: stopping now"),
+                }
                 Ok(())
             }
             Command::Manifests(a) => {

@@ -323,6 +323,13 @@ impl ApiError {
     pub fn timeout(message: impl Into<String>) -> Self {
         Self::new(504, "Timeout", message)
     }
+    /// 429 with `Retry-After: 1` (kube's NewTooManyRequests): try again later.
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(429, "TooManyRequests", message).with_details(Details {
+            retry_after_seconds: 1,
+            ..Default::default()
+        })
+    }
     /// 503 with `Retry-After: 1`: the request was not carried out; try again.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(503, "ServiceUnavailable", message).with_details(Details {

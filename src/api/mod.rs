@@ -35,6 +35,10 @@ pub struct ApiState {
     pub registry: Arc<Registry>,
     pub readiness: Arc<health::Readiness>,
     pub bookmark_interval: Duration,
+    /// Watches without `timeoutSeconds` last between this and twice this.
+    pub min_request_timeout: Duration,
+    /// Cancelled at shutdown: every watch stream ends cleanly.
+    pub stop_watches: tokio_util::sync::CancellationToken,
 }
 
 pub fn router(state: Arc<ApiState>) -> Router {

@@ -24,6 +24,13 @@ pub enum Route {
     NotFound,
 }
 
+impl Route {
+    /// A watch: long-running, with its own `timeoutSeconds`.
+    pub fn is_watch(&self) -> bool {
+        matches!(self, Route::Resource(r) if r.verb == Some(Verb::Watch))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Health {
     Livez,

@@ -24,6 +24,21 @@ use crate::storage::EventType;
 use crate::watch::{frame, Filter, Start, Subscription, WatchError, WatchEvent};
 
 /// Frames buffered between the event loop and the socket.
+/// How long a watch lasts: the client's `timeoutSeconds`, else (kube's
+/// rule) a random time in [min, 2×min) of `--min-request-timeout`, which
+/// spreads reconnects out.
+fn watch_timeout(asked: Option<u64>, min_request_timeout: Duration) -> Duration {
+    match asked {
+        Some(secs) => Duration::from_secs(secs.min(MAX_WATCH_TIMEOUT_SECS)),
+        None => {
+            let spread = f64::from(uuid::Uuid::new_v4().as_bytes()[0]) / 256.0;
+            min_request_timeout
+                .mul_f64(1.0 + spread)
+                .min(Duration::from_secs(MAX_WATCH_TIMEOUT_SECS))
+        }
+    }
+}
+
 /// Longest watch a client can ask for with `timeoutSeconds` (one week).
 const MAX_WATCH_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
 const OUT_BUFFER: usize = 256;
@@ -107,16 +122,7 @@ pub async fn serve(
         WatchStart::After(rev) => subscribe(Start::After(rev)),
         WatchStart::Now => subscribe(Start::After(reg.cache.revision())),
     };
-    let timeout = Duration::from_secs(
-        opts.timeout_seconds
-            .unwrap_or_else(|| {
-                // kube: minRequestTimeout × [1, 2): spreads reconnects.
-                1800 + u64::from(uuid::Uuid::new_v4().as_bytes()[0]) * 1800 / 256
-            })
-            // Any longer is forever for a client; larger values would overflow
-            // the deadline arithmetic.
-            .min(MAX_WATCH_TIMEOUT_SECS),
-    );
+    let timeout = watch_timeout(opts.timeout_seconds, state.min_request_timeout);
     let (tx, rx) = mpsc::channel::<Bytes>(OUT_BUFFER);
     let stream = Stream {
         t: t.clone(),
@@ -129,6 +135,7 @@ pub async fn serve(
         headers_sent: false,
         cache: reg.cache.clone(),
         initial_events_sent,
+        stop: state.stop_watches.clone(),
     };
     match sub {
         Ok(sub) => {
@@ -196,6 +203,8 @@ struct Stream {
     headers_sent: bool,
     cache: Arc<crate::watch::Cache>,
     initial_events_sent: Option<InitialEventsSent>,
+    /// Server shutdown: the stream ends cleanly (the client resumes elsewhere).
+    stop: tokio_util::sync::CancellationToken,
 }
 
 impl Stream {
@@ -247,6 +256,7 @@ impl Stream {
                 }
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = tx.closed() => return,
+                _ = self.stop.cancelled() => return,
             }
         }
     }

@@ -104,6 +104,29 @@ pub fn elect(
     outcome.ok_or_else(|| StorageError::Engine("election transaction did not run".into()))
 }
 
+/// Gives the lease up (shutdown): if this replica still holds it under
+/// `epoch`, it is marked expired so a peer takes over at its next round
+/// instead of waiting for it to run out.
+pub fn resign(engine: &dyn Engine, me: &str, epoch: u64) -> Result<bool, StorageError> {
+    let mut resigned = false;
+    engine.write(&mut |txn| {
+        let Some(mut lease) = read_lease(txn)? else {
+            return Ok(());
+        };
+        if lease.holder != me || lease.epoch != epoch || epoch == 0 {
+            return Ok(());
+        }
+        lease.expires_ms = 0;
+        txn.put(
+            LEASE_KEY,
+            &serde_json::to_vec(&lease).map_err(|e| StorageError::Invalid(e.to_string()))?,
+        )?;
+        resigned = true;
+        Ok(())
+    })?;
+    Ok(resigned)
+}
+
 /// On takeover: sets the revision counter to the highest revision ever used
 /// (the counter, or any event logged above it) and rewrites it, so that a
 /// write of the previous leader still in flight conflicts with this

@@ -164,6 +164,24 @@ impl Replica {
             && self.store.revision() >= self.leader_watermark.load(Ordering::Acquire)
     }
 
+    /// Shutdown (after the election loop has stopped): stops writing and
+    /// gives the lease up at once, so a peer need not wait for it to expire.
+    pub async fn resign(&self) {
+        let epoch = self.fence.epoch();
+        if epoch == 0 {
+            return;
+        }
+        self.fence.set_epoch(0);
+        let engine = self.engine.clone();
+        let me = self.cfg.replica_id.clone();
+        match tokio::task::spawn_blocking(move || lease::resign(&*engine, &me, epoch)).await {
+            Ok(Ok(true)) => tracing::info!(epoch, "gave up the leader lease"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "giving up the leader lease failed"),
+            Err(e) => tracing::warn!(error = %e, "giving up the leader lease failed"),
+        }
+    }
+
     /// Runs the first election round (so the role is known before serving),
     /// then keeps electing and, while a follower, following the leader.
     pub async fn start(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::config::{parse_bytes, parse_duration};
 
@@ -44,13 +46,66 @@ pub struct ConnectionLimits {
     /// then even if a slow client is still reading.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub request_timeout: Duration,
+    /// A watch without `timeoutSeconds` ends after a random time between this
+    /// and twice this (kube's `--min-request-timeout`), so clients reconnect
+    /// spread out instead of all at once.
+    #[arg(long, default_value = "1800s", value_parser = parse_duration)]
+    pub min_request_timeout: Duration,
+    /// Largest request body (kube's 3 MiB): 413 beyond it, before it is read.
+    #[arg(long, default_value = "3Mi", value_parser = parse_bytes)]
+    pub max_request_body_bytes: u64,
+    /// Memory all request bodies being received at once may take; a request
+    /// that would exceed it gets 429 at once. Bodies are read before a request
+    /// takes a flow-control seat, so a stalled upload holds memory from this
+    /// budget, not a seat.
+    #[arg(long, default_value = "512Mi", value_parser = parse_bytes)]
+    pub max_buffered_request_body_bytes: u64,
+    /// On SIGTERM/SIGINT, how long `/readyz` fails before the server stops
+    /// accepting connections (time for load balancers to notice).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay_duration: Duration,
+    /// Then how long in-flight requests get to finish; connections still open
+    /// after it are closed.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub shutdown_grace_period: Duration,
+}
+
+/// Lets a layer close the connection its request came on (a response that
+/// could not be sent by its deadline), in the request's extensions.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionControl(Arc<Notify>);
+
+impl ConnectionControl {
+    /// Closes the connection: every stream on it ends at once.
+    pub fn close(&self) {
+        self.0.notify_one();
+    }
+
+    async fn closed(&self) {
+        self.0.notified().await;
+    }
+}
+
+/// The server's connections, for a graceful shutdown: `stop` ends the accept
+/// loops and asks every connection to finish what it has in flight (HTTP/1.1
+/// closes after the current response, HTTP/2 sends GOAWAY); `tasks` tells
+/// when they are all gone.
+#[derive(Clone, Debug, Default)]
+pub struct Connections {
+    pub stop: CancellationToken,
+    pub tasks: TaskTracker,
 }
 
 /// Accepts connections while under the cap, backing off on accept errors
 /// (out of descriptors), and hands each to `serve` with its permit, which
-/// frees the slot when the connection is dropped.
-pub async fn accept_loop<F, Fut>(listener: TcpListener, limits: &ConnectionLimits, serve: F)
-where
+/// frees the slot when the connection is dropped. Ends when `conns.stop` is
+/// cancelled.
+pub async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    limits: &ConnectionLimits,
+    conns: Connections,
+    serve: F,
+) where
     F: Fn(TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -59,14 +114,22 @@ where
     let mut last_log: Option<Instant> = None;
     let mut suppressed = 0u64;
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = conns.stop.cancelled() => return,
         };
-        match listener.accept().await {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = conns.stop.cancelled() => return,
+        };
+        match accepted {
             Ok((tcp, peer)) => {
                 backoff = Duration::ZERO;
                 let _ = tcp.set_nodelay(true);
-                tokio::spawn(serve(tcp, peer, permit));
+                conns.tasks.spawn(serve(tcp, peer, permit));
             }
             Err(e) => {
                 drop(permit);
@@ -88,12 +151,19 @@ where
     }
 }
 
-/// Serves HTTP/1.1 or HTTP/2 on one connection with the limits applied.
-pub async fn serve_connection<I>(io: I, app: axum::Router, limits: &ConnectionLimits)
-where
+/// Serves HTTP/1.1 or HTTP/2 on one connection with the limits applied,
+/// until the client is done, a layer closes it ([`ConnectionControl`]), or
+/// a graceful shutdown (`stop`) lets its in-flight requests finish.
+pub async fn serve_connection<I>(
+    io: I,
+    app: axum::Router,
+    limits: &ConnectionLimits,
+    stop: &CancellationToken,
+) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let service = TowerToHyperService::new(app);
+    let control = ConnectionControl::default();
+    let service = TowerToHyperService::new(app.layer(axum::Extension(control.clone())));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let header_bytes = usize::try_from(limits.max_request_header_bytes).unwrap_or(usize::MAX);
     builder
@@ -113,10 +183,23 @@ where
         // A peer that stops answering pings is gone.
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
-    if let Err(e) = builder
-        .serve_connection_with_upgrades(TokioIo::new(io), service)
-        .await
-    {
-        tracing::debug!(error = %e, "connection ended with an error");
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            // Dropping the connection closes the socket and every stream on it.
+            _ = control.closed() => return,
+            _ = stop.cancelled(), if !draining => {
+                conn.as_mut().graceful_shutdown();
+                draining = true;
+            }
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 mod config;
 pub mod conn;
-pub mod filters;
+pub mod layers;
 pub mod metrics;
 pub mod pki;
 pub mod tls;
@@ -62,14 +62,57 @@ pub struct Running {
     pub apf: Arc<Apf>,
     pub readiness: Arc<crate::api::health::Readiness>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    connections: conn::Connections,
+    shutting_down: Arc<std::sync::atomic::AtomicBool>,
+    store: Arc<Store>,
+    replica: Option<Arc<crate::replica::Replica>>,
+    limits: Arc<conn::ConnectionLimits>,
 }
 
 impl Running {
-    /// Stops accepting connections and background work.
+    /// Stops at once: no more connections, background work aborted.
     pub fn shutdown(self) {
+        self.connections.stop.cancel();
         for t in self.tasks {
             t.abort();
         }
+    }
+
+    /// Stops as kube-apiserver does on SIGTERM: `/readyz` fails first (for
+    /// `--shutdown-delay-duration`), then no new connections are accepted,
+    /// in-flight requests finish (HTTP/2 clients get GOAWAY), watch streams
+    /// end cleanly so clients resume from their last resourceVersion, all
+    /// within `--shutdown-grace-period`; then a leader gives up its lease
+    /// and the store is closed. Every acknowledged write is durable already.
+    pub async fn shutdown_gracefully(self) {
+        self.shutting_down
+            .store(true, std::sync::atomic::Ordering::Release);
+        tracing::info!(delay = ?self.limits.shutdown_delay_duration, "shutting down: /readyz fails");
+        tokio::time::sleep(self.limits.shutdown_delay_duration).await;
+        self.connections.stop.cancel();
+        self.connections.tasks.close();
+        let open = self.connections.tasks.len();
+        tracing::info!(connections = open, grace = ?self.limits.shutdown_grace_period, "no new connections; draining");
+        if tokio::time::timeout(
+            self.limits.shutdown_grace_period,
+            self.connections.tasks.wait(),
+        )
+        .await
+        .is_err()
+        {
+            tracing::warn!(
+                connections = self.connections.tasks.len(),
+                "grace period over; closing the remaining connections"
+            );
+        }
+        for t in self.tasks {
+            t.abort();
+        }
+        if let Some(r) = &self.replica {
+            r.resign().await;
+        }
+        self.store.close();
+        tracing::info!("stopped");
     }
 }
 
@@ -149,10 +192,18 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         let r = r.clone();
         readiness.add("replica-caught-up", move || r.caught_up());
     }
+    let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = shutting_down.clone();
+    readiness.add("shutdown", move || {
+        !stopping.load(std::sync::atomic::Ordering::Acquire)
+    });
+    let connections = conn::Connections::default();
     let state = Arc::new(ApiState {
         registry: registry.clone(),
         readiness: readiness.clone(),
         bookmark_interval: cfg.bookmark_interval,
+        min_request_timeout: cfg.connections.min_request_timeout,
+        stop_watches: connections.stop.clone(),
     });
     let apf = Apf::new(flowcontrol::ServerConfig {
         max_requests_inflight: cfg.max_requests_inflight,
@@ -192,7 +243,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         .map_err(|e| ServerError::Config(e.to_string()))?;
     let app = app(
         state.clone(),
-        filters::Filters {
+        layers::Parts {
             apf: apf.clone(),
             registry: registry.clone(),
             auth: auth.clone(),
@@ -200,11 +251,20 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             replica: replica.clone(),
             auditor,
             request_timeout: cfg.connections.request_timeout,
+            body: layers::body::BodyLimits::new(
+                cfg.connections.max_request_body_bytes,
+                cfg.connections.max_buffered_request_body_bytes,
+            ),
         },
     );
     if let (Some(r), Some(l)) = (&replica, internal_listener) {
         let internal = crate::replica::internal::router(r.clone(), app.clone());
-        tasks.push(tokio::spawn(serve_plain(l, internal, limits.clone())));
+        tasks.push(tokio::spawn(serve_plain(
+            l,
+            internal,
+            limits.clone(),
+            connections.clone(),
+        )));
     }
 
     let serving = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
@@ -222,6 +282,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         tls,
         app.clone(),
         limits.clone(),
+        connections.clone(),
     )));
 
     let mut insecure_addr = None;
@@ -231,8 +292,13 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             .map_err(io(format!("listening on {a}")))?;
         insecure_addr = Some(l.local_addr().map_err(io("local address"))?);
         tracing::warn!(addr = %a, "serving plain HTTP without authentication: every request is the admin");
-        let app = app.layer(axum::Extension(filters::InsecureListener));
-        tasks.push(tokio::spawn(serve_plain(l, app, limits.clone())));
+        let app = app.layer(axum::Extension(layers::InsecureListener));
+        tasks.push(tokio::spawn(serve_plain(
+            l,
+            app,
+            limits.clone(),
+            connections.clone(),
+        )));
     }
     if cfg.flowcontrol_controller {
         let client = match &flowcontrol_host {
@@ -258,6 +324,11 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         apf,
         readiness,
         tasks,
+        connections,
+        shutting_down,
+        store,
+        replica,
+        limits,
     })
 }
 
@@ -472,8 +543,8 @@ async fn delegation(
     Ok(out)
 }
 
-/// The API plus the server's own endpoints, behind the request filters.
-fn app(state: Arc<ApiState>, filters: filters::Filters) -> Router {
+/// The API plus the server's own endpoints, behind the request layers.
+fn app(state: Arc<ApiState>, parts: layers::Parts) -> Router {
     let own = Router::new()
         .route("/metrics", get(metrics_endpoint))
         .route(
@@ -488,18 +559,12 @@ fn app(state: Arc<ApiState>, filters: filters::Filters) -> Router {
             "/debug/api_priority_and_fairness/dump_requests",
             get(dump_requests),
         )
-        .with_state(filters.apf.clone());
-    let filters = Arc::new(filters);
-    own.merge(api::router(state))
-        .layer(axum::middleware::from_fn_with_state(
-            filters,
-            filters::filter,
-        ))
-        .layer(
-            tower_http::compression::CompressionLayer::new()
-                .gzip(true)
-                .compress_when(LargeBodies),
-        )
+        .with_state(parts.apf.clone());
+    layers::stack(own.merge(api::router(state)), parts).layer(
+        tower_http::compression::CompressionLayer::new()
+            .gzip(true)
+            .compress_when(LargeBodies),
+    )
 }
 
 /// kube compresses responses over 128 KiB when the client accepts gzip; watch
@@ -592,13 +657,16 @@ async fn serve_tls(
     tls: Arc<rustls::ServerConfig>,
     app: Router,
     limits: Arc<conn::ConnectionLimits>,
+    conns: conn::Connections,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let l = limits.clone();
-    conn::accept_loop(listener, &l, move |tcp, peer, permit| {
+    let stop = conns.stop.clone();
+    conn::accept_loop(listener, &l, conns, move |tcp, peer, permit| {
         let acceptor = acceptor.clone();
         let app = app.clone();
         let limits = limits.clone();
+        let stop = stop.clone();
         async move {
             // A client that never finishes the handshake gives its slot back.
             let stream = match tokio::time::timeout(
@@ -628,22 +696,29 @@ async fn serve_tls(
             let app = app
                 .layer(axum::Extension(peer_certs))
                 .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
-            conn::serve_connection(stream, app, &limits).await;
+            conn::serve_connection(stream, app, &limits, &stop).await;
             drop(permit);
         }
     })
     .await;
 }
 
-async fn serve_plain(listener: TcpListener, app: Router, limits: Arc<conn::ConnectionLimits>) {
+async fn serve_plain(
+    listener: TcpListener,
+    app: Router,
+    limits: Arc<conn::ConnectionLimits>,
+    conns: conn::Connections,
+) {
     let l = limits.clone();
-    conn::accept_loop(listener, &l, move |tcp, peer, permit| {
+    let stop = conns.stop.clone();
+    conn::accept_loop(listener, &l, conns, move |tcp, peer, permit| {
         let app = app
             .clone()
             .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
         let limits = limits.clone();
+        let stop = stop.clone();
         async move {
-            conn::serve_connection(tcp, app, &limits).await;
+            conn::serve_connection(tcp, app, &limits, &stop).await;
             drop(permit);
         }
     })

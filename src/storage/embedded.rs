@@ -21,6 +21,8 @@ const KV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
 pub struct Embedded {
     /// `None` while a failed database waits to be opened again.
     db: RwLock<Option<Arc<Database>>>,
+    /// Set at shutdown: the database is not opened again.
+    closed: std::sync::atomic::AtomicBool,
     path: PathBuf,
     cache_bytes: usize,
 }
@@ -44,6 +46,7 @@ impl Embedded {
         let db = open_db(path, cache_bytes)?;
         Ok(Self {
             db: RwLock::new(Some(Arc::new(db))),
+            closed: std::sync::atomic::AtomicBool::new(false),
             path: path.to_path_buf(),
             cache_bytes,
         })
@@ -57,6 +60,9 @@ impl Embedded {
         let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
         if let Some(db) = slot.as_ref() {
             return Ok(db.clone());
+        }
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(StorageError::Unavailable("the store is closed".into()));
         }
         let db = Arc::new(open_db(&self.path, self.cache_bytes)?);
         tracing::info!(path = %self.path.display(), "store reopened after an I/O error");
@@ -190,6 +196,13 @@ impl Engine for Embedded {
         let txn = db.begin_read().map_err(|e| self.failed(e))?;
         let table = txn.open_table(KV).map_err(|e| self.failed(e))?;
         Ok(Box::new(Reader { table }))
+    }
+
+    fn close(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        // The file is released (cleanly) when the last transaction holding it ends.
+        *self.db.write().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     fn write(&self, f: &mut WriteFn<'_>) -> Result<(), StorageError> {

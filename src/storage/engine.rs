@@ -35,4 +35,6 @@ pub trait Engine: Send + Sync + 'static {
     fn after_compaction(&self) -> Result<(), StorageError> {
         Ok(())
     }
+    /// Shutdown: release the database cleanly; later transactions fail.
+    fn close(&self) {}
 }

@@ -231,6 +231,12 @@ impl Store {
         }))
     }
 
+    /// Shutdown: releases the engine (redb closes its file cleanly). Every
+    /// acknowledged write is durable already; later operations fail.
+    pub fn close(&self) {
+        self.engine.close();
+    }
+
     /// A follower replica's store: another process assigns revisions.
     pub fn is_follower(&self) -> bool {
         self.fence.as_ref().is_some_and(|f| !f.sequencing())

@@ -1,0 +1,55 @@
+//! Authentication, in k8s.io/apiserver's delegating order (front proxy,
+//! client certificate, bearer token, anonymous; see `crate::auth`). The user
+//! goes into the request's extensions as [`Authenticated`] and as the acting
+//! [`Identity`] (which impersonation may replace). Credentials that are
+//! presented and refused are 401, audited with no user.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::{Authenticated, Forwarded, InsecureListener};
+use crate::auth::{Authenticator, Identity, PeerCertificates};
+use crate::replica::forward::ForwardedIdentity;
+use crate::status::ApiError;
+
+pub struct Authentication {
+    pub auth: Authenticator,
+    /// Failed authentication is audited too.
+    pub auditor: Option<Arc<crate::audit::Auditor>>,
+}
+
+/// kube's 401.
+pub fn unauthorized() -> Response {
+    let mut e = ApiError::forbidden("Unauthorized");
+    e.code = 401;
+    e.reason = "Unauthorized";
+    super::status_response(&e)
+}
+
+pub async fn layer(State(a): State<Arc<Authentication>>, mut req: Request, next: Next) -> Response {
+    // Only the replicas' internal endpoint sets this, after checking their secret.
+    let identity = if let Some(fwd) = req.extensions_mut().remove::<ForwardedIdentity>() {
+        req.extensions_mut().insert(Forwarded);
+        fwd.0
+    } else if req.extensions().get::<InsecureListener>().is_some() {
+        Identity::dev_admin()
+    } else {
+        let peer = req.extensions().get::<PeerCertificates>().cloned();
+        match a.auth.authenticate(req.headers_mut(), peer.as_ref()).await {
+            Ok(id) => id,
+            Err(_) => {
+                let meta = super::audit::meta(&req, &Identity::default());
+                return crate::audit::record(a.auditor.as_ref(), meta, req, |_| async {
+                    unauthorized()
+                })
+                .await;
+            }
+        }
+    };
+    req.extensions_mut().insert(Authenticated(identity.clone()));
+    req.extensions_mut().insert(identity);
+    next.run(req).await
+}

@@ -1,0 +1,57 @@
+//! Authorization of the acting user with the request info's attributes
+//! (`crate::authz`: a SubjectAccessReview to the host, cached; standalone
+//! rules otherwise). It runs inside the flow-control seat, as in kube.
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use crate::api::request::RequestInfo;
+use crate::auth::Identity;
+use crate::authz::{Attributes, Authorizer, Decision};
+
+/// The authorizer's view of a request.
+pub fn attributes(info: &RequestInfo, method: &http::Method, user: &Identity) -> Attributes {
+    let d = super::priority::digest(info, method, user);
+    Attributes {
+        user: user.clone(),
+        verb: d.verb,
+        resource_request: d.is_resource,
+        group: d.api_group,
+        version: d.api_version,
+        resource: d.resource,
+        subresource: d.subresource,
+        namespace: d.namespace,
+        name: d.name,
+        path: d.path,
+    }
+}
+
+pub async fn layer(State(authz): State<Authorizer>, req: Request, next: Next) -> Response {
+    let info = super::info(&req);
+    let attrs = attributes(&info, req.method(), &super::acting_user(&req));
+    let recording = req
+        .extensions()
+        .get::<std::sync::Arc<crate::audit::Recording>>()
+        .cloned();
+    let annotate = |k: &str, v: String| {
+        if let Some(rec) = &recording {
+            rec.annotate(k, v);
+        }
+    };
+    match authz.authorize(&attrs).await {
+        Ok(Decision::Allow) => {
+            annotate("authorization.k8s.io/decision", "allow".into());
+            return next.run(req).await;
+        }
+        Ok(Decision::Deny(reason)) => {
+            annotate("authorization.k8s.io/decision", "forbid".into());
+            annotate("authorization.k8s.io/reason", reason.clone());
+            super::status_response(&crate::authz::forbidden(&attrs, &reason))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "authorization failed");
+            super::status_response(&crate::status::ApiError::internal(e))
+        }
+    }
+}

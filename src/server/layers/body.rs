@@ -1,0 +1,184 @@
+//! Reads the request body before the request takes a flow-control seat, so
+//! a client that stalls its body holds a socket and some buffered bytes, not
+//! a seat that other users of its priority level need. The body must arrive
+//! within the request deadline (the layer above answers 504 then), may be at
+//! most `--max-request-body-bytes` (kube's 3 MiB: 413 with kube's Status),
+//! and all bodies being read at once share a memory budget
+//! (`--max-buffered-request-body-bytes`): a request that would exceed it is
+//! refused with 429 at once instead of waiting, so slow uploaders cannot make
+//! the server hold unbounded memory or queue everyone else behind them.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::status::ApiError;
+
+/// Budget accounting unit: one permit per KiB (a semaphore counts in u32).
+const UNIT: usize = 1024;
+
+pub struct BodyLimits {
+    /// Largest request body.
+    pub max_bytes: usize,
+    /// Bytes of request bodies held in memory at once, over all requests.
+    budget: Arc<Semaphore>,
+}
+
+impl BodyLimits {
+    pub fn new(max_bytes: u64, budget_bytes: u64) -> Self {
+        let units = usize::try_from(budget_bytes / UNIT as u64)
+            .unwrap_or(usize::MAX)
+            .clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
+            budget: Arc::new(Semaphore::new(units)),
+        }
+    }
+
+    /// Budget left, in bytes (for tests and metrics).
+    pub fn available_bytes(&self) -> usize {
+        self.budget.available_permits() * UNIT
+    }
+}
+
+/// kube's 413 for a body over the limit (handlers' `limitedReadBody`).
+pub fn too_large(limit: usize) -> ApiError {
+    let mut e = ApiError::bad_request(format!("Request entity too large: limit is {limit}"));
+    e.code = 413;
+    e.reason = "RequestEntityTooLarge";
+    e
+}
+
+fn budget_exhausted() -> Response {
+    let e = ApiError::too_many_requests(
+        "too many request bodies are being received at once, please try again later",
+    );
+    let mut r = super::status_response(&e);
+    super::set_header(&mut r, "retry-after", "1");
+    r
+}
+
+enum Refused {
+    TooLarge,
+    Budget,
+    Read(axum::Error),
+}
+
+/// Reads `body` whole, taking budget for each chunk as it arrives.
+async fn read(
+    limits: &BodyLimits,
+    mut body: Body,
+    held: &mut Vec<OwnedSemaphorePermit>,
+) -> Result<Bytes, Refused> {
+    let mut buf = BytesMut::new();
+    let mut units_held = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(Refused::Read)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > limits.max_bytes {
+            return Err(Refused::TooLarge);
+        }
+        let units = (buf.len() + data.len()).div_ceil(UNIT);
+        if units > units_held {
+            let more = u32::try_from(units - units_held).map_err(|_| Refused::TooLarge)?;
+            let permit = limits
+                .budget
+                .clone()
+                .try_acquire_many_owned(more)
+                .map_err(|_| Refused::Budget)?;
+            held.push(permit);
+            units_held = units;
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf.freeze())
+}
+
+pub async fn layer(State(limits): State<Arc<BodyLimits>>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    if http_body::Body::is_end_stream(&body) {
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_bytes as u64) {
+        return close_after(super::status_response(&too_large(limits.max_bytes)));
+    }
+    // The budget is held until the request is answered: the handler works
+    // on these bytes (and copies of them) until then.
+    let mut held = Vec::new();
+    match read(&limits, body, &mut held).await {
+        Ok(bytes) => {
+            let resp = next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await;
+            drop(held);
+            resp
+        }
+        Err(Refused::TooLarge) => close_after(super::status_response(&too_large(limits.max_bytes))),
+        Err(Refused::Budget) => close_after(budget_exhausted()),
+        Err(Refused::Read(e)) => {
+            tracing::debug!(error = %e, "reading the request body failed");
+            close_after(super::status_response(&ApiError::bad_request(format!(
+                "error reading the request body: {e}"
+            ))))
+        }
+    }
+}
+
+/// The rest of an unread body is not worth reading: HTTP/1.1 closes the
+/// connection after this answer instead of draining it.
+fn close_after(mut resp: Response) -> Response {
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(n: usize, size: usize) -> Body {
+        let parts: Vec<Result<Bytes, std::io::Error>> =
+            (0..n).map(|_| Ok(Bytes::from(vec![b'x'; size]))).collect();
+        Body::from_stream(futures::stream::iter(parts))
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_refused_and_gives_its_budget_back() {
+        let limits = BodyLimits::new(10 * 1024, 1024 * 1024);
+        let mut held = Vec::new();
+        let r = read(&limits, chunks(11, 1024), &mut held).await;
+        assert!(matches!(r, Err(Refused::TooLarge)));
+        drop(held);
+        assert_eq!(limits.available_bytes(), 1024 * 1024);
+    }
+
+    #[tokio::test]
+    async fn bodies_share_one_budget() {
+        let limits = BodyLimits::new(3 * 1024 * 1024, 64 * 1024);
+        let mut first = Vec::new();
+        let ok = read(&limits, chunks(40, 1024), &mut first).await;
+        assert_eq!(ok.ok().map(|b| b.len()), Some(40 * 1024));
+        assert_eq!(limits.available_bytes(), 24 * 1024);
+        let mut second = Vec::new();
+        let r = read(&limits, chunks(30, 1024), &mut second).await;
+        assert!(matches!(r, Err(Refused::Budget)));
+        drop(second);
+        drop(first);
+        assert_eq!(limits.available_bytes(), 64 * 1024);
+    }
+}

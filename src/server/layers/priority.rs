@@ -1,0 +1,258 @@
+//! API Priority and Fairness (`crate::flowcontrol`): the request is
+//! classified by FlowSchema, its width estimated from the watch cache's live
+//! figures, and it waits for seats in its priority level (429 when
+//! rejected). Seats are held until the response body has been sent (a
+//! streamed LIST keeps working after its handler returns) and never past the
+//! request deadline: a client still not reading its response then loses its
+//! connection ([`crate::server::conn::ConnectionControl`]), whatever its TCP
+//! or HTTP/2 window says. A watch gives its seats back once its initial
+//! events are out.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use http::StatusCode;
+
+use super::deadline::RequestDeadline;
+use super::set_header;
+use crate::api::request::{RequestInfo, Route, Verb};
+use crate::api::watch::InitialEventsSent;
+use crate::auth::Identity;
+use crate::flowcontrol::{Apf, EstimateInputs, RequestDigest, SeatGuard, TOO_MANY_REQUESTS_BODY};
+use crate::registry::Registry;
+use crate::server::conn::ConnectionControl;
+
+pub struct Priority {
+    pub apf: Arc<Apf>,
+    pub registry: Arc<Registry>,
+}
+
+/// The classifier's view of a request.
+pub fn digest(info: &RequestInfo, method: &http::Method, user: &Identity) -> RequestDigest {
+    let mut d = RequestDigest {
+        user: user.user.clone(),
+        groups: user.groups.clone(),
+        is_resource: false,
+        verb: method.as_str().to_ascii_lowercase(),
+        api_group: String::new(),
+        api_version: String::new(),
+        resource: String::new(),
+        subresource: String::new(),
+        namespace: String::new(),
+        name: String::new(),
+        path: info.path.clone(),
+        is_long_running_non_watch: false,
+    };
+    if let Route::Resource(r) = &info.route {
+        d.is_resource = true;
+        if let Some(v) = r.verb {
+            d.verb = v.as_str().to_string();
+        }
+        d.api_group = r.group.clone();
+        d.api_version = r.version.clone();
+        d.resource = r.resource.clone();
+        d.subresource = r.subresource.clone().unwrap_or_default();
+        d.namespace = r.namespace.clone().unwrap_or_default();
+        d.name = r.name.clone().unwrap_or_default();
+    }
+    d
+}
+
+/// What a request will cost, from the watch cache's live figures.
+fn estimate(registry: &Registry, info: &RequestInfo) -> EstimateInputs {
+    let Route::Resource(r) = &info.route else {
+        return EstimateInputs::Simple;
+    };
+    let resource = format!("{}/{}", r.group, r.resource);
+    match r.verb {
+        Some(Verb::List) | Some(Verb::Watch) if r.name.is_none() => {
+            let (count, avg) = registry.cache.stats(&resource);
+            EstimateInputs::List {
+                object_count: count as u64,
+                avg_object_size: avg,
+                from_watch_cache: true,
+            }
+        }
+        Some(Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection) => {
+            EstimateInputs::Mutating {
+                watchers: registry.cache.watcher_count(&resource) as u32,
+            }
+        }
+        _ => EstimateInputs::Simple,
+    }
+}
+
+/// kube's 429 from flow control, with its headers.
+fn rejected(r: &crate::flowcontrol::Rejected) -> Response {
+    let mut resp = Response::new(axum::body::Body::from(format!(
+        "{TOO_MANY_REQUESTS_BODY}\n"
+    )));
+    *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    set_header(&mut resp, "content-type", "text/plain; charset=utf-8");
+    set_header(&mut resp, "x-content-type-options", "nosniff");
+    set_header(&mut resp, "retry-after", &r.retry_after_secs.to_string());
+    set_header(
+        &mut resp,
+        "x-kubernetes-pf-flowschema-uid",
+        &r.flow_schema_uid,
+    );
+    set_header(
+        &mut resp,
+        "x-kubernetes-pf-prioritylevel-uid",
+        &r.priority_level_uid,
+    );
+    resp
+}
+
+pub async fn layer(State(p): State<Arc<Priority>>, mut req: Request, next: Next) -> Response {
+    let info = super::info(&req);
+    let user = super::acting_user(&req);
+    let digest = digest(&info, req.method(), &user);
+    let deadline = req.extensions().get::<RequestDeadline>().map(|d| d.0);
+    let recording = req
+        .extensions()
+        .get::<Arc<crate::audit::Recording>>()
+        .cloned();
+    let queued = Instant::now();
+    // A client that goes away drops this future, which withdraws a queued request.
+    let admitted = p
+        .apf
+        .admit(
+            &digest,
+            estimate(&p.registry, &info),
+            deadline,
+            std::future::pending::<()>(),
+        )
+        .await;
+    if let Some(rec) = &recording {
+        rec.annotate(
+            "apiserver.latency.k8s.io/apf-queue-wait",
+            format!("{:?}", queued.elapsed()),
+        );
+        if let Ok(seats) = &admitted {
+            rec.annotate(
+                "flowcontrol.kshard.dev/priority-level-uid",
+                seats.priority_level_uid(),
+            );
+            rec.annotate(
+                "flowcontrol.kshard.dev/flow-schema-uid",
+                seats.flow_schema_uid(),
+            );
+        }
+    }
+    let seats = match admitted {
+        Ok(s) => s,
+        Err(r) => return rejected(&r),
+    };
+    let fs = seats.flow_schema_uid().to_string();
+    let pl = seats.priority_level_uid().to_string();
+    let mut resp = if info.route.is_watch() {
+        // A watch holds its seats only until its initial events are out.
+        req.extensions_mut().insert(InitialEventsSent::new(move || {
+            seats.release_initial_seats()
+        }));
+        next.run(req).await
+    } else {
+        let connection = req.extensions().get::<ConnectionControl>().cloned();
+        let held = Arc::new(Mutex::new(Some(seats)));
+        let resp = next.run(req).await;
+        let (parts, body) = resp.into_parts();
+        Response::from_parts(
+            parts,
+            axum::body::Body::new(FinishOnEnd::new(body, held, deadline, connection)),
+        )
+    };
+    set_header(&mut resp, "x-kubernetes-pf-flowschema-uid", &fs);
+    set_header(&mut resp, "x-kubernetes-pf-prioritylevel-uid", &pl);
+    resp
+}
+
+type Held = Arc<Mutex<Option<SeatGuard>>>;
+
+fn take(seats: &Held) -> Option<SeatGuard> {
+    seats.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
+/// A response body that returns its request's seats when it has been sent
+/// (or dropped, when the client goes away), or at the request deadline,
+/// whichever comes first. At the deadline an unsent body also closes its
+/// connection: hyper may not poll a body whose client keeps its window
+/// shut, so a watchdog task does it.
+struct FinishOnEnd {
+    inner: axum::body::Body,
+    seats: Held,
+    watchdog: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl FinishOnEnd {
+    fn new(
+        inner: axum::body::Body,
+        seats: Held,
+        deadline: Option<tokio::time::Instant>,
+        connection: Option<ConnectionControl>,
+    ) -> Self {
+        let watchdog = deadline.map(|deadline| {
+            let held = seats.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(deadline).await;
+                if let Some(s) = take(&held) {
+                    tracing::debug!("response unsent at the request deadline: seats returned, connection closed");
+                    s.finish();
+                    if let Some(c) = connection {
+                        c.close();
+                    }
+                }
+            })
+        });
+        Self {
+            inner,
+            seats,
+            watchdog,
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(w) = &self.watchdog {
+            w.abort();
+        }
+        if let Some(s) = take(&self.seats) {
+            s.finish();
+        }
+    }
+}
+
+impl Drop for FinishOnEnd {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl http_body::Body for FinishOnEnd {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.finish(),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
