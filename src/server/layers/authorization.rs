@@ -42,7 +42,7 @@ pub async fn layer(State(authz): State<Authorizer>, req: Request, next: Next) ->
     match authz.authorize(&attrs).await {
         Ok(Decision::Allow) => {
             annotate("authorization.k8s.io/decision", "allow".into());
-            return next.run(req).await;
+            next.run(req).await
         }
         Ok(Decision::Deny(reason)) => {
             annotate("authorization.k8s.io/decision", "forbid".into());

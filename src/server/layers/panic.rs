@@ -11,8 +11,11 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub const PANIC_BODY: &str =
     "This request caused apiserver to panic. Look in the logs for details.";
 
-pub fn layer() -> CatchPanicLayer<fn(Box<dyn Any + Send + 'static>) -> Response<Body>> {
-    CatchPanicLayer::custom(respond as fn(Box<dyn Any + Send + 'static>) -> Response<Body>)
+/// What the layer calls with a caught panic's payload.
+pub type PanicHandler = fn(Box<dyn Any + Send + 'static>) -> Response<Body>;
+
+pub fn layer() -> CatchPanicLayer<PanicHandler> {
+    CatchPanicLayer::custom(respond as PanicHandler)
 }
 
 fn respond(panic: Box<dyn Any + Send + 'static>) -> Response<Body> {
