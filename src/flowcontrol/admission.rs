@@ -246,41 +246,27 @@ impl Apf {
         };
         level.qs.sync_time(now);
 
+        // Starts now: run(queue, exempt, gated).
+        let run = |queue: Option<usize>, exempt: bool, gated: bool| Decision::Run {
+            exec: Execution {
+                queue,
+                work,
+                dispatched_at: now,
+            },
+            exempt,
+            gated,
+        };
         let decision = if digest.is_long_running_non_watch {
             // Not gated, not counted: only classified for the headers.
-            Decision::Run {
-                exec: Execution {
-                    queue: None,
-                    work,
-                    dispatched_at: now,
-                },
-                exempt: true,
-                gated: false,
-            }
+            run(None, true, false)
         } else if level.exempt {
             level.qs.start_unbounded(&work);
             level.note_demand(now);
-            Decision::Run {
-                exec: Execution {
-                    queue: None,
-                    work,
-                    dispatched_at: now,
-                },
-                exempt: true,
-                gated: true,
-            }
+            run(None, true, true)
         } else if !level.qs.has_queues() {
             if level.qs.try_start_now(None, &work) {
                 level.note_demand(now);
-                Decision::Run {
-                    exec: Execution {
-                        queue: None,
-                        work,
-                        dispatched_at: now,
-                    },
-                    exempt: false,
-                    gated: true,
-                }
+                run(None, false, true)
             } else {
                 level.qs.record_rejection();
                 Decision::Reject(
@@ -292,15 +278,7 @@ impl Apf {
             let q = level.qs.choose_queue(class.flow_hash).unwrap_or(0);
             if level.qs.try_start_now(Some(q), &work) {
                 level.note_demand(now);
-                Decision::Run {
-                    exec: Execution {
-                        queue: Some(q),
-                        work,
-                        dispatched_at: now,
-                    },
-                    exempt: false,
-                    gated: true,
-                }
+                run(Some(q), false, true)
             } else if level.qs.is_queue_full(q, work.max_seats()) {
                 level.qs.record_rejection();
                 Decision::Reject(RejectReason::QueueFull, level.retry.record_drop(secs))
@@ -386,14 +364,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn concurrency_limit_rejection_on_full_reject_level() {
         let apf = apf_with(level("test", 1, None));
-        let mut guards = Vec::new();
-        for _ in 0..4 {
-            guards.push(
-                apf.admit(&user("a"), EstimateInputs::Simple, None, pending())
-                    .await
-                    .unwrap(),
-            );
-        }
+        let mut guards = futures_join(&apf, 4).await;
         let err = apf
             .admit(&user("a"), EstimateInputs::Simple, None, pending())
             .await
@@ -414,14 +385,7 @@ mod tests {
     async fn queue_full_rejection() {
         // One queue of length 1, 4 seats.
         let apf = apf_with(level("test", 1, Some((1, 1, 1))));
-        let mut guards = Vec::new();
-        for _ in 0..4 {
-            guards.push(
-                apf.admit(&user("a"), EstimateInputs::Simple, None, pending())
-                    .await
-                    .unwrap(),
-            );
-        }
+        let mut guards = futures_join(&apf, 4).await;
         let apf2 = apf.clone();
         let waiter = tokio::spawn(async move {
             apf2.admit(&user("b"), EstimateInputs::Simple, None, pending())
@@ -443,42 +407,27 @@ mod tests {
     async fn time_out_at_wait_limit() {
         let apf = apf_with(level("test", 1, Some((1, 1, 10))));
         let _held: Vec<_> = futures_join(&apf, 4).await;
-        let start = Instant::now();
-        // Deadline 40 s away → wait limit 10 s.
-        let err = apf
-            .admit(
-                &user("a"),
-                EstimateInputs::Simple,
-                Some(start + Duration::from_secs(40)),
-                pending(),
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(err.reason, RejectReason::TimeOut);
-        assert_eq!(Instant::now() - start, Duration::from_secs(10));
-        // No deadline → 15 s.
-        let start = Instant::now();
-        let err = apf
-            .admit(&user("a"), EstimateInputs::Simple, None, pending())
-            .await
-            .unwrap_err();
-        assert_eq!(err.reason, RejectReason::TimeOut);
-        assert_eq!(Instant::now() - start, DEFAULT_WAIT_LIMIT);
-        // Far deadline → capped at 60 s.
-        let start = Instant::now();
-        let err = apf
-            .admit(
-                &user("a"),
-                EstimateInputs::Simple,
-                Some(start + Duration::from_secs(3600)),
-                pending(),
-            )
-            .await
-            .unwrap_err();
-        assert_eq!(err.reason, RejectReason::TimeOut);
-        assert_eq!(Instant::now() - start, MAX_WAIT_LIMIT);
-        let snap = apf.snapshot();
-        let l = snap.levels.iter().find(|l| l.name == "test").unwrap();
+        // (deadline from now, wait limit): a quarter of the time left, 15 s
+        // without a deadline, at most 60 s.
+        for (deadline, limit) in [
+            (Some(Duration::from_secs(40)), Duration::from_secs(10)),
+            (None, DEFAULT_WAIT_LIMIT),
+            (Some(Duration::from_secs(3600)), MAX_WAIT_LIMIT),
+        ] {
+            let start = Instant::now();
+            let err = apf
+                .admit(
+                    &user("a"),
+                    EstimateInputs::Simple,
+                    deadline.map(|d| start + d),
+                    pending(),
+                )
+                .await
+                .unwrap_err();
+            assert_eq!(err.reason, RejectReason::TimeOut);
+            assert_eq!(Instant::now() - start, limit);
+        }
+        let l = level_snapshot(&apf, "test");
         assert_eq!((l.timed_out, l.waiting_requests), (3, 0));
     }
 

@@ -353,12 +353,7 @@ mod tests {
             bootstrap::stable_uid("prioritylevelconfigurations", "global-default")
         );
         g.finish();
-        let snap = apf.snapshot();
-        let gd = snap
-            .levels
-            .iter()
-            .find(|l| l.name == "global-default")
-            .unwrap();
+        let gd = level_snapshot(&apf, "global-default");
         assert_eq!(
             (
                 gd.nominal_limit_seats,
@@ -464,17 +459,8 @@ mod tests {
         tokio::task::yield_now().await;
         tokio::time::advance(Duration::from_secs(10)).await;
         apf.update_borrowing(Instant::now());
-        let snap = apf.snapshot();
-        let gd = snap
-            .levels
-            .iter()
-            .find(|l| l.name == "global-default")
-            .unwrap();
-        let wl = snap
-            .levels
-            .iter()
-            .find(|l| l.name == "workload-low")
-            .unwrap();
+        let gd = level_snapshot(&apf, "global-default");
+        let wl = level_snapshot(&apf, "workload-low");
         assert!(gd.current_limit_seats > gd.nominal_limit_seats, "{gd:?}");
         // The idle level lent most of what it may lend (spare seats are
         // spread in proportion to targets, so it keeps a bit above MinCL).

@@ -175,14 +175,7 @@ mod tests {
             }
         );
         g.finish();
-        let seats = |apf: &Apf| {
-            apf.snapshot()
-                .levels
-                .into_iter()
-                .find(|l| l.name == "test")
-                .unwrap()
-                .executing_seats
-        };
+        let seats = |apf: &Apf| level_snapshot(apf, "test").executing_seats;
         assert_eq!(seats(&apf), 1);
         tokio::time::sleep(Duration::from_millis(11)).await;
         assert_eq!(seats(&apf), 0);

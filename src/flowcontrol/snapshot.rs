@@ -168,13 +168,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(g.priority_level_name(), "global-default");
-        let gd = |apf: &Apf| {
-            apf.snapshot()
-                .levels
-                .into_iter()
-                .find(|l| l.name == "global-default")
-                .unwrap()
-        };
+        let gd = |apf: &Apf| level_snapshot(apf, "global-default");
         assert_eq!(gd(&apf).executing_requests, 0);
         g.finish();
         assert_eq!(gd(&apf).dispatched, 1);

@@ -6,9 +6,11 @@ use std::sync::Arc;
 use super::apf::{Apf, ServerConfig};
 use super::bootstrap;
 use super::classifier::RequestDigest;
+use super::config::fixtures;
 use super::config::*;
 use super::estimator::EstimateInputs;
 use super::seats::SeatGuard;
+use super::snapshot::LevelSnapshot;
 
 pub(super) fn user(name: &str) -> RequestDigest {
     RequestDigest {
@@ -25,42 +27,23 @@ pub(super) fn user(name: &str) -> RequestDigest {
     }
 }
 
+/// A Limited level that neither lends nor borrows; `queuing` is
+/// (queues, handSize, queueLengthLimit), `None` for Reject.
 pub(super) fn level(
     name: &str,
     shares: i32,
     queuing: Option<(i32, i32, i32)>,
 ) -> PriorityLevelConfiguration {
-    PriorityLevelConfiguration {
-        metadata: ObjectMeta {
-            name: name.into(),
-            ..Default::default()
-        },
-        spec: PriorityLevelConfigurationSpec {
-            type_: TYPE_LIMITED.into(),
-            limited: Some(LimitedPriorityLevelConfiguration {
-                nominal_concurrency_shares: Some(shares),
-                lendable_percent: Some(0),
-                borrowing_limit_percent: Some(0),
-                limit_response: LimitResponse {
-                    type_: if queuing.is_some() {
-                        LIMIT_RESPONSE_QUEUE
-                    } else {
-                        LIMIT_RESPONSE_REJECT
-                    }
-                    .into(),
-                    queuing: queuing.map(|(queues, hand_size, queue_length_limit)| {
-                        QueuingConfiguration {
-                            queues,
-                            hand_size,
-                            queue_length_limit,
-                        }
-                    }),
-                },
-            }),
-            exempt: None,
-        },
-        status: None,
+    let mut pl = fixtures::limited(
+        Some(shares),
+        queuing.map(|(queues, hand_size, limit)| fixtures::queuing(queues, hand_size, limit)),
+    );
+    pl.metadata.name = name.into();
+    if let Some(l) = pl.spec.limited.as_mut() {
+        l.lendable_percent = Some(0);
+        l.borrowing_limit_percent = Some(0);
     }
+    pl
 }
 
 /// ServerCL 4 split so that "test" gets exactly `seats` seats and
@@ -94,4 +77,13 @@ pub(super) async fn futures_join(apf: &Arc<Apf>, n: usize) -> Vec<SeatGuard> {
         );
     }
     v
+}
+
+/// The snapshot of one level, which must exist.
+pub(super) fn level_snapshot(apf: &Apf, name: &str) -> LevelSnapshot {
+    apf.snapshot()
+        .levels
+        .into_iter()
+        .find(|l| l.name == name)
+        .unwrap()
 }

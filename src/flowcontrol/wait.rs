@@ -129,15 +129,7 @@ mod tests {
             .await
         });
         tokio::task::yield_now().await;
-        assert_eq!(
-            apf.snapshot()
-                .levels
-                .iter()
-                .find(|l| l.name == "test")
-                .unwrap()
-                .waiting_requests,
-            1
-        );
+        assert_eq!(level_snapshot(&apf, "test").waiting_requests, 1);
         tx.send(()).unwrap();
         assert_eq!(
             waiter.await.unwrap().unwrap_err().reason,
@@ -152,20 +144,10 @@ mod tests {
         tokio::task::yield_now().await;
         aborted.abort();
         let _ = aborted.await;
-        let l = apf
-            .snapshot()
-            .levels
-            .into_iter()
-            .find(|l| l.name == "test")
-            .unwrap();
+        let l = level_snapshot(&apf, "test");
         assert_eq!((l.waiting_requests, l.cancelled), (0, 2));
         drop(held);
-        let l = apf
-            .snapshot()
-            .levels
-            .into_iter()
-            .find(|l| l.name == "test")
-            .unwrap();
+        let l = level_snapshot(&apf, "test");
         assert_eq!((l.executing_requests, l.executing_seats), (0, 0));
     }
 }

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) fn limited(
+pub(crate) fn limited(
     shares: Option<i32>,
     queuing: Option<QueuingConfiguration>,
 ) -> PriorityLevelConfiguration {
@@ -32,7 +32,7 @@ pub(super) fn limited(
     }
 }
 
-pub(super) fn queuing(queues: i32, hand_size: i32, limit: i32) -> QueuingConfiguration {
+pub(crate) fn queuing(queues: i32, hand_size: i32, limit: i32) -> QueuingConfiguration {
     QueuingConfiguration {
         queues,
         hand_size,
@@ -40,6 +40,6 @@ pub(super) fn queuing(queues: i32, hand_size: i32, limit: i32) -> QueuingConfigu
     }
 }
 
-pub(super) fn paths(errs: &[FieldError]) -> Vec<&str> {
+pub(crate) fn paths(errs: &[FieldError]) -> Vec<&str> {
     errs.iter().map(|e| e.path.as_str()).collect()
 }

@@ -8,7 +8,7 @@
 
 mod defaults;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 mod types;
 mod validate_flow_schema;
 mod validate_priority_level;
