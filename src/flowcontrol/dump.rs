@@ -1,9 +1,12 @@
 //! Text of the `/debug/api_priority_and_fairness/dump_*` endpoints in
 //! kube's layout: cells joined by ",\t" and aligned like Go's
-//! `tabwriter.NewWriter(w, 8, 0, 1, ' ', 0)`.
+//! `tabwriter.NewWriter(w, 8, 0, 1, ' ', 0)`; the `Apf::dump_*` methods
+//! that fill them are at the end.
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::apf::Apf;
 
 pub const PRIORITY_LEVEL_HEADERS: [&str; 10] = [
     "PriorityLevelName",
@@ -210,9 +213,120 @@ pub fn seat_seconds(v: f64) -> String {
     format!("{}.{:08}ss", fixed / 100_000_000, fixed % 100_000_000)
 }
 
+impl Apf {
+    /// `/debug/api_priority_and_fairness/dump_priority_levels`.
+    pub fn dump_priority_levels(&self) -> String {
+        let st = self.lock();
+        let mut lines = vec![row(&PRIORITY_LEVEL_HEADERS)];
+        for l in st.levels.values() {
+            let active =
+                l.qs.queues()
+                    .iter()
+                    .filter(|q| !q.waiting.is_empty())
+                    .count();
+            let c = l.qs.counters;
+            lines.push(row(&[
+                l.name.to_string(),
+                active.to_string(),
+                l.qs.is_idle().to_string(),
+                l.quiescing.to_string(),
+                l.qs.waiting.to_string(),
+                l.qs.executing.to_string(),
+                c.dispatched.to_string(),
+                c.rejected.to_string(),
+                c.timed_out.to_string(),
+                c.cancelled.to_string(),
+            ]));
+        }
+        tabwrite(&lines)
+    }
+
+    /// `/debug/api_priority_and_fairness/dump_queues`. Levels without queues
+    /// (exempt, Reject) show one row of `<none>`.
+    pub fn dump_queues(&self) -> String {
+        let st = self.lock();
+        let mut lines = vec![row(&QUEUE_HEADERS)];
+        for l in st.levels.values() {
+            if l.qs.queues().is_empty() {
+                let mut cells = vec![l.name.to_string()];
+                cells.extend(std::iter::repeat_n("<none>".to_string(), 8));
+                lines.push(row(&cells));
+                continue;
+            }
+            for (i, q) in l.qs.queues().iter().enumerate() {
+                lines.push(row(&[
+                    l.name.to_string(),
+                    i.to_string(),
+                    q.waiting.len().to_string(),
+                    q.executing.to_string(),
+                    q.seats_in_use.to_string(),
+                    seat_seconds(q.next_dispatch_r),
+                    q.initial_seats_sum.to_string(),
+                    q.max_seats_sum.to_string(),
+                    seat_seconds(q.total_work_sum),
+                ]));
+            }
+        }
+        tabwrite(&lines)
+    }
+
+    /// `/debug/api_priority_and_fairness/dump_requests[?includeRequestDetails=1]`:
+    /// one row per waiting request; StartTime is `<none>` because a waiting
+    /// request has not started.
+    pub fn dump_requests(&self, include_details: bool) -> String {
+        let st = self.lock();
+        let mut header: Vec<&str> = REQUEST_HEADERS.to_vec();
+        if include_details {
+            header.extend(REQUEST_DETAIL_HEADERS);
+        }
+        let mut lines = vec![row(&header)];
+        for l in st.levels.values() {
+            for (qi, q) in l.qs.queues().iter().enumerate() {
+                for (ri, r) in q.waiting.iter().enumerate() {
+                    let mut cells = vec![
+                        l.name.to_string(),
+                        r.flow_schema.to_string(),
+                        qi.to_string(),
+                        ri.to_string(),
+                        r.distinguisher.clone(),
+                        rfc3339_nano(r.arrive_wall),
+                        r.work.initial_seats.to_string(),
+                        r.work.final_seats.to_string(),
+                        go_duration(r.work.additional_latency),
+                        "<none>".to_string(),
+                    ];
+                    if include_details {
+                        let d = &r.digest;
+                        let gv = if d.api_group.is_empty() {
+                            d.api_version.clone()
+                        } else {
+                            format!("{}/{}", d.api_group, d.api_version)
+                        };
+                        cells.extend([
+                            d.user.clone(),
+                            d.verb.clone(),
+                            d.path.clone(),
+                            d.namespace.clone(),
+                            d.name.clone(),
+                            gv,
+                            d.resource.clone(),
+                            d.subresource.clone(),
+                        ]);
+                    }
+                    lines.push(row(&cells));
+                }
+            }
+        }
+        tabwrite(&lines)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::*;
     use super::*;
+    use crate::flowcontrol::estimator::EstimateInputs;
+    use std::future::pending;
 
     #[test]
     fn tabwriter_aligns_like_go() {
@@ -265,5 +379,63 @@ mod tests {
         assert_eq!(seat_seconds(0.0), "0.00000000ss");
         assert_eq!(seat_seconds(0.018), "0.01800000ss");
         assert_eq!(seat_seconds(12.5), "12.50000000ss");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dumps_have_kube_columns() {
+        let apf = apf_with(level("test", 1, Some((2, 1, 10))));
+        let _held = futures_join(&apf, 4).await;
+        let apf2 = apf.clone();
+        let waiter = tokio::spawn(async move {
+            apf2.admit(&user("w"), EstimateInputs::Simple, None, pending())
+                .await
+        });
+        tokio::task::yield_now().await;
+        let levels = apf.dump_priority_levels();
+        let first = levels.lines().next().unwrap();
+        assert!(
+            first.starts_with(
+                "PriorityLevelName, ActiveQueues, IsIdle, IsQuiescing, WaitingRequests,"
+            ),
+            "{first}"
+        );
+        assert!(
+            levels
+                .lines()
+                .any(|l| l.starts_with("test,") && l.split(",").nth(4).unwrap().trim() == "1"),
+            "{levels}"
+        );
+        let queues = apf.dump_queues();
+        assert!(queues.starts_with("PriorityLevelName, Index,  PendingRequests, ExecutingRequests, SeatsInUse, NextDispatchR,"), "{queues}");
+        assert!(queues
+            .lines()
+            .any(|l| l.starts_with("exempt,") && l.contains("<none>")));
+        let reqs = apf.dump_requests(false);
+        let lines: Vec<&str> = reqs.lines().collect();
+        assert_eq!(lines.len(), 2, "{reqs}");
+        assert!(lines[0].ends_with("AdditionalLatency, StartTime"), "{reqs}");
+        let cells: Vec<&str> = lines[1].split(",\t").collect();
+        let cells: Vec<&str> = if cells.len() > 1 {
+            cells
+        } else {
+            lines[1].split(',').map(str::trim).collect()
+        };
+        assert_eq!(&cells[..5], &["test", "test", "0", "0", "w"], "{reqs}");
+        assert_eq!(&cells[6..], &["1", "0", "0s", "<none>"], "{reqs}");
+        let detailed = apf.dump_requests(true);
+        assert!(
+            detailed
+                .lines()
+                .next()
+                .unwrap()
+                .ends_with("APIVersion, Resource, SubResource"),
+            "{detailed}"
+        );
+        assert!(detailed
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains("/api/v1/namespaces/default/pods/p"));
+        waiter.abort();
     }
 }

@@ -24,24 +24,34 @@
 //! Modules: `config` (types, defaults, validation), `bootstrap` (built-in
 //! objects and maintenance), `classifier`, `concurrency` (ServerCL split and
 //! borrowing), `shuffle` (dealer), `queueset` (fair queuing), `estimator`,
-//! `retry_after`, `dump` (debug text), `dispatcher` (the `Apf` runtime).
+//! `retry_after`, `dump` (debug text). The `Apf` runtime: `apf` (the facade,
+//! configuration, borrowing), `level` (one level's state), `admission`
+//! (run, queue or reject), `wait` (a queued request), `seats` (`SeatGuard`
+//! and release), `snapshot` (counters and observer hooks).
 
+mod admission;
+mod apf;
 pub mod bootstrap;
 pub mod classifier;
 pub mod concurrency;
 pub mod config;
-pub mod dispatcher;
 pub mod dump;
 pub mod estimator;
+mod level;
 pub mod queueset;
 pub mod retry_after;
+mod seats;
 pub mod shuffle;
+mod snapshot;
+#[cfg(test)]
+mod test_support;
+mod wait;
 
+pub use admission::{Rejected, DEFAULT_WAIT_LIMIT, MAX_WAIT_LIMIT, TOO_MANY_REQUESTS_BODY};
+pub use apf::{Apf, ConfigReport, ServerConfig};
 pub use classifier::{Classification, RequestDigest};
 pub use config::{FieldError, FlowSchema, PriorityLevelConfiguration};
-pub use dispatcher::{
-    Apf, ApfObserver, ApfSnapshot, ConfigReport, FlowCounters, LevelSnapshot, Rejected, SeatGuard,
-    ServerConfig, TOO_MANY_REQUESTS_BODY,
-};
 pub use estimator::{EstimateInputs, WorkEstimate};
 pub use queueset::RejectReason;
+pub use seats::SeatGuard;
+pub use snapshot::{ApfObserver, ApfSnapshot, FlowCounters, LevelSnapshot};

@@ -1,6 +1,6 @@
 //! A priority level's queues: virtual-time fair queuing over seats
 //! (kube's `fairqueuing/queueset`). Pure bookkeeping, driven under the
-//! dispatcher's lock; waiting requests are woken through oneshot channels.
+//! `Apf`'s lock (see `apf.rs`); waiting requests are woken through oneshot channels.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
