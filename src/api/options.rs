@@ -1,11 +1,12 @@
 //! Query options of list/watch/get/delete/write requests: typed, validated with
-//! kube's rules and messages, and mapped onto the resourceVersion tables.
+//! kube's rules and messages; the resourceVersion tables are
+//! `registry::resource_version`'s.
 
 use std::collections::HashMap;
 
-use crate::registry::{ContinueToken, Propagation, ReadAt};
+use crate::registry::resource_version::{self, Requested};
+use crate::registry::{Propagation, ReadAt, WatchStart};
 use crate::status::{quote, ApiError, FieldError};
-use crate::storage::Revision;
 
 pub struct Query(HashMap<String, String>);
 
@@ -61,33 +62,6 @@ pub struct ListOptions {
     pub timeout_seconds: Option<u64>,
 }
 
-/// Where a watch starts.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WatchStart {
-    /// Initial state (synthetic ADDED) at a consistent revision, then changes.
-    InitialConsistent,
-    /// Initial state at whatever the cache has (at least this revision), then changes.
-    InitialNotOlderThan(Revision),
-    /// Changes after a revision (no initial state).
-    After(Revision),
-    /// Changes from now on.
-    Now,
-}
-
-fn list_options_invalid(errs: &[FieldError]) -> ApiError {
-    ApiError::invalid("meta.k8s.io", "ListOptions", "", errs)
-}
-
-pub fn parse_revision(rv: &str) -> Result<Revision, ApiError> {
-    rv.parse::<Revision>().map_err(|_| {
-        ApiError::bad_request(format!(
-            "invalid resource version: resourceVersion: Invalid value: {}: strconv.ParseUint: parsing {}: invalid syntax",
-            quote(rv),
-            quote(rv)
-        ))
-    })
-}
-
 impl ListOptions {
     pub fn parse(q: &Query, watch_by_path: bool) -> Result<Self, ApiError> {
         let limit = q.int("limit")?.filter(|l| *l > 0).map(|l| l as usize);
@@ -109,127 +83,31 @@ impl ListOptions {
         })
     }
 
-    /// kube's ValidateListOptions for list requests, then the list table.
-    pub fn read_at(&self) -> Result<ReadAt, ApiError> {
-        let mut errs = Vec::new();
-        let m = self.resource_version_match.as_str();
-        if !m.is_empty() {
-            if self.resource_version.is_empty() {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
-                ));
-            }
-            if !self.continue_.is_empty() {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden when continue is provided",
-                ));
-            }
-            if m != "Exact" && m != "NotOlderThan" {
-                errs.push(FieldError::not_supported(
-                    "resourceVersionMatch",
-                    m,
-                    &["Exact", "NotOlderThan", ""],
-                ));
-            }
-            if m == "Exact" && self.resource_version == "0" {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
-                ));
-            }
+    /// The options the resourceVersion rules look at.
+    pub fn requested(&self) -> Requested<'_> {
+        Requested {
+            resource_version: &self.resource_version,
+            resource_version_match: &self.resource_version_match,
+            continue_: &self.continue_,
+            limit: self.limit,
+            send_initial_events: self.send_initial_events,
+            allow_watch_bookmarks: self.allow_watch_bookmarks,
         }
-        if self.send_initial_events.is_some() {
-            errs.push(FieldError::forbidden(
-                "sendInitialEvents",
-                "sendInitialEvents is forbidden for list",
-            ));
-        }
-        if !errs.is_empty() {
-            return Err(list_options_invalid(&errs));
-        }
-        let rv = self.resource_version.as_str();
-        if !self.continue_.is_empty() {
-            if !rv.is_empty() && rv != "0" {
-                return Err(ApiError::bad_request(
-                    "specifying resource version is not allowed when using continue",
-                ));
-            }
-            return Ok(ReadAt::Continue(ContinueToken::decode(&self.continue_)?));
-        }
-        Ok(match (rv, m) {
-            ("", _) => ReadAt::Consistent,
-            ("0", _) => ReadAt::Any,
-            (rv, "Exact") => ReadAt::Exact(parse_revision(rv)?),
-            (rv, "NotOlderThan") => ReadAt::NotOlderThan(parse_revision(rv)?),
-            // Legacy: a resourceVersion with a limit is an exact, paged list.
-            (rv, _) if self.limit.is_some() => ReadAt::Exact(parse_revision(rv)?),
-            (rv, _) => ReadAt::NotOlderThan(parse_revision(rv)?),
-        })
     }
 
-    /// kube's watch validation (with the WatchList defaults), then the watch table.
+    /// The list table row these options select (after kube's validation).
+    pub fn read_at(&self) -> Result<ReadAt, ApiError> {
+        resource_version::list_read_at(&self.requested())
+    }
+
+    /// The get table row.
+    pub fn get_read_at(&self) -> Result<ReadAt, ApiError> {
+        resource_version::get_read_at(&self.resource_version)
+    }
+
+    /// Where a watch starts, and whether it ends its initial events with a bookmark.
     pub fn watch_start(&self) -> Result<(WatchStart, bool), ApiError> {
-        let mut errs = Vec::new();
-        let m = self.resource_version_match.as_str();
-        let rv = self.resource_version.as_str();
-        if let Some(_send) = self.send_initial_events {
-            if m != "NotOlderThan" {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                ));
-            }
-        }
-        if !m.is_empty() {
-            if self.send_initial_events.is_none() {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-                ));
-            }
-            if m != "NotOlderThan" {
-                errs.push(FieldError::not_supported(
-                    "resourceVersionMatch",
-                    m,
-                    &["NotOlderThan"],
-                ));
-            }
-            if !self.continue_.is_empty() {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden when continue is provided",
-                ));
-            }
-        }
-        if !errs.is_empty() {
-            return Err(list_options_invalid(&errs));
-        }
-        // Returns the start and whether the initial-events-end bookmark is wanted.
-        Ok(match self.send_initial_events {
-            Some(true) => {
-                let start = match rv {
-                    "" => WatchStart::InitialConsistent,
-                    "0" => WatchStart::InitialNotOlderThan(0),
-                    rv => WatchStart::InitialNotOlderThan(parse_revision(rv)?),
-                };
-                (start, self.allow_watch_bookmarks)
-            }
-            Some(false) => match rv {
-                "" | "0" => (WatchStart::Now, false),
-                rv => (WatchStart::After(parse_revision(rv)?), false),
-            },
-            None => match rv {
-                // The WatchList defaults: initial events, with the end bookmark if bookmarks are on.
-                "" => (WatchStart::InitialConsistent, self.allow_watch_bookmarks),
-                "0" => (
-                    WatchStart::InitialNotOlderThan(0),
-                    self.allow_watch_bookmarks,
-                ),
-                rv => (WatchStart::After(parse_revision(rv)?), false),
-            },
-        })
+        resource_version::watch_start(&self.requested())
     }
 }
 
@@ -388,6 +266,7 @@ pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteO
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::ContinueToken;
 
     fn opts(q: &str) -> ListOptions {
         ListOptions::parse(&Query::parse(q), false).expect("parse")

@@ -16,7 +16,7 @@ use super::ApiState;
 use crate::registry::patch::{self, PatchType};
 use crate::registry::scale::{apply_scale, to_scale};
 use crate::registry::table::IncludeObject;
-use crate::registry::{DeleteOutcome, Item, ReadAt, Selectors, Subresource, Target};
+use crate::registry::{DeleteOutcome, Item, Selectors, Subresource, Target};
 use crate::status::ApiError;
 
 const BODY_TYPES: &[&str] = &[
@@ -163,11 +163,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         }
         Verb::Get => {
             let opts = ListOptions::parse(&q, false)?;
-            let at = match opts.resource_version.as_str() {
-                "" => ReadAt::Consistent,
-                "0" => ReadAt::Any,
-                rv => ReadAt::NotOlderThan(super::options::parse_revision(rv)?),
-            };
+            let at = opts.get_read_at()?;
             let item = reg.get(&t, &name, &at).await?;
             if sub == Some("scale") {
                 return Ok(scale_response(&t, &item, StatusCode::OK));

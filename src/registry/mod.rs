@@ -11,6 +11,7 @@ pub mod jsonpath;
 pub mod meta;
 pub mod patch;
 pub mod read;
+pub mod resource_version;
 pub mod scale;
 pub mod selector;
 pub mod table;
@@ -23,13 +24,14 @@ use serde_json::Value;
 
 pub use catalog::{Catalog, ResourceType};
 pub use continuation::ContinueToken;
-pub use read::{Item, ListResult, ReadAt};
+pub use read::{Item, ListResult};
+pub use resource_version::{ReadAt, Watch, WatchStart};
 pub use write::{
     DeleteOptions, DeleteOutcome, FieldValidation, Outcome, Propagation, Subresource, WriteOptions,
 };
 
 use crate::status::ApiError;
-use crate::storage::{StorageError, Store};
+use crate::storage::{Revision, StorageError, Store};
 use crate::watch::{Cache, CachedObject, Filter};
 use selector::{field_value, FieldSelector, LabelSelector};
 
@@ -141,6 +143,11 @@ impl Registry {
             cache,
             admission: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The revision the watch cache is current to (watch bookmarks carry it).
+    pub fn cache_revision(&self) -> Revision {
+        self.cache.revision()
     }
 
     /// Installs the create admission check (at most once; later calls are ignored).
