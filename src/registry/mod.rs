@@ -6,9 +6,12 @@
 pub mod admission;
 pub mod catalog;
 mod continuation;
+mod delete;
 pub mod gc;
+mod guaranteed;
 pub mod jsonpath;
 pub mod meta;
+mod object;
 pub mod patch;
 pub mod read;
 pub mod resource_version;
@@ -26,9 +29,8 @@ pub use catalog::{Catalog, ResourceType};
 pub use continuation::ContinueToken;
 pub use read::{Item, ListResult};
 pub use resource_version::{ReadAt, Watch, WatchStart};
-pub use write::{
-    DeleteOptions, DeleteOutcome, FieldValidation, Outcome, Propagation, Subresource, WriteOptions,
-};
+pub use delete::{DeleteOptions, DeleteOutcome, Propagation};
+pub use write::{FieldValidation, Outcome, Subresource, WriteOptions};
 
 use crate::status::ApiError;
 use crate::storage::{Revision, StorageError, Store};
