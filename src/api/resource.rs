@@ -86,7 +86,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
     let not_found = ApiError::not_found_path;
     let rt = state
         .registry
-        .catalog
+        .catalog()
         .find(&req.group, &req.version, &req.resource)
         .cloned()
         .ok_or_else(not_found)?;
@@ -307,7 +307,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 &t,
                 items,
                 ListMeta {
-                    resource_version: reg.store.revision().to_string(),
+                    resource_version: reg.revision().to_string(),
                     continue_token: None,
                     remaining: None,
                 },

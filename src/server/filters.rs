@@ -171,7 +171,7 @@ fn estimate(registry: &Registry, info: &Info) -> EstimateInputs {
     };
     match info.verb {
         Some(Verb::List) | Some(Verb::Watch) if info.digest.name.is_empty() => {
-            let (count, avg) = registry.cache.stats(resource);
+            let (count, avg) = registry.list_cost(resource);
             EstimateInputs::List {
                 object_count: count as u64,
                 avg_object_size: avg,
@@ -180,7 +180,7 @@ fn estimate(registry: &Registry, info: &Info) -> EstimateInputs {
         }
         Some(Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection) => {
             EstimateInputs::Mutating {
-                watchers: registry.cache.watcher_count(resource) as u32,
+                watchers: registry.watchers_of(resource) as u32,
             }
         }
         _ => EstimateInputs::Simple,

@@ -59,6 +59,8 @@ pub struct Running {
     pub insecure_addr: Option<SocketAddr>,
     pub kubeconfig: PathBuf,
     pub registry: Arc<Registry>,
+    /// The store under the registry (tests compact its history).
+    pub store: Arc<Store>,
     pub apf: Arc<Apf>,
     pub readiness: Arc<crate::api::health::Readiness>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -255,6 +257,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         insecure_addr,
         kubeconfig,
         registry,
+        store,
         apf,
         readiness,
         tasks,
