@@ -266,129 +266,19 @@ pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteO
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::ContinueToken;
 
-    fn opts(q: &str) -> ListOptions {
-        ListOptions::parse(&Query::parse(q), false).expect("parse")
-    }
-
-    /// The list table of the API concepts page, row by row.
+    /// The tables themselves are tested in `registry::resource_version`; this
+    /// checks the options reach them.
     #[test]
-    fn list_resource_version_table() {
-        let rows: &[(&str, ReadAt)] = &[
-            ("", ReadAt::Consistent),
-            ("resourceVersion=0", ReadAt::Any),
-            ("resourceVersion=5", ReadAt::NotOlderThan(5)),
-            ("limit=2", ReadAt::Consistent),
-            ("limit=2&resourceVersion=0", ReadAt::Any),
-            ("limit=2&resourceVersion=5", ReadAt::Exact(5)),
-            (
-                "resourceVersion=5&resourceVersionMatch=Exact",
-                ReadAt::Exact(5),
-            ),
-            (
-                "limit=2&resourceVersion=5&resourceVersionMatch=Exact",
-                ReadAt::Exact(5),
-            ),
-            (
-                "resourceVersion=0&resourceVersionMatch=NotOlderThan",
-                ReadAt::Any,
-            ),
-            (
-                "resourceVersion=5&resourceVersionMatch=NotOlderThan",
-                ReadAt::NotOlderThan(5),
-            ),
-            (
-                "limit=2&resourceVersion=5&resourceVersionMatch=NotOlderThan",
-                ReadAt::NotOlderThan(5),
-            ),
-        ];
-        for (q, want) in rows {
-            assert_eq!(&opts(q).read_at().expect(q), want, "{q}");
-        }
-        let token = ContinueToken::new(7, "ns/a").encode();
-        assert!(matches!(
-            opts(&format!("limit=2&continue={token}")).read_at(),
-            Ok(ReadAt::Continue(_))
-        ));
-        // rv=0 with continue: treated as the continue token.
-        assert!(matches!(
-            opts(&format!("limit=2&continue={token}&resourceVersion=0")).read_at(),
-            Ok(ReadAt::Continue(_))
-        ));
-        let e = opts(&format!("limit=2&continue={token}&resourceVersion=5"))
-            .read_at()
-            .expect_err("400");
+    fn options_reach_the_resource_version_tables() {
+        let opts = |q: &str| ListOptions::parse(&Query::parse(q), false).expect("parse");
+        let o = opts("limit=2&resourceVersion=5");
+        assert_eq!(o.read_at().ok(), Some(ReadAt::Exact(5)));
+        assert_eq!(o.get_read_at().ok(), Some(ReadAt::NotOlderThan(5)));
+        let o = opts("watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true");
         assert_eq!(
-            (e.code, e.message.as_str()),
-            (
-                400,
-                "specifying resource version is not allowed when using continue"
-            )
+            o.watch_start().ok(),
+            Some((WatchStart::InitialConsistent, true))
         );
-    }
-
-    #[test]
-    fn invalid_list_combinations() {
-        let e = opts("resourceVersionMatch=Exact")
-            .read_at()
-            .expect_err("invalid");
-        assert_eq!(e.code, 422);
-        assert_eq!(e.message, "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided");
-        let e = opts("resourceVersion=0&resourceVersionMatch=Exact")
-            .read_at()
-            .expect_err("invalid");
-        assert!(
-            e.message
-                .contains("resourceVersionMatch \\\"exact\\\" is forbidden")
-                || e.message
-                    .contains("resourceVersionMatch \"exact\" is forbidden"),
-            "{}",
-            e.message
-        );
-        let e = opts("resourceVersion=1&resourceVersionMatch=Bogus")
-            .read_at()
-            .expect_err("invalid");
-        assert!(e.message.contains("Unsupported value: \"Bogus\""));
-        let e = opts("sendInitialEvents=true")
-            .read_at()
-            .expect_err("invalid");
-        assert!(e
-            .message
-            .contains("sendInitialEvents is forbidden for list"));
-        assert_eq!(
-            opts("resourceVersion=abc")
-                .read_at()
-                .expect_err("bad rv")
-                .code,
-            400
-        );
-    }
-
-    /// The watch table, plus streaming lists.
-    #[test]
-    fn watch_resource_version_table() {
-        let w = |q: &str| opts(&format!("watch=1&{q}")).watch_start();
-        assert_eq!(w("").expect("unset").0, WatchStart::InitialConsistent);
-        assert_eq!(
-            w("resourceVersion=0").expect("0").0,
-            WatchStart::InitialNotOlderThan(0)
-        );
-        assert_eq!(w("resourceVersion=9").expect("9").0, WatchStart::After(9));
-        let (s, end) =
-            w("sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
-                .expect("watchlist");
-        assert_eq!((s, end), (WatchStart::InitialConsistent, true));
-        let (s, _) =
-            w("sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=4")
-                .expect("watchlist");
-        assert_eq!(s, WatchStart::InitialNotOlderThan(4));
-        let e = w("sendInitialEvents=true").expect_err("needs match");
-        assert!(e
-            .message
-            .contains("sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"));
-        let e = w("resourceVersionMatch=NotOlderThan&resourceVersion=1")
-            .expect_err("needs sendInitialEvents");
-        assert_eq!(e.code, 422);
     }
 }

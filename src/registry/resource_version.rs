@@ -325,6 +325,157 @@ impl Registry {
 mod tests {
     use super::*;
 
+    /// A query string's resourceVersion options, read as `ListOptions` reads them.
+    struct Opts(std::collections::HashMap<String, String>);
+
+    impl Opts {
+        fn requested(&self) -> Requested<'_> {
+            let get = |k: &str| self.0.get(k).map_or("", String::as_str);
+            Requested {
+                resource_version: get("resourceVersion"),
+                resource_version_match: get("resourceVersionMatch"),
+                continue_: get("continue"),
+                limit: self.0.get("limit").and_then(|l| l.parse().ok()),
+                send_initial_events: self.0.get("sendInitialEvents").map(|v| v == "true"),
+                allow_watch_bookmarks: get("allowWatchBookmarks") == "true",
+            }
+        }
+        fn read_at(&self) -> Result<ReadAt, ApiError> {
+            list_read_at(&self.requested())
+        }
+        fn watch_start(&self) -> Result<(WatchStart, bool), ApiError> {
+            watch_start(&self.requested())
+        }
+    }
+
+    fn opts(q: &str) -> Opts {
+        Opts(
+            form_urlencoded::parse(q.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        )
+    }
+
+    /// The list table of the API concepts page, row by row.
+    #[test]
+    fn list_resource_version_table() {
+        let rows: &[(&str, ReadAt)] = &[
+            ("", ReadAt::Consistent),
+            ("resourceVersion=0", ReadAt::Any),
+            ("resourceVersion=5", ReadAt::NotOlderThan(5)),
+            ("limit=2", ReadAt::Consistent),
+            ("limit=2&resourceVersion=0", ReadAt::Any),
+            ("limit=2&resourceVersion=5", ReadAt::Exact(5)),
+            (
+                "resourceVersion=5&resourceVersionMatch=Exact",
+                ReadAt::Exact(5),
+            ),
+            (
+                "limit=2&resourceVersion=5&resourceVersionMatch=Exact",
+                ReadAt::Exact(5),
+            ),
+            (
+                "resourceVersion=0&resourceVersionMatch=NotOlderThan",
+                ReadAt::Any,
+            ),
+            (
+                "resourceVersion=5&resourceVersionMatch=NotOlderThan",
+                ReadAt::NotOlderThan(5),
+            ),
+            (
+                "limit=2&resourceVersion=5&resourceVersionMatch=NotOlderThan",
+                ReadAt::NotOlderThan(5),
+            ),
+        ];
+        for (q, want) in rows {
+            assert_eq!(&opts(q).read_at().expect(q), want, "{q}");
+        }
+        let token = ContinueToken::new(7, "ns/a").encode();
+        assert!(matches!(
+            opts(&format!("limit=2&continue={token}")).read_at(),
+            Ok(ReadAt::Continue(_))
+        ));
+        // rv=0 with continue: treated as the continue token.
+        assert!(matches!(
+            opts(&format!("limit=2&continue={token}&resourceVersion=0")).read_at(),
+            Ok(ReadAt::Continue(_))
+        ));
+        let e = opts(&format!("limit=2&continue={token}&resourceVersion=5"))
+            .read_at()
+            .expect_err("400");
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (
+                400,
+                "specifying resource version is not allowed when using continue"
+            )
+        );
+    }
+
+    #[test]
+    fn invalid_list_combinations() {
+        let e = opts("resourceVersionMatch=Exact")
+            .read_at()
+            .expect_err("invalid");
+        assert_eq!(e.code, 422);
+        assert_eq!(e.message, "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided");
+        let e = opts("resourceVersion=0&resourceVersionMatch=Exact")
+            .read_at()
+            .expect_err("invalid");
+        assert!(
+            e.message
+                .contains("resourceVersionMatch \\\"exact\\\" is forbidden")
+                || e.message
+                    .contains("resourceVersionMatch \"exact\" is forbidden"),
+            "{}",
+            e.message
+        );
+        let e = opts("resourceVersion=1&resourceVersionMatch=Bogus")
+            .read_at()
+            .expect_err("invalid");
+        assert!(e.message.contains("Unsupported value: \"Bogus\""));
+        let e = opts("sendInitialEvents=true")
+            .read_at()
+            .expect_err("invalid");
+        assert!(e
+            .message
+            .contains("sendInitialEvents is forbidden for list"));
+        assert_eq!(
+            opts("resourceVersion=abc")
+                .read_at()
+                .expect_err("bad rv")
+                .code,
+            400
+        );
+    }
+
+    /// The watch table, plus streaming lists.
+    #[test]
+    fn watch_resource_version_table() {
+        let w = |q: &str| opts(&format!("watch=1&{q}")).watch_start();
+        assert_eq!(w("").expect("unset").0, WatchStart::InitialConsistent);
+        assert_eq!(
+            w("resourceVersion=0").expect("0").0,
+            WatchStart::InitialNotOlderThan(0)
+        );
+        assert_eq!(w("resourceVersion=9").expect("9").0, WatchStart::After(9));
+        let (s, end) =
+            w("sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
+                .expect("watchlist");
+        assert_eq!((s, end), (WatchStart::InitialConsistent, true));
+        let (s, _) =
+            w("sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=4")
+                .expect("watchlist");
+        assert_eq!(s, WatchStart::InitialNotOlderThan(4));
+        let e = w("sendInitialEvents=true").expect_err("needs match");
+        assert!(e
+            .message
+            .contains("sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"));
+        let e = w("resourceVersionMatch=NotOlderThan&resourceVersion=1")
+            .expect_err("needs sendInitialEvents");
+        assert_eq!(e.code, 422);
+    }
+
     #[test]
     fn get_table() {
         assert_eq!(get_read_at("").ok(), Some(ReadAt::Consistent));
