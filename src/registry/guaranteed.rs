@@ -129,3 +129,100 @@ pub(super) fn too_large(t: &Target, name: &str, size: usize, limit: usize) -> Ap
         )],
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::super::catalog::tests::WIDGET;
+    use super::super::{Catalog, Subresource, Target, WriteOptions};
+    use super::*;
+    use crate::storage::{embedded::Embedded, Store};
+    use crate::watch::Cache;
+
+    async fn registry(dir: &Path) -> (Arc<Registry>, Target) {
+        let mut catalog = Catalog::default();
+        catalog
+            .add_manifests(Path::new("w.yaml"), WIDGET)
+            .expect("crd");
+        let rt = catalog
+            .find("demo.kshard.dev", "v1", "widgets")
+            .cloned()
+            .expect("widgets");
+        let engine = Arc::new(Embedded::open(&dir.join("db")).expect("open"));
+        let store = Store::open(engine).expect("store");
+        let cache = Cache::start(store.clone(), 1000).await.expect("cache");
+        let t = Target {
+            rt,
+            version: "v1".into(),
+            namespace: "default".into(),
+        };
+        (Registry::new(Arc::new(catalog), store, cache), t)
+    }
+
+    fn widget() -> serde_json::Value {
+        json!({"apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+            "metadata": {"name": "g"}, "spec": {"n": 0}})
+    }
+
+    fn opts() -> WriteOptions {
+        WriteOptions {
+            manager: "test".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Concurrent read-modify-writes all land: each lost race reads again.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn conflicts_are_retried_until_every_change_lands() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (reg, t) = registry(dir.path()).await;
+        reg.create(&t, widget(), &opts()).await.expect("create");
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (reg, t) = (reg.clone(), t.clone());
+                tokio::spawn(async move {
+                    reg.update_with(&t, "g", Subresource::Main, &opts(), |cur| {
+                        let mut v = cur.clone();
+                        let n = v["spec"]["n"].as_i64().unwrap_or(0);
+                        v["spec"]["n"] = json!(n + 1);
+                        Ok(v)
+                    })
+                    .await
+                    .map(|_| ())
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("join").expect("update");
+        }
+        let got = reg
+            .get(&t, "g", &super::super::ReadAt::Consistent)
+            .await
+            .expect("get");
+        assert_eq!(got.value["spec"]["n"], 8);
+    }
+
+    /// A client's resourceVersion is a precondition: a stale one is a 409 at once.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_stale_client_resource_version_is_a_conflict() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (reg, t) = registry(dir.path()).await;
+        let created = reg.create(&t, widget(), &opts()).await.expect("create");
+        let mut stale = (*created.item.value).clone();
+        stale["spec"]["n"] = json!(1);
+        reg.update(&t, "g", stale.clone(), Subresource::Main, &opts())
+            .await
+            .expect("first update");
+        stale["spec"]["n"] = json!(2);
+        let e = reg
+            .update(&t, "g", stale, Subresource::Main, &opts())
+            .await
+            .err()
+            .map(|e| e.code);
+        assert_eq!(e, Some(409));
+    }
+}
