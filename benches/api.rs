@@ -181,7 +181,7 @@ async fn run() {
 
     // 3. One write fanned out to 100 watchers.
     let watchers = 100;
-    let rv = server.registry.store.revision();
+    let rv = server.registry.revision();
     let mut streams = Vec::new();
     for _ in 0..watchers {
         let req = http::Request::get(format!("{WIDGETS}?watch=true&resourceVersion={rv}"))

@@ -30,7 +30,7 @@ async fn history() -> TestServer {
     assert_eq!(r.status, 200, "{}", r.text());
     let r = s.raw("DELETE", &format!("{WIDGETS}/w1"), &[], vec![]).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(s.running.registry.store.revision(), 5);
+    assert_eq!(s.running.registry.revision(), 5);
     s
 }
 
@@ -293,7 +293,7 @@ async fn compacted_revisions_are_gone() {
         .as_str()
         .expect("continue")
         .to_string();
-    s.running.registry.store.compact(4).await.expect("compact");
+    s.running.store.compact(4).await.expect("compact");
     // Exact below the compacted revision: 410 Expired
     let r = s
         .get(&format!(

@@ -406,7 +406,6 @@ async fn updates_ratchet_over_values_they_do_not_change() {
         "metadata": {"name": "legacy", "namespace": "default", "uid": "u-1", "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1},
         "spec": {"id": "l", "size": "L", "replicas": 50}});
     s.running
-        .registry
         .store
         .write(kshard::storage::Write::Create {
             key: "test.kshard.dev/things/default/legacy".into(),
@@ -445,7 +444,6 @@ async fn defaults_apply_on_read_too() {
         "spec": {"id": "o"}});
     let w = s
         .running
-        .registry
         .store
         .write(kshard::storage::Write::Create {
             key: "test.kshard.dev/things/default/old".into(),

@@ -1,11 +1,12 @@
 //! Query options of list/watch/get/delete/write requests: typed, validated with
-//! kube's rules and messages, and mapped onto the resourceVersion tables.
+//! kube's rules and messages; the resourceVersion tables are
+//! `registry::resource_version`'s.
 
 use std::collections::HashMap;
 
-use crate::registry::{ContinueToken, Propagation, ReadAt};
+use crate::registry::resource_version::{self, Requested};
+use crate::registry::{Propagation, ReadAt, WatchStart};
 use crate::status::{quote, ApiError, FieldError};
-use crate::storage::Revision;
 
 pub struct Query(HashMap<String, String>);
 
@@ -61,33 +62,6 @@ pub struct ListOptions {
     pub timeout_seconds: Option<u64>,
 }
 
-/// Where a watch starts.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WatchStart {
-    /// Initial state (synthetic ADDED) at a consistent revision, then changes.
-    InitialConsistent,
-    /// Initial state at whatever the cache has (at least this revision), then changes.
-    InitialNotOlderThan(Revision),
-    /// Changes after a revision (no initial state).
-    After(Revision),
-    /// Changes from now on.
-    Now,
-}
-
-fn list_options_invalid(errs: &[FieldError]) -> ApiError {
-    ApiError::invalid("meta.k8s.io", "ListOptions", "", errs)
-}
-
-pub fn parse_revision(rv: &str) -> Result<Revision, ApiError> {
-    rv.parse::<Revision>().map_err(|_| {
-        ApiError::bad_request(format!(
-            "invalid resource version: resourceVersion: Invalid value: {}: strconv.ParseUint: parsing {}: invalid syntax",
-            quote(rv),
-            quote(rv)
-        ))
-    })
-}
-
 impl ListOptions {
     pub fn parse(q: &Query, watch_by_path: bool) -> Result<Self, ApiError> {
         let limit = q.int("limit")?.filter(|l| *l > 0).map(|l| l as usize);
@@ -109,127 +83,31 @@ impl ListOptions {
         })
     }
 
-    /// kube's ValidateListOptions for list requests, then the list table.
-    pub fn read_at(&self) -> Result<ReadAt, ApiError> {
-        let mut errs = Vec::new();
-        let m = self.resource_version_match.as_str();
-        if !m.is_empty() {
-            if self.resource_version.is_empty() {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
-                ));
-            }
-            if !self.continue_.is_empty() {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden when continue is provided",
-                ));
-            }
-            if m != "Exact" && m != "NotOlderThan" {
-                errs.push(FieldError::not_supported(
-                    "resourceVersionMatch",
-                    m,
-                    &["Exact", "NotOlderThan", ""],
-                ));
-            }
-            if m == "Exact" && self.resource_version == "0" {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
-                ));
-            }
+    /// The options the resourceVersion rules look at.
+    pub fn requested(&self) -> Requested<'_> {
+        Requested {
+            resource_version: &self.resource_version,
+            resource_version_match: &self.resource_version_match,
+            continue_: &self.continue_,
+            limit: self.limit,
+            send_initial_events: self.send_initial_events,
+            allow_watch_bookmarks: self.allow_watch_bookmarks,
         }
-        if self.send_initial_events.is_some() {
-            errs.push(FieldError::forbidden(
-                "sendInitialEvents",
-                "sendInitialEvents is forbidden for list",
-            ));
-        }
-        if !errs.is_empty() {
-            return Err(list_options_invalid(&errs));
-        }
-        let rv = self.resource_version.as_str();
-        if !self.continue_.is_empty() {
-            if !rv.is_empty() && rv != "0" {
-                return Err(ApiError::bad_request(
-                    "specifying resource version is not allowed when using continue",
-                ));
-            }
-            return Ok(ReadAt::Continue(ContinueToken::decode(&self.continue_)?));
-        }
-        Ok(match (rv, m) {
-            ("", _) => ReadAt::Consistent,
-            ("0", _) => ReadAt::Any,
-            (rv, "Exact") => ReadAt::Exact(parse_revision(rv)?),
-            (rv, "NotOlderThan") => ReadAt::NotOlderThan(parse_revision(rv)?),
-            // Legacy: a resourceVersion with a limit is an exact, paged list.
-            (rv, _) if self.limit.is_some() => ReadAt::Exact(parse_revision(rv)?),
-            (rv, _) => ReadAt::NotOlderThan(parse_revision(rv)?),
-        })
     }
 
-    /// kube's watch validation (with the WatchList defaults), then the watch table.
+    /// The list table row these options select (after kube's validation).
+    pub fn read_at(&self) -> Result<ReadAt, ApiError> {
+        resource_version::list_read_at(&self.requested())
+    }
+
+    /// The get table row.
+    pub fn get_read_at(&self) -> Result<ReadAt, ApiError> {
+        resource_version::get_read_at(&self.resource_version)
+    }
+
+    /// Where a watch starts, and whether it ends its initial events with a bookmark.
     pub fn watch_start(&self) -> Result<(WatchStart, bool), ApiError> {
-        let mut errs = Vec::new();
-        let m = self.resource_version_match.as_str();
-        let rv = self.resource_version.as_str();
-        if let Some(_send) = self.send_initial_events {
-            if m != "NotOlderThan" {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                ));
-            }
-        }
-        if !m.is_empty() {
-            if self.send_initial_events.is_none() {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-                ));
-            }
-            if m != "NotOlderThan" {
-                errs.push(FieldError::not_supported(
-                    "resourceVersionMatch",
-                    m,
-                    &["NotOlderThan"],
-                ));
-            }
-            if !self.continue_.is_empty() {
-                errs.push(FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden when continue is provided",
-                ));
-            }
-        }
-        if !errs.is_empty() {
-            return Err(list_options_invalid(&errs));
-        }
-        // Returns the start and whether the initial-events-end bookmark is wanted.
-        Ok(match self.send_initial_events {
-            Some(true) => {
-                let start = match rv {
-                    "" => WatchStart::InitialConsistent,
-                    "0" => WatchStart::InitialNotOlderThan(0),
-                    rv => WatchStart::InitialNotOlderThan(parse_revision(rv)?),
-                };
-                (start, self.allow_watch_bookmarks)
-            }
-            Some(false) => match rv {
-                "" | "0" => (WatchStart::Now, false),
-                rv => (WatchStart::After(parse_revision(rv)?), false),
-            },
-            None => match rv {
-                // The WatchList defaults: initial events, with the end bookmark if bookmarks are on.
-                "" => (WatchStart::InitialConsistent, self.allow_watch_bookmarks),
-                "0" => (
-                    WatchStart::InitialNotOlderThan(0),
-                    self.allow_watch_bookmarks,
-                ),
-                rv => (WatchStart::After(parse_revision(rv)?), false),
-            },
-        })
+        resource_version::watch_start(&self.requested())
     }
 }
 
@@ -389,127 +267,18 @@ pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteO
 mod tests {
     use super::*;
 
-    fn opts(q: &str) -> ListOptions {
-        ListOptions::parse(&Query::parse(q), false).expect("parse")
-    }
-
-    /// The list table of the API concepts page, row by row.
+    /// The tables themselves are tested in `registry::resource_version`; this
+    /// checks the options reach them.
     #[test]
-    fn list_resource_version_table() {
-        let rows: &[(&str, ReadAt)] = &[
-            ("", ReadAt::Consistent),
-            ("resourceVersion=0", ReadAt::Any),
-            ("resourceVersion=5", ReadAt::NotOlderThan(5)),
-            ("limit=2", ReadAt::Consistent),
-            ("limit=2&resourceVersion=0", ReadAt::Any),
-            ("limit=2&resourceVersion=5", ReadAt::Exact(5)),
-            (
-                "resourceVersion=5&resourceVersionMatch=Exact",
-                ReadAt::Exact(5),
-            ),
-            (
-                "limit=2&resourceVersion=5&resourceVersionMatch=Exact",
-                ReadAt::Exact(5),
-            ),
-            (
-                "resourceVersion=0&resourceVersionMatch=NotOlderThan",
-                ReadAt::Any,
-            ),
-            (
-                "resourceVersion=5&resourceVersionMatch=NotOlderThan",
-                ReadAt::NotOlderThan(5),
-            ),
-            (
-                "limit=2&resourceVersion=5&resourceVersionMatch=NotOlderThan",
-                ReadAt::NotOlderThan(5),
-            ),
-        ];
-        for (q, want) in rows {
-            assert_eq!(&opts(q).read_at().expect(q), want, "{q}");
-        }
-        let token = ContinueToken::new(7, "ns/a").encode();
-        assert!(matches!(
-            opts(&format!("limit=2&continue={token}")).read_at(),
-            Ok(ReadAt::Continue(_))
-        ));
-        // rv=0 with continue: treated as the continue token.
-        assert!(matches!(
-            opts(&format!("limit=2&continue={token}&resourceVersion=0")).read_at(),
-            Ok(ReadAt::Continue(_))
-        ));
-        let e = opts(&format!("limit=2&continue={token}&resourceVersion=5"))
-            .read_at()
-            .expect_err("400");
+    fn options_reach_the_resource_version_tables() {
+        let opts = |q: &str| ListOptions::parse(&Query::parse(q), false).expect("parse");
+        let o = opts("limit=2&resourceVersion=5");
+        assert_eq!(o.read_at().ok(), Some(ReadAt::Exact(5)));
+        assert_eq!(o.get_read_at().ok(), Some(ReadAt::NotOlderThan(5)));
+        let o = opts("watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true");
         assert_eq!(
-            (e.code, e.message.as_str()),
-            (
-                400,
-                "specifying resource version is not allowed when using continue"
-            )
+            o.watch_start().ok(),
+            Some((WatchStart::InitialConsistent, true))
         );
-    }
-
-    #[test]
-    fn invalid_list_combinations() {
-        let e = opts("resourceVersionMatch=Exact")
-            .read_at()
-            .expect_err("invalid");
-        assert_eq!(e.code, 422);
-        assert_eq!(e.message, "ListOptions.meta.k8s.io \"\" is invalid: resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided");
-        let e = opts("resourceVersion=0&resourceVersionMatch=Exact")
-            .read_at()
-            .expect_err("invalid");
-        assert!(
-            e.message
-                .contains("resourceVersionMatch \\\"exact\\\" is forbidden")
-                || e.message
-                    .contains("resourceVersionMatch \"exact\" is forbidden"),
-            "{}",
-            e.message
-        );
-        let e = opts("resourceVersion=1&resourceVersionMatch=Bogus")
-            .read_at()
-            .expect_err("invalid");
-        assert!(e.message.contains("Unsupported value: \"Bogus\""));
-        let e = opts("sendInitialEvents=true")
-            .read_at()
-            .expect_err("invalid");
-        assert!(e
-            .message
-            .contains("sendInitialEvents is forbidden for list"));
-        assert_eq!(
-            opts("resourceVersion=abc")
-                .read_at()
-                .expect_err("bad rv")
-                .code,
-            400
-        );
-    }
-
-    /// The watch table, plus streaming lists.
-    #[test]
-    fn watch_resource_version_table() {
-        let w = |q: &str| opts(&format!("watch=1&{q}")).watch_start();
-        assert_eq!(w("").expect("unset").0, WatchStart::InitialConsistent);
-        assert_eq!(
-            w("resourceVersion=0").expect("0").0,
-            WatchStart::InitialNotOlderThan(0)
-        );
-        assert_eq!(w("resourceVersion=9").expect("9").0, WatchStart::After(9));
-        let (s, end) =
-            w("sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
-                .expect("watchlist");
-        assert_eq!((s, end), (WatchStart::InitialConsistent, true));
-        let (s, _) =
-            w("sendInitialEvents=true&resourceVersionMatch=NotOlderThan&resourceVersion=4")
-                .expect("watchlist");
-        assert_eq!(s, WatchStart::InitialNotOlderThan(4));
-        let e = w("sendInitialEvents=true").expect_err("needs match");
-        assert!(e
-            .message
-            .contains("sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"));
-        let e = w("resourceVersionMatch=NotOlderThan&resourceVersion=1")
-            .expect_err("needs sendInitialEvents");
-        assert_eq!(e.code, 422);
     }
 }

@@ -16,7 +16,7 @@ use super::ApiState;
 use crate::registry::patch::{self, PatchType};
 use crate::registry::scale::{apply_scale, to_scale};
 use crate::registry::table::IncludeObject;
-use crate::registry::{DeleteOutcome, Item, ReadAt, Selectors, Subresource, Target};
+use crate::registry::{DeleteOutcome, Item, Selectors, Subresource, Target};
 use crate::status::ApiError;
 
 const BODY_TYPES: &[&str] = &[
@@ -86,7 +86,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
     let not_found = ApiError::not_found_path;
     let rt = state
         .registry
-        .catalog
+        .catalog()
         .find(&req.group, &req.version, &req.resource)
         .cloned()
         .ok_or_else(not_found)?;
@@ -163,11 +163,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         }
         Verb::Get => {
             let opts = ListOptions::parse(&q, false)?;
-            let at = match opts.resource_version.as_str() {
-                "" => ReadAt::Consistent,
-                "0" => ReadAt::Any,
-                rv => ReadAt::NotOlderThan(super::options::parse_revision(rv)?),
-            };
+            let at = opts.get_read_at()?;
             let item = reg.get(&t, &name, &at).await?;
             if sub == Some("scale") {
                 return Ok(scale_response(&t, &item, StatusCode::OK));
@@ -311,7 +307,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 &t,
                 items,
                 ListMeta {
-                    resource_version: reg.store.revision().to_string(),
+                    resource_version: reg.revision().to_string(),
                     continue_token: None,
                     remaining: None,
                 },

@@ -13,24 +13,22 @@ use tokio::sync::mpsc;
 
 use super::encoding::{cbor, protobuf};
 use super::negotiate::{negotiate, Output};
-use super::options::{ListOptions, WatchStart};
+use super::options::ListOptions;
 use super::response::{bytes_response, JSON};
 use super::ApiState;
-use crate::registry::read::WAIT_FOR_REVISION;
 use crate::registry::table::{partial_metadata, table, Columns, IncludeObject};
-use crate::registry::{convert_json, Selectors, Target};
+use crate::registry::{convert_json, Registry, Selectors, Target, Watch};
 use crate::status::ApiError;
 use crate::storage::EventType;
-use crate::watch::{frame, Filter, Start, Subscription, WatchError, WatchEvent};
+use crate::watch::{frame, Filter, Subscription, WatchEvent};
 
-/// Frames buffered between the event loop and the socket.
 /// How long a watch lasts: the client's `timeoutSeconds`, else (kube's
-/// rule) a random time in [min, 2×min) of `--min-request-timeout`, which
+/// rule, which also treats 0 as unset) a random time in [min, 2×min) of `--min-request-timeout`, which
 /// spreads reconnects out.
 fn watch_timeout(asked: Option<u64>, min_request_timeout: Duration) -> Duration {
     match asked {
-        Some(secs) => Duration::from_secs(secs.min(MAX_WATCH_TIMEOUT_SECS)),
-        None => {
+        Some(secs) if secs > 0 => Duration::from_secs(secs.min(MAX_WATCH_TIMEOUT_SECS)),
+        _ => {
             let spread = f64::from(uuid::Uuid::new_v4().as_bytes()[0]) / 256.0;
             min_request_timeout
                 .mul_f64(1.0 + spread)
@@ -41,6 +39,7 @@ fn watch_timeout(asked: Option<u64>, min_request_timeout: Duration) -> Duration 
 
 /// Longest watch a client can ask for with `timeoutSeconds` (one week).
 const MAX_WATCH_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+/// Frames buffered between the event loop and the socket.
 const OUT_BUFFER: usize = 256;
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -97,31 +96,7 @@ pub async fn serve(
     let include = IncludeObject::parse("").unwrap_or_default();
     let reg = &state.registry;
     let filter = reg.filter(t, name, &sel);
-    let resource = t.rt.id();
-    let subscribe = |start: Start| reg.cache.watch(&resource, start, filter.clone());
-    let sub = match start {
-        WatchStart::InitialConsistent => {
-            let rev = reg
-                .store
-                .read_revision()
-                .await
-                .map_err(crate::registry::storage_error)?;
-            reg.cache
-                .wait_for(rev, WAIT_FOR_REVISION)
-                .await
-                .map_err(too_large)?;
-            subscribe(Start::InitialState)
-        }
-        WatchStart::InitialNotOlderThan(rev) => {
-            reg.cache
-                .wait_for(rev, WAIT_FOR_REVISION)
-                .await
-                .map_err(too_large)?;
-            subscribe(Start::InitialState)
-        }
-        WatchStart::After(rev) => subscribe(Start::After(rev)),
-        WatchStart::Now => subscribe(Start::After(reg.cache.revision())),
-    };
+    let sub = reg.watch(&t.rt.id(), filter.clone(), start).await?;
     let timeout = watch_timeout(opts.timeout_seconds, state.min_request_timeout);
     let (tx, rx) = mpsc::channel::<Bytes>(OUT_BUFFER);
     let stream = Stream {
@@ -133,20 +108,17 @@ pub async fn serve(
         end_bookmark,
         bookmark_every: state.bookmark_interval,
         headers_sent: false,
-        cache: reg.cache.clone(),
+        registry: reg.clone(),
         initial_events_sent,
         stop: state.stop_watches.clone(),
     };
     match sub {
-        Ok(sub) => {
+        Watch::Started(sub) => {
             tokio::spawn(stream.run(sub, tx, timeout));
         }
-        Err(WatchError::TooOld { requested, oldest }) => {
-            let status =
-                ApiError::expired(format!("too old resource version: {requested} ({oldest})"));
+        Watch::Expired(status) => {
             let _ = tx.try_send(error_frame(&out_kind, &status));
         }
-        Err(e) => return Err(too_large(e)),
     }
     let frames = tokio_stream::wrappers::ReceiverStream::new(rx);
     let body = Body::from_stream(futures::StreamExt::map(
@@ -183,15 +155,6 @@ fn error_frame(out: &Output, status: &ApiError) -> Bytes {
     }
 }
 
-fn too_large(e: WatchError) -> ApiError {
-    match e {
-        WatchError::TooLarge { requested, current } => {
-            ApiError::too_large_resource_version(requested, current)
-        }
-        other => ApiError::internal(other),
-    }
-}
-
 struct Stream {
     t: Target,
     out: Output,
@@ -201,7 +164,7 @@ struct Stream {
     end_bookmark: bool,
     bookmark_every: Duration,
     headers_sent: bool,
-    cache: Arc<crate::watch::Cache>,
+    registry: Arc<Registry>,
     initial_events_sent: Option<InitialEventsSent>,
     /// Server shutdown: the stream ends cleanly (the client resumes elsewhere).
     stop: tokio_util::sync::CancellationToken,
@@ -243,7 +206,7 @@ impl Stream {
                 }
                 _ = tick.tick(), if self.allow_bookmarks => {
                     // Everything up to the cache revision is already queued for us: drain, then mark.
-                    let rev = self.cache.revision();
+                    let rev = self.registry.cache_revision();
                     while let Ok(ev) = sub.rx.try_recv() {
                         last_sent = last_sent.max(ev.revision);
                         if let Some(f) = self.encode(&ev) {

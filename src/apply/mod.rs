@@ -21,12 +21,14 @@
 //! entries written at other versions are compared field for field; their
 //! apiVersion is kept. Modules: [`fieldpath`] (paths, sets, FieldsV1),
 //! [`schema`] (the merge view of a CRD schema), `merge` (merge, compare,
-//! field sets, removal), `managed` (entries and ownership).
+//! field sets, removal), `managed` (entries and ownership), `time`
+//! (managedFields timestamps).
 
 pub mod fieldpath;
 mod managed;
 mod merge;
 pub mod schema;
+mod time;
 
 use serde_json::Value;
 

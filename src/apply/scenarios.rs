@@ -1,3 +1,4 @@
+// A test table (a test-only module): long because it lists scenarios, not logic; nothing to split.
 //! Table-driven apply scenarios: shared CRD schemas, a list of operations per
 //! scenario (Apply / Update, main resource or `/status`, any served version),
 //! and for every step the exact object and managedFields kube-apiserver

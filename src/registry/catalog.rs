@@ -419,10 +419,11 @@ pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    const WIDGET: &str = r#"
+    /// A two-version CRD with status and scale (other registry tests load it too).
+    pub(in crate::registry) const WIDGET: &str = r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::write::{finalizers, is_deleting, FINALIZER_FOREGROUND, FINALIZER_ORPHAN};
+use super::delete::{FINALIZER_FOREGROUND, FINALIZER_ORPHAN};
+use super::object::{finalizers, is_deleting};
 use super::{
     DeleteOptions, FieldValidation, Propagation, Registry, Subresource, Target, WriteOptions,
 };

@@ -6,11 +6,15 @@
 pub mod admission;
 pub mod catalog;
 mod continuation;
+mod delete;
 pub mod gc;
+mod guaranteed;
 pub mod jsonpath;
 pub mod meta;
+mod object;
 pub mod patch;
 pub mod read;
+pub mod resource_version;
 pub mod scale;
 pub mod selector;
 pub mod table;
@@ -23,13 +27,13 @@ use serde_json::Value;
 
 pub use catalog::{Catalog, ResourceType};
 pub use continuation::ContinueToken;
-pub use read::{Item, ListResult, ReadAt};
-pub use write::{
-    DeleteOptions, DeleteOutcome, FieldValidation, Outcome, Propagation, Subresource, WriteOptions,
-};
+pub use delete::{DeleteOptions, DeleteOutcome, Propagation};
+pub use read::{Item, ListResult};
+pub use resource_version::{ReadAt, Watch, WatchStart};
+pub use write::{FieldValidation, Outcome, Subresource, WriteOptions};
 
 use crate::status::ApiError;
-use crate::storage::{StorageError, Store};
+use crate::storage::{Revision, StorageError, Store};
 use crate::watch::{Cache, CachedObject, Filter};
 use selector::{field_value, FieldSelector, LabelSelector};
 
@@ -126,9 +130,9 @@ impl Selectors {
 }
 
 pub struct Registry {
-    pub catalog: Arc<Catalog>,
-    pub store: Arc<Store>,
-    pub cache: Arc<Cache>,
+    catalog: Arc<Catalog>,
+    store: Arc<Store>,
+    cache: Arc<Cache>,
     /// Checks every create passes (namespace lifecycle against a host); set once.
     admission: std::sync::OnceLock<Arc<dyn admission::CreateAdmission>>,
 }
@@ -141,6 +145,32 @@ impl Registry {
             cache,
             admission: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The served types.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The newest committed revision.
+    pub fn revision(&self) -> Revision {
+        self.store.revision()
+    }
+
+    /// The revision the watch cache is current to (watch bookmarks carry it).
+    pub fn cache_revision(&self) -> Revision {
+        self.cache.revision()
+    }
+
+    /// What listing `resource` costs: its live object count and average
+    /// encoded size (flow control sizes LIST and WATCH seats by it).
+    pub fn list_cost(&self, resource: &str) -> (usize, u64) {
+        self.cache.stats(resource)
+    }
+
+    /// How many watchers `resource` has (a write's cost fans out to them).
+    pub fn watchers_of(&self, resource: &str) -> usize {
+        self.cache.watcher_count(resource)
     }
 
     /// Installs the create admission check (at most once; later calls are ignored).

@@ -1,41 +1,27 @@
 //! The write pipeline shared by every resource: decode checks, metadata rules,
 //! the strategy derived from the CRD (status/scale subresources, generation),
-//! finalizers and deletion, then one storage write per change.
+//! finalizers, then one conditional write per change (through
+//! `guaranteed_update`). Deletion is in `delete.rs`.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
+use super::guaranteed::{too_large, Current, Plan};
 use super::meta::{go_string_slice, path_segment_errors, validate_object_meta};
+use super::object::{
+    copy_field, finalizers, generation, is_deleting, meta_mut, meta_str, spec_part,
+};
 use super::read::Item;
-use super::{convert_json, convert_value, now_rfc3339, storage_error, Registry, Selectors, Target};
+use super::resource_version::parse_object_revision;
+use super::{convert_json, convert_value, now_rfc3339, storage_error, Registry, Target};
 use crate::apply::{ApplyError, FieldManager};
 use crate::status::{quote, ApiError, FieldError};
-use crate::storage::{Revision, StorageError, Write};
+use crate::storage::{StorageError, Write};
 
-/// Attempts for writes that re-read and retry on a concurrent change.
-const MAX_RETRIES: usize = 16;
 const GENERATE_NAME_ATTEMPTS: usize = 8;
 const GENERATE_NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-
-pub const FINALIZER_ORPHAN: &str = "orphan";
-pub const FINALIZER_FOREGROUND: &str = "foregroundDeletion";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Propagation {
-    Background,
-    Foreground,
-    Orphan,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct DeleteOptions {
-    pub precondition_uid: Option<String>,
-    pub precondition_resource_version: Option<String>,
-    pub propagation: Option<Propagation>,
-    pub dry_run: bool,
-}
 
 /// How unknown fields in a request body are treated (`fieldValidation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,88 +50,11 @@ pub struct Outcome {
     pub warnings: Vec<String>,
 }
 
-pub enum DeleteOutcome {
-    /// Removed now; the last state (in the request's version).
-    Deleted(Item),
-    /// Marked for deletion; finalizers pending.
-    Pending(Item),
-}
-
-/// A conditional write either commits or loses a race with another writer.
-enum Commit {
-    Done(Item),
-    Raced,
-}
-
 /// Which part of an object a write may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subresource {
     Main,
     Status,
-}
-
-fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
-    let o = obj.as_object_mut()?;
-    let m = o.entry("metadata").or_insert_with(|| json!({}));
-    if !m.is_object() {
-        *m = json!({});
-    }
-    m.as_object_mut()
-}
-
-fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.get("metadata")
-        .and_then(|m| m.get(field))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-}
-
-pub fn finalizers(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn set_finalizers(obj: &mut Value, list: &[String]) {
-    if let Some(m) = meta_mut(obj) {
-        if list.is_empty() {
-            m.remove("finalizers");
-        } else {
-            m.insert("finalizers".into(), json!(list));
-        }
-    }
-}
-
-pub fn is_deleting(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null())
-}
-
-/// Everything but metadata (and status, when it has its own subresource).
-fn spec_part(obj: &Value, skip_status: bool) -> Map<String, Value> {
-    obj.as_object()
-        .map(|o| {
-            o.iter()
-                .filter(|(k, _)| {
-                    let system = matches!(k.as_str(), "metadata" | "apiVersion" | "kind");
-                    !(system || (skip_status && k.as_str() == "status"))
-                })
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn generation(obj: &Value) -> i64 {
-    obj.pointer("/metadata/generation")
-        .and_then(Value::as_i64)
-        .unwrap_or(0)
 }
 
 fn random_suffix() -> String {
@@ -154,15 +63,6 @@ fn random_suffix() -> String {
         .iter()
         .map(|b| GENERATE_NAME_ALPHABET[*b as usize % GENERATE_NAME_ALPHABET.len()] as char)
         .collect()
-}
-
-fn parse_rv(field: &str, rv: &str) -> Result<Revision, ApiError> {
-    rv.parse::<Revision>().map_err(|e| {
-        ApiError::bad_request(format!(
-            "invalid resource version: {field}: Invalid value: {}: {e}",
-            quote(rv)
-        ))
-    })
 }
 
 impl Registry {
@@ -273,16 +173,7 @@ impl Registry {
                 new_v.is_none() || new_v != old_v
             });
         }
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::invalid(
-                &t.rt.group,
-                &t.rt.kind,
-                meta_str(obj, "name"),
-                &errs,
-            ))
-        }
+        invalid_unless_empty(t, obj, &errs)
     }
 
     fn field_manager<'a>(&self, t: &'a Target, sub: Subresource) -> Option<FieldManager<'a>> {
@@ -339,49 +230,40 @@ impl Registry {
         let fm = self
             .field_manager(t, sub)
             .ok_or_else(ApiError::not_found_path)?;
-        for _ in 0..MAX_RETRIES {
-            let live = match self.read_current(t, name).await {
-                Ok(found) => Some(found),
-                Err(e) if e.code == 404 => None,
-                Err(e) => return Err(e),
-            };
-            let mut merged = fm
-                .apply(
-                    live.as_ref().map(|(_, v)| v),
-                    &config,
-                    &opts.manager,
-                    force,
-                    &now_rfc3339(),
-                )
-                .map_err(|e| apply_error(t, name, e))?;
-            let mut warnings = Vec::new();
-            self.decode_schema(t, &mut merged, opts, &mut warnings)?;
-            let Some((current_rev, current)) = live else {
-                if sub == Subresource::Status {
-                    return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
+        let (item, warnings) = self
+            .guaranteed_update(t, name, None, |live| {
+                let mut merged = fm
+                    .apply(
+                        live.map(|c| &c.value),
+                        &config,
+                        &opts.manager,
+                        force,
+                        &now_rfc3339(),
+                    )
+                    .map_err(|e| apply_error(t, name, e))?;
+                let mut warnings = Vec::new();
+                self.decode_schema(t, &mut merged, opts, &mut warnings)?;
+                let Some(current) = live else {
+                    if sub == Subresource::Status {
+                        return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
+                    }
+                    let plan = Plan::Create {
+                        object: merged,
+                        dry_run: opts.dry_run,
+                    };
+                    return Ok((plan, warnings));
+                };
+                if let Some(m) = meta_mut(&mut merged) {
+                    m.insert(
+                        "resourceVersion".into(),
+                        Value::String(current.rev.to_string()),
+                    );
                 }
-                match self.create_tracked(t, merged, opts.dry_run).await {
-                    Ok(item) => return Ok(Outcome { item, warnings }),
-                    // Someone created it meanwhile: apply onto theirs.
-                    Err(e) if e.reason == "AlreadyExists" => continue,
-                    Err(e) => return Err(e),
-                }
-            };
-            if let Some(m) = meta_mut(&mut merged) {
-                m.insert(
-                    "resourceVersion".into(),
-                    Value::String(current_rev.to_string()),
-                );
-            }
-            match self
-                .commit_update(t, name, current_rev, &current, merged, sub, opts, false)
-                .await?
-            {
-                Commit::Done(item) => return Ok(Outcome { item, warnings }),
-                Commit::Raced => continue,
-            }
-        }
-        Err(ApiError::modified(&t.rt.group, &t.rt.plural, name))
+                let plan = self.plan_update(t, name, current, merged, sub, opts, false)?;
+                Ok((plan, warnings))
+            })
+            .await?;
+        Ok(Outcome { item, warnings })
     }
 
     fn validate_meta(&self, t: &Target, obj: &Value) -> Result<(), ApiError> {
@@ -391,23 +273,14 @@ impl Registry {
             .cloned()
             .unwrap_or_default();
         let errs = validate_object_meta(&meta, t.rt.namespaced);
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::invalid(
-                &t.rt.group,
-                &t.rt.kind,
-                meta_str(obj, "name"),
-                &errs,
-            ))
-        }
+        invalid_unless_empty(t, obj, &errs)
     }
 
-    fn to_storage(&self, t: &Target, obj: &Value) -> Value {
+    pub(super) fn to_storage(&self, t: &Target, obj: &Value) -> Value {
         convert_value(obj, &format!("{}/{}", t.rt.group, t.rt.storage_version))
     }
 
-    fn item(&self, t: &Target, object: &Arc<Value>, json: &Bytes) -> Item {
+    pub(super) fn item(&self, t: &Target, object: &Arc<Value>, json: &Bytes) -> Item {
         let api_version = t.api_version();
         if object.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
             Item {
@@ -423,7 +296,7 @@ impl Registry {
         }
     }
 
-    fn dry_run_item(&self, t: &Target, obj: Value) -> Item {
+    pub(super) fn dry_run_item(&self, t: &Target, obj: Value) -> Item {
         let v = convert_value(&obj, &t.api_version());
         Item {
             json: Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
@@ -446,7 +319,7 @@ impl Registry {
     }
 
     /// Create of an object whose body checks and managedFields are done.
-    async fn create_tracked(
+    pub(super) async fn create_tracked(
         &self,
         t: &Target,
         mut obj: Value,
@@ -577,17 +450,6 @@ impl Registry {
         Err(e)
     }
 
-    async fn read_current(&self, t: &Target, name: &str) -> Result<(Revision, Value), ApiError> {
-        let (rev, json) = self
-            .store
-            .get(&t.key(name))
-            .await
-            .map_err(storage_error)?
-            .ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
-        let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
-        Ok((rev, convert_value(&value, &t.api_version())))
-    }
-
     /// PUT of the main resource or `/status`.
     pub async fn update(
         &self,
@@ -624,18 +486,15 @@ impl Registry {
                 )],
             ));
         }
-        let expected = parse_rv("metadata.resourceVersion", &rv)?;
-        let (current_rev, current) = self.read_current(t, name).await?;
-        if expected != current_rev {
-            return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
-        }
-        match self
-            .commit_update(t, name, current_rev, &current, obj, sub, opts, true)
-            .await?
-        {
-            Commit::Done(item) => Ok(Outcome { item, warnings }),
-            Commit::Raced => Err(ApiError::modified(&t.rt.group, &t.rt.plural, name)),
-        }
+        let expected = parse_object_revision("metadata.resourceVersion", &rv)?;
+        let (item, ()) = self
+            .guaranteed_update(t, name, Some(expected), |current| {
+                let current = current.ok_or_else(|| not_found(t, name))?;
+                let plan = self.plan_update(t, name, current, obj.clone(), sub, opts, true)?;
+                Ok((plan, ()))
+            })
+            .await?;
+        Ok(Outcome { item, warnings })
     }
 
     /// Re-reads and applies `change` until it commits without a concurrent write in
@@ -651,48 +510,48 @@ impl Registry {
     where
         F: FnMut(&Value) -> Result<Value, ApiError>,
     {
-        for _ in 0..MAX_RETRIES {
-            let (current_rev, current) = self.read_current(t, name).await?;
-            let mut obj = change(&current)?;
-            self.check_body(t, &mut obj)?;
-            let mut warnings = Vec::new();
-            self.decode_schema(t, &mut obj, opts, &mut warnings)?;
-            let body_name = meta_str(&obj, "name");
-            if body_name != name {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({body_name}) does not match the name on the URL ({name})"
-                )));
-            }
-            let rv = meta_str(&obj, "resourceVersion").to_string();
-            if !rv.is_empty() && parse_rv("metadata.resourceVersion", &rv)? != current_rev {
-                // A precondition the client set (or a stale read): only retry our own.
-                if meta_str(&current, "resourceVersion") != rv {
+        let (item, warnings) = self
+            .guaranteed_update(t, name, None, |current| {
+                let current = current.ok_or_else(|| not_found(t, name))?;
+                let mut obj = change(&current.value)?;
+                self.check_body(t, &mut obj)?;
+                let mut warnings = Vec::new();
+                self.decode_schema(t, &mut obj, opts, &mut warnings)?;
+                let body_name = meta_str(&obj, "name");
+                if body_name != name {
+                    return Err(ApiError::bad_request(format!(
+                        "the name of the object ({body_name}) does not match the name on the URL ({name})"
+                    )));
+                }
+                let rv = meta_str(&obj, "resourceVersion");
+                if !rv.is_empty()
+                    && parse_object_revision("metadata.resourceVersion", rv)? != current.rev
+                    && meta_str(&current.value, "resourceVersion") != rv
+                {
+                    // A precondition the client set in the patch: 409, not retried.
                     return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
                 }
-            }
-            match self
-                .commit_update(t, name, current_rev, &current, obj, sub, opts, true)
-                .await?
-            {
-                Commit::Done(item) => return Ok(Outcome { item, warnings }),
-                Commit::Raced => continue,
-            }
-        }
-        Err(ApiError::modified(&t.rt.group, &t.rt.plural, name))
+                let plan = self.plan_update(t, name, current, obj, sub, opts, true)?;
+                Ok((plan, warnings))
+            })
+            .await?;
+        Ok(Outcome { item, warnings })
     }
 
+    /// The write an update of `current` to `obj` makes: system fields kept,
+    /// status or main part only, finalizer and generation rules, validation.
     #[allow(clippy::too_many_arguments)]
-    async fn commit_update(
+    fn plan_update(
         &self,
         t: &Target,
         name: &str,
-        current_rev: Revision,
-        current: &Value,
+        stored: &Current,
         mut obj: Value,
         sub: Subresource,
         opts: &WriteOptions,
         track: bool,
-    ) -> Result<Commit, ApiError> {
+    ) -> Result<Plan, ApiError> {
+        let (current_rev, current) = (stored.rev, &stored.value);
         let dry_run = opts.dry_run;
         if track {
             self.track(t, Some(current), &mut obj, sub, &opts.manager)?;
@@ -704,14 +563,7 @@ impl Registry {
                 if has_status {
                     // The main resource cannot change status when it has its own subresource.
                     if let Some(o) = new.as_object_mut() {
-                        match current.get("status") {
-                            Some(s) => {
-                                o.insert("status".into(), s.clone());
-                            }
-                            None => {
-                                o.remove("status");
-                            }
-                        }
+                        copy_field(o, current.as_object(), "status");
                     }
                 }
                 new
@@ -720,14 +572,7 @@ impl Registry {
                 // Only status (and managedFields) come from the request.
                 let mut new = current.clone();
                 if let Some(o) = new.as_object_mut() {
-                    match obj.get("status") {
-                        Some(s) => {
-                            o.insert("status".into(), s.clone());
-                        }
-                        None => {
-                            o.remove("status");
-                        }
-                    }
+                    copy_field(o, obj.as_object(), "status");
                 }
                 if let (Some(mf), Some(m)) = (
                     obj.pointer("/metadata/managedFields").cloned(),
@@ -739,11 +584,7 @@ impl Registry {
             }
         };
         // System fields keep their stored values.
-        let old_meta = current
-            .get("metadata")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
+        let old_meta = current.get("metadata").and_then(Value::as_object);
         if let Some(m) = meta_mut(&mut new) {
             for field in [
                 "uid",
@@ -752,14 +593,7 @@ impl Registry {
                 "deletionGracePeriodSeconds",
                 "generation",
             ] {
-                match old_meta.get(field) {
-                    Some(v) => {
-                        m.insert(field.into(), v.clone());
-                    }
-                    None => {
-                        m.remove(field);
-                    }
-                }
+                copy_field(m, old_meta, field);
             }
             m.insert(
                 "resourceVersion".into(),
@@ -800,169 +634,19 @@ impl Registry {
         if new == *current {
             // Nothing changed: no write, no new revision (as kube does).
             let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
-            return Ok(Commit::Done(Item {
+            return Ok(Plan::Done(Item {
                 json,
                 value: Arc::new(current.clone()),
             }));
         }
         if dry_run {
-            return Ok(Commit::Done(self.dry_run_item(t, new)));
+            return Ok(Plan::Done(self.dry_run_item(t, new)));
         }
-        let key = t.key(name);
-        let write = if is_deleting(&new) && finalizers(&new).is_empty() {
+        if is_deleting(&new) && finalizers(&new).is_empty() {
             // The last finalizer is gone: the object goes away.
-            Write::Delete {
-                key,
-                expected: Some(current_rev),
-            }
-        } else {
-            Write::Update {
-                key,
-                expected: current_rev,
-                object: self.to_storage(t, &new),
-            }
-        };
-        match self.store.write(write).await {
-            Ok(w) => Ok(Commit::Done(self.item(t, &w.object, &w.json))),
-            Err(StorageError::Conflict { .. }) => Ok(Commit::Raced),
-            Err(e) => Err(self.write_error(t, name, e)),
+            return Ok(Plan::Delete);
         }
-    }
-
-    /// Storage outcomes of a write that are not a race to retry.
-    fn write_error(&self, t: &Target, name: &str, e: StorageError) -> ApiError {
-        match e {
-            StorageError::NotFound => ApiError::not_found(&t.rt.group, &t.rt.plural, name),
-            StorageError::Conflict { .. } => ApiError::modified(&t.rt.group, &t.rt.plural, name),
-            StorageError::TooLarge { size, limit } => too_large(t, name, size, limit),
-            other => storage_error(other),
-        }
-    }
-
-    pub async fn delete(
-        &self,
-        t: &Target,
-        name: &str,
-        opts: &DeleteOptions,
-    ) -> Result<DeleteOutcome, ApiError> {
-        for _ in 0..MAX_RETRIES {
-            let (current_rev, current) = self.read_current(t, name).await?;
-            let gk = format!("{}.{}", t.rt.kind, t.rt.group);
-            if let Some(uid) = &opts.precondition_uid {
-                let actual = meta_str(&current, "uid");
-                if uid != actual {
-                    return Err(precondition_failed(t, &gk, name, format!(
-                        "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"
-                    )));
-                }
-            }
-            if let Some(rv) = &opts.precondition_resource_version {
-                let actual = meta_str(&current, "resourceVersion");
-                if rv != actual {
-                    return Err(precondition_failed(t, &gk, name, format!(
-                        "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({actual}). The object might have been modified"
-                    )));
-                }
-            }
-            let mut fins = finalizers(&current);
-            match opts.propagation {
-                Some(Propagation::Orphan) => {
-                    fins.retain(|f| f != FINALIZER_FOREGROUND);
-                    if !fins.iter().any(|f| f == FINALIZER_ORPHAN) {
-                        fins.push(FINALIZER_ORPHAN.into());
-                    }
-                }
-                Some(Propagation::Foreground) => {
-                    fins.retain(|f| f != FINALIZER_ORPHAN);
-                    if !fins.iter().any(|f| f == FINALIZER_FOREGROUND) {
-                        fins.push(FINALIZER_FOREGROUND.into());
-                    }
-                }
-                Some(Propagation::Background) => {
-                    fins.retain(|f| f != FINALIZER_ORPHAN && f != FINALIZER_FOREGROUND);
-                }
-                None => {}
-            }
-            let key = t.key(name);
-            if fins.is_empty() {
-                if opts.dry_run {
-                    return Ok(DeleteOutcome::Deleted(self.dry_run_item(t, current)));
-                }
-                match self
-                    .store
-                    .write(Write::Delete {
-                        key,
-                        expected: Some(current_rev),
-                    })
-                    .await
-                {
-                    Ok(w) => return Ok(DeleteOutcome::Deleted(self.item(t, &w.object, &w.json))),
-                    Err(StorageError::Conflict { .. }) => continue,
-                    Err(e) => return Err(self.write_error(t, name, e)),
-                }
-            }
-            let mut new = current.clone();
-            set_finalizers(&mut new, &fins);
-            if !is_deleting(&current) {
-                let g = generation(&current);
-                if let Some(m) = meta_mut(&mut new) {
-                    m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
-                    m.insert("deletionGracePeriodSeconds".into(), json!(0));
-                    if g > 0 {
-                        m.insert("generation".into(), json!(g + 1));
-                    }
-                }
-            }
-            if new == current {
-                let json = Bytes::from(serde_json::to_vec(&current).map_err(ApiError::internal)?);
-                return Ok(DeleteOutcome::Pending(Item {
-                    json,
-                    value: Arc::new(current),
-                }));
-            }
-            if opts.dry_run {
-                return Ok(DeleteOutcome::Pending(self.dry_run_item(t, new)));
-            }
-            match self
-                .store
-                .write(Write::Update {
-                    key,
-                    expected: current_rev,
-                    object: self.to_storage(t, &new),
-                })
-                .await
-            {
-                Ok(w) => return Ok(DeleteOutcome::Pending(self.item(t, &w.object, &w.json))),
-                Err(StorageError::Conflict { .. }) => continue,
-                Err(e) => return Err(self.write_error(t, name, e)),
-            }
-        }
-        Err(ApiError::modified(&t.rt.group, &t.rt.plural, name))
-    }
-
-    /// Deletes every object of the collection that matches; returns them as they were.
-    pub async fn delete_collection(
-        &self,
-        t: &Target,
-        sel: &Selectors,
-        opts: &DeleteOptions,
-    ) -> Result<Vec<Item>, ApiError> {
-        let listed = self.list(t, sel, &super::ReadAt::Consistent, None).await?;
-        let mut out = Vec::with_capacity(listed.items.len());
-        for item in listed.items {
-            let name = meta_str(&item.value, "name").to_string();
-            let mut target = t.clone();
-            if t.rt.namespaced {
-                target.namespace = meta_str(&item.value, "namespace").to_string();
-            }
-            match self.delete(&target, &name, opts).await {
-                Ok(_) => out.push(self.item(t, &item.value, &item.json)),
-                // Already gone: someone else deleted it meanwhile.
-                Err(e) if e.code == 404 => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
+        Ok(Plan::Update(new))
     }
 
     /// Checks a URL name the way kube's key function does.
@@ -978,6 +662,23 @@ impl Registry {
             )))
         }
     }
+}
+
+/// 422 listing `errs`, if there are any.
+fn invalid_unless_empty(t: &Target, obj: &Value, errs: &[FieldError]) -> Result<(), ApiError> {
+    if errs.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &t.rt.group,
+        &t.rt.kind,
+        meta_str(obj, "name"),
+        errs,
+    ))
+}
+
+fn not_found(t: &Target, name: &str) -> ApiError {
+    ApiError::not_found(&t.rt.group, &t.rt.plural, name)
 }
 
 /// The value at a kube field path (`spec.items[2].name`, `spec.map[key]`).
@@ -1002,21 +703,6 @@ fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
         rest = rest.strip_prefix('.').unwrap_or(rest);
     }
     Some(cur)
-}
-
-/// An object too large to store: 422, as kube answers for oversized custom resources.
-fn too_large(t: &Target, name: &str, size: usize, limit: usize) -> ApiError {
-    ApiError::invalid(
-        &t.rt.group,
-        &t.rt.kind,
-        name,
-        &[FieldError::new(
-            crate::status::FieldErrorKind::TooLong,
-            "<root>",
-            Some(size.to_string()),
-            format!("may not be more than {limit} bytes"),
-        )],
-    )
 }
 
 /// Maps field-manager failures to kube's Status (conflicts carry one cause per field).
@@ -1044,15 +730,6 @@ fn apply_error(t: &Target, name: &str, e: ApplyError) -> ApiError {
             err
         }
     }
-}
-
-fn precondition_failed(t: &Target, gk: &str, name: &str, why: String) -> ApiError {
-    let mut e = ApiError::conflict("", gk, name, &why);
-    if let Some(d) = e.details.as_mut() {
-        d.group = t.rt.group.clone();
-        d.kind = t.rt.kind.clone();
-    }
-    e
 }
 
 #[cfg(test)]

@@ -59,12 +59,13 @@ pub struct Running {
     pub insecure_addr: Option<SocketAddr>,
     pub kubeconfig: PathBuf,
     pub registry: Arc<Registry>,
+    /// The store under the registry (tests compact its history).
+    pub store: Arc<Store>,
     pub apf: Arc<Apf>,
     pub readiness: Arc<crate::api::health::Readiness>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     connections: conn::Connections,
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
-    store: Arc<Store>,
     replica: Option<Arc<crate::replica::Replica>>,
     limits: Arc<conn::ConnectionLimits>,
 }
@@ -321,12 +322,12 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         insecure_addr,
         kubeconfig,
         registry,
+        store,
         apf,
         readiness,
         tasks,
         connections,
         shutting_down,
-        store,
         replica,
         limits,
     })

@@ -77,7 +77,7 @@ pub async fn install(
 /// A LIST that is expensive for the server and cheap for the client: an exact
 /// read of history through storage with a selector nothing matches.
 pub fn wide_list_base(s: &TestServer) -> String {
-    let rv = s.running.registry.store.revision();
+    let rv = s.running.registry.revision();
     format!(
         "{}?resourceVersion={rv}&resourceVersionMatch=Exact&labelSelector=app%3Dnobody",
         super::WIDGETS

@@ -1,3 +1,4 @@
+// Kept whole: one codec (encoder, decoder and their shared rules), and 400 of its lines are its tests.
 //! CBOR encoding (`application/cbor`, `application/cbor-seq`) with
 //! kube-apiserver's rules (k8s.io/apimachinery `pkg/runtime/serializer/cbor`).
 //!

@@ -71,7 +71,7 @@ fn estimate(registry: &Registry, info: &RequestInfo) -> EstimateInputs {
     let resource = format!("{}/{}", r.group, r.resource);
     match r.verb {
         Some(Verb::List) | Some(Verb::Watch) if r.name.is_none() => {
-            let (count, avg) = registry.cache.stats(&resource);
+            let (count, avg) = registry.list_cost(&resource);
             EstimateInputs::List {
                 object_count: count as u64,
                 avg_object_size: avg,
@@ -80,7 +80,7 @@ fn estimate(registry: &Registry, info: &RequestInfo) -> EstimateInputs {
         }
         Some(Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection) => {
             EstimateInputs::Mutating {
-                watchers: registry.cache.watcher_count(&resource) as u32,
+                watchers: registry.watchers_of(&resource) as u32,
             }
         }
         _ => EstimateInputs::Simple,

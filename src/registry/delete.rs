@@ -1,0 +1,171 @@
+//! delete and deletecollection: preconditions, propagation finalizers, and
+//! graceful deletion (marked with a deletionTimestamp while finalizers remain).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::guaranteed::Plan;
+use super::object::{finalizers, generation, is_deleting, meta_mut, meta_str, set_finalizers};
+use super::read::Item;
+use super::{now_rfc3339, ReadAt, Registry, Selectors, Target};
+use crate::status::ApiError;
+
+pub const FINALIZER_ORPHAN: &str = "orphan";
+pub const FINALIZER_FOREGROUND: &str = "foregroundDeletion";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Propagation {
+    Background,
+    Foreground,
+    Orphan,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<String>,
+    pub propagation: Option<Propagation>,
+    pub dry_run: bool,
+}
+
+pub enum DeleteOutcome {
+    /// Removed now; the last state (in the request's version).
+    Deleted(Item),
+    /// Marked for deletion; finalizers pending.
+    Pending(Item),
+}
+
+/// Which outcome a committed delete attempt answers with.
+type Answer = fn(Item) -> DeleteOutcome;
+
+impl Registry {
+    pub async fn delete(
+        &self,
+        t: &Target,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<DeleteOutcome, ApiError> {
+        let (item, answer) = self
+            .guaranteed_update(t, name, None, |current| {
+                let current =
+                    current.ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
+                self.plan_delete(t, name, &current.value, opts)
+            })
+            .await?;
+        Ok(answer(item))
+    }
+
+    /// Checks the preconditions, then either removes the object (no finalizers
+    /// left) or marks it deleted and sets the propagation finalizers.
+    fn plan_delete(
+        &self,
+        t: &Target,
+        name: &str,
+        current: &Value,
+        opts: &DeleteOptions,
+    ) -> Result<(Plan, Answer), ApiError> {
+        let gk = format!("{}.{}", t.rt.kind, t.rt.group);
+        if let Some(uid) = &opts.precondition_uid {
+            let actual = meta_str(current, "uid");
+            if uid != actual {
+                return Err(precondition_failed(t, &gk, name, format!(
+                    "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"
+                )));
+            }
+        }
+        if let Some(rv) = &opts.precondition_resource_version {
+            let actual = meta_str(current, "resourceVersion");
+            if rv != actual {
+                return Err(precondition_failed(t, &gk, name, format!(
+                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({actual}). The object might have been modified"
+                )));
+            }
+        }
+        let mut fins = finalizers(current);
+        match opts.propagation {
+            Some(Propagation::Orphan) => {
+                fins.retain(|f| f != FINALIZER_FOREGROUND);
+                if !fins.iter().any(|f| f == FINALIZER_ORPHAN) {
+                    fins.push(FINALIZER_ORPHAN.into());
+                }
+            }
+            Some(Propagation::Foreground) => {
+                fins.retain(|f| f != FINALIZER_ORPHAN);
+                if !fins.iter().any(|f| f == FINALIZER_FOREGROUND) {
+                    fins.push(FINALIZER_FOREGROUND.into());
+                }
+            }
+            Some(Propagation::Background) => {
+                fins.retain(|f| f != FINALIZER_ORPHAN && f != FINALIZER_FOREGROUND);
+            }
+            None => {}
+        }
+        if fins.is_empty() {
+            if opts.dry_run {
+                let item = self.dry_run_item(t, current.clone());
+                return Ok((Plan::Done(item), DeleteOutcome::Deleted));
+            }
+            return Ok((Plan::Delete, DeleteOutcome::Deleted));
+        }
+        let mut new = current.clone();
+        set_finalizers(&mut new, &fins);
+        if !is_deleting(current) {
+            let g = generation(current);
+            if let Some(m) = meta_mut(&mut new) {
+                m.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+                m.insert("deletionGracePeriodSeconds".into(), json!(0));
+                if g > 0 {
+                    m.insert("generation".into(), json!(g + 1));
+                }
+            }
+        }
+        let plan = if new == *current {
+            let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
+            Plan::Done(Item {
+                json,
+                value: Arc::new(current.clone()),
+            })
+        } else if opts.dry_run {
+            Plan::Done(self.dry_run_item(t, new))
+        } else {
+            Plan::Update(new)
+        };
+        Ok((plan, DeleteOutcome::Pending))
+    }
+
+    /// Deletes every object of the collection that matches; returns them as they were.
+    pub async fn delete_collection(
+        &self,
+        t: &Target,
+        sel: &Selectors,
+        opts: &DeleteOptions,
+    ) -> Result<Vec<Item>, ApiError> {
+        let listed = self.list(t, sel, &ReadAt::Consistent, None).await?;
+        let mut out = Vec::with_capacity(listed.items.len());
+        for item in listed.items {
+            let name = meta_str(&item.value, "name").to_string();
+            let mut target = t.clone();
+            if t.rt.namespaced {
+                target.namespace = meta_str(&item.value, "namespace").to_string();
+            }
+            match self.delete(&target, &name, opts).await {
+                Ok(_) => out.push(self.item(t, &item.value, &item.json)),
+                // Already gone: someone else deleted it meanwhile.
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn precondition_failed(t: &Target, gk: &str, name: &str, why: String) -> ApiError {
+    let mut e = ApiError::conflict("", gk, name, &why);
+    if let Some(d) = e.details.as_mut() {
+        d.group = t.rt.group.clone();
+        d.kind = t.rt.kind.clone();
+    }
+    e
+}

@@ -1,0 +1,228 @@
+//! The one read-modify-write loop (k8s.io/apiserver's `GuaranteedUpdate`):
+//! read the object, let the caller decide from it, write conditionally on the
+//! revision read, and on a storage conflict (another writer in between) read
+//! and decide again, a bounded number of times. A resourceVersion the client
+//! sent is a precondition: a mismatch is a 409, never retried.
+
+use serde_json::Value;
+
+use super::read::Item;
+use super::{convert_value, storage_error, Registry, Target};
+use crate::status::{ApiError, FieldError};
+use crate::storage::{Revision, StorageError, Write};
+
+/// Attempts before a write that keeps losing races gives up with 409.
+const MAX_RETRIES: usize = 16;
+
+/// The object as stored: its revision and value (in the request's version).
+pub(super) struct Current {
+    pub rev: Revision,
+    pub value: Value,
+}
+
+/// What one attempt decided, from the object as read.
+pub(super) enum Plan {
+    /// No write: the answer is this (nothing changed, or a dry run).
+    Done(Item),
+    /// Store this object, if still at the revision read.
+    Update(Value),
+    /// Remove the object, if still at the revision read.
+    Delete,
+    /// The object is absent: create this one (apply of a new object). Losing
+    /// that race to another create reads again.
+    Create { object: Value, dry_run: bool },
+}
+
+impl Registry {
+    /// Reads `name`, lets `decide` plan the write from it (`None`: absent), and
+    /// writes conditionally, retrying on a concurrent write. `decide` returns
+    /// a note kept with the item of the attempt that committed. With
+    /// `precondition` (a client's resourceVersion), the object must be at that
+    /// revision and a conflict is final.
+    pub(super) async fn guaranteed_update<T, F>(
+        &self,
+        t: &Target,
+        name: &str,
+        precondition: Option<Revision>,
+        mut decide: F,
+    ) -> Result<(Item, T), ApiError>
+    where
+        F: FnMut(Option<&Current>) -> Result<(Plan, T), ApiError>,
+    {
+        let modified = || ApiError::modified(&t.rt.group, &t.rt.plural, name);
+        for _ in 0..MAX_RETRIES {
+            let current = self.read_current(t, name).await?;
+            if let (Some(want), Some(cur)) = (precondition, &current) {
+                if want != cur.rev {
+                    return Err(modified());
+                }
+            }
+            let (plan, note) = decide(current.as_ref())?;
+            let key = t.key(name);
+            let expected = current.as_ref().map(|c| c.rev);
+            let write = match (plan, expected) {
+                (Plan::Done(item), _) => return Ok((item, note)),
+                (Plan::Create { object, dry_run }, _) => {
+                    match self.create_tracked(t, object, dry_run).await {
+                        Ok(item) => return Ok((item, note)),
+                        // Someone created it meanwhile: decide again from theirs.
+                        Err(e) if e.reason == "AlreadyExists" => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                (Plan::Update(obj), Some(expected)) => Write::Update {
+                    key,
+                    expected,
+                    object: self.to_storage(t, &obj),
+                },
+                (Plan::Delete, Some(expected)) => Write::Delete {
+                    key,
+                    expected: Some(expected),
+                },
+                (Plan::Update(_) | Plan::Delete, None) => {
+                    return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name))
+                }
+            };
+            match self.store.write(write).await {
+                Ok(w) => return Ok((self.item(t, &w.object, &w.json), note)),
+                Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
+                Err(e) => return Err(self.write_error(t, name, e)),
+            }
+        }
+        Err(modified())
+    }
+
+    /// The stored object in the target's version, or `None` when absent.
+    async fn read_current(&self, t: &Target, name: &str) -> Result<Option<Current>, ApiError> {
+        let Some((rev, json)) = self.store.get(&t.key(name)).await.map_err(storage_error)? else {
+            return Ok(None);
+        };
+        let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+        Ok(Some(Current {
+            rev,
+            value: convert_value(&value, &t.api_version()),
+        }))
+    }
+
+    /// Storage outcomes of a write that are not a race to retry.
+    pub(super) fn write_error(&self, t: &Target, name: &str, e: StorageError) -> ApiError {
+        match e {
+            StorageError::NotFound => ApiError::not_found(&t.rt.group, &t.rt.plural, name),
+            StorageError::Conflict { .. } => ApiError::modified(&t.rt.group, &t.rt.plural, name),
+            StorageError::TooLarge { size, limit } => too_large(t, name, size, limit),
+            other => storage_error(other),
+        }
+    }
+}
+
+/// An object too large to store: 422, as kube answers for oversized custom resources.
+pub(super) fn too_large(t: &Target, name: &str, size: usize, limit: usize) -> ApiError {
+    ApiError::invalid(
+        &t.rt.group,
+        &t.rt.kind,
+        name,
+        &[FieldError::new(
+            crate::status::FieldErrorKind::TooLong,
+            "<root>",
+            Some(size.to_string()),
+            format!("may not be more than {limit} bytes"),
+        )],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::super::catalog::tests::WIDGET;
+    use super::super::{Catalog, Subresource, Target, WriteOptions};
+    use super::*;
+    use crate::storage::{embedded::Embedded, Store};
+    use crate::watch::Cache;
+
+    async fn registry(dir: &Path) -> (Arc<Registry>, Target) {
+        let mut catalog = Catalog::default();
+        catalog
+            .add_manifests(Path::new("w.yaml"), WIDGET)
+            .expect("crd");
+        let rt = catalog
+            .find("demo.kshard.dev", "v1", "widgets")
+            .cloned()
+            .expect("widgets");
+        let engine = Arc::new(Embedded::open(&dir.join("db")).expect("open"));
+        let store = Store::open(engine).expect("store");
+        let cache = Cache::start(store.clone(), 1000).await.expect("cache");
+        let t = Target {
+            rt,
+            version: "v1".into(),
+            namespace: "default".into(),
+        };
+        (Registry::new(Arc::new(catalog), store, cache), t)
+    }
+
+    fn widget() -> serde_json::Value {
+        json!({"apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+            "metadata": {"name": "g"}, "spec": {"n": 0}})
+    }
+
+    fn opts() -> WriteOptions {
+        WriteOptions {
+            manager: "test".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Concurrent read-modify-writes all land: each lost race reads again.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn conflicts_are_retried_until_every_change_lands() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (reg, t) = registry(dir.path()).await;
+        reg.create(&t, widget(), &opts()).await.expect("create");
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (reg, t) = (reg.clone(), t.clone());
+                tokio::spawn(async move {
+                    reg.update_with(&t, "g", Subresource::Main, &opts(), |cur| {
+                        let mut v = cur.clone();
+                        let n = v["spec"]["n"].as_i64().unwrap_or(0);
+                        v["spec"]["n"] = json!(n + 1);
+                        Ok(v)
+                    })
+                    .await
+                    .map(|_| ())
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("join").expect("update");
+        }
+        let got = reg
+            .get(&t, "g", &super::super::ReadAt::Consistent)
+            .await
+            .expect("get");
+        assert_eq!(got.value["spec"]["n"], 8);
+    }
+
+    /// A client's resourceVersion is a precondition: a stale one is a 409 at once.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_stale_client_resource_version_is_a_conflict() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (reg, t) = registry(dir.path()).await;
+        let created = reg.create(&t, widget(), &opts()).await.expect("create");
+        let mut stale = (*created.item.value).clone();
+        stale["spec"]["n"] = json!(1);
+        reg.update(&t, "g", stale.clone(), Subresource::Main, &opts())
+            .await
+            .expect("first update");
+        stale["spec"]["n"] = json!(2);
+        let e = reg
+            .update(&t, "g", stale, Subresource::Main, &opts())
+            .await
+            .err()
+            .map(|e| e.code);
+        assert_eq!(e, Some(409));
+    }
+}
