@@ -830,6 +830,49 @@ async fn encoded_slash_cannot_bypass_subresource_authorization() {
             .is_none_or(|st| st.get("replicas").is_none()),
         "{after}"
     );
+    // Dot segments and extra segments are ordinary segments, as in kube:
+    // still the status subresource, still refused.
+    for path in [
+        "w1/status/..",
+        "w1/status/extra",
+        "w1/status/",
+        "w1%2Fstatus%2F..",
+    ] {
+        let uri = format!("{}/{path}", common::WIDGETS);
+        let (code, _, body) = send(&s.aggregator, "PUT", &uri, &alice, Some(&obj)).await;
+        assert_eq!(code, 403, "{path}: {body}");
+        assert!(body.contains("widgets/status"), "{path}: {body}");
+    }
+    // Decoded once only: a double-encoded slash is part of a name, which is
+    // authorized as the main resource and then refused as an invalid name.
+    let uri = format!("{}/w1%252Fstatus", common::WIDGETS);
+    let (code, _, body) = send(&s.aggregator, "PUT", &uri, &alice, Some(&obj)).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains(r#"Name parameter invalid: \"w1%2Fstatus\": may not contain '%'"#),
+        "{body}"
+    );
+    let (code, _, body) = send(
+        &s.aggregator,
+        "GET",
+        &format!("{}/%2e%2e", common::WIDGETS),
+        &alice,
+        None,
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("may not be '..'"), "{body}");
+    // `..` followed by a segment is a name and an unknown subresource: not
+    // authorized for alice, who has only the main resource.
+    let (code, _, body) = send(
+        &s.aggregator,
+        "GET",
+        &format!("{}/%2e%2e/x", common::WIDGETS),
+        &alice,
+        None,
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
     // The same request by name-only path is the main resource: allowed.
     let (code, _, body) = send(
         &s.aggregator,

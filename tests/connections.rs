@@ -3,35 +3,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// A TLS client that trusts the server's generated CA (no client certificate).
-fn tls_connector(s: &common::TestServer) -> tokio_rustls::TlsConnector {
-    let ca = std::fs::read(s.running.kubeconfig.with_file_name("pki").join("ca.crt")).expect("ca");
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile_certs(&ca) {
-        roots.add(cert).expect("ca cert");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-}
-
-fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static>> {
-    use rustls::pki_types::pem::PemObject;
-    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
-        .map(|c| c.expect("pem"))
-        .collect()
-}
 
 /// Waits until the peer closes `stream` (read returns 0 or an error).
 async fn closed_by_server(stream: &mut (impl AsyncReadExt + Unpin), within: Duration) -> bool {
@@ -88,7 +63,7 @@ async fn idle_and_stuck_handshakes_are_cut_off_while_others_are_served() {
 async fn headers_trickled_one_byte_at_a_time_are_cut_off() {
     let s =
         common::start_with(|c| c.connections.request_header_timeout = Duration::from_secs(1)).await;
-    let connector = tls_connector(&s);
+    let connector = common::tls_connector(&s, &[]);
     let tcp = TcpStream::connect(s.running.addr).await.expect("connect");
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
     let mut tls = connector.connect(name, tcp).await.expect("handshake");

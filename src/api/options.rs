@@ -13,9 +13,11 @@ pub struct Query(HashMap<String, String>);
 impl Query {
     pub fn parse(q: &str) -> Self {
         Self(
-            form_urlencoded::parse(q.as_bytes())
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect(),
+            // kube reads a repeated parameter's first value.
+            form_urlencoded::parse(q.as_bytes()).fold(HashMap::new(), |mut m, (k, v)| {
+                m.entry(k.into_owned()).or_insert_with(|| v.into_owned());
+                m
+            }),
         )
     }
     pub fn get(&self, k: &str) -> Option<&str> {
@@ -24,16 +26,10 @@ impl Query {
     fn str(&self, k: &str) -> String {
         self.get(k).unwrap_or("").to_string()
     }
-    pub fn bool(&self, k: &str) -> Result<Option<bool>, ApiError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(Some(true)),
-            Some("" | "0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(Some(false)),
-            Some(v) => Err(ApiError::bad_request(format!(
-                "strconv.ParseBool: parsing {}: invalid syntax",
-                quote(v)
-            ))),
-        }
+    /// kube's query bool: absent is `None`; `0` and `false` (any case) are
+    /// false; anything else, even an empty value, is true. Never an error.
+    pub fn bool(&self, k: &str) -> Option<bool> {
+        self.get(k).map(super::request::query_bool)
     }
     fn int(&self, k: &str) -> Result<Option<i64>, ApiError> {
         match self.get(k) {
@@ -72,13 +68,13 @@ impl ListOptions {
         Ok(Self {
             label_selector: q.str("labelSelector"),
             field_selector: q.str("fieldSelector"),
-            watch: watch_by_path || q.bool("watch")?.unwrap_or(false),
-            allow_watch_bookmarks: q.bool("allowWatchBookmarks")?.unwrap_or(false),
+            watch: watch_by_path || q.bool("watch").unwrap_or(false),
+            allow_watch_bookmarks: q.bool("allowWatchBookmarks").unwrap_or(false),
             resource_version: q.str("resourceVersion"),
             resource_version_match: q.str("resourceVersionMatch"),
             limit,
             continue_: q.str("continue"),
-            send_initial_events: q.bool("sendInitialEvents")?,
+            send_initial_events: q.bool("sendInitialEvents"),
             timeout_seconds,
         })
     }
@@ -202,7 +198,7 @@ pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteO
         ..Default::default()
     };
     let mut propagation = q.get("propagationPolicy").map(str::to_string);
-    let mut orphan = q.bool("orphanDependents")?;
+    let mut orphan = q.bool("orphanDependents");
     if !body.iter().all(u8::is_ascii_whitespace) {
         let v: serde_json::Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;

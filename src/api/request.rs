@@ -3,6 +3,9 @@
 
 use http::Method;
 
+use crate::registry::meta::path_segment_errors;
+use crate::registry::selector::FieldSelector;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     /// `/api`
@@ -77,6 +80,9 @@ pub struct ResourceRequest {
     /// Reached through the legacy `/watch/` prefix.
     pub legacy_watch: bool,
     pub verb: Option<Verb>,
+    /// The name a list or watch selects with `fieldSelector=metadata.name=`,
+    /// for authorization only.
+    pub selected_name: Option<String>,
 }
 
 /// A request's path, percent-decoded once, and what it addresses. The filters
@@ -110,17 +116,30 @@ impl RequestInfo {
     }
 }
 
-fn is_truthy(v: &str) -> bool {
-    matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
+/// kube's conversion of a query parameter to a bool: only `0` and `false`
+/// (any case) are false; any other value, even an empty one, is true.
+pub fn query_bool(v: &str) -> bool {
+    !(v == "0" || v.eq_ignore_ascii_case("false"))
 }
 
-/// Parses a request path (already percent-decoded segments) into a route.
+/// The first value of query parameter `key` (kube reads the first).
+fn first_query_value(query: &str, key: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// Parses a decoded request path into a route, segment for segment as kube's
+/// RequestInfoFactory does: only leading and trailing `/` are trimmed, an
+/// empty inner segment stays an (empty) segment, `.` and `..` are ordinary
+/// segments, and segments after the subresource are ignored.
 pub fn route(method: &Method, path: &str, query: &str) -> Route {
-    let segs: Vec<&str> = path
-        .trim_matches('/')
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect();
+    let trimmed = path.trim_matches('/');
+    let segs: Vec<&str> = if trimmed.is_empty() {
+        Vec::new()
+    } else {
+        trimmed.split('/').collect()
+    };
     match segs.as_slice() {
         ["api"] => Route::LegacyRoot,
         ["api", "v1", ..] => Route::LegacyV1,
@@ -141,24 +160,35 @@ pub fn route(method: &Method, path: &str, query: &str) -> Route {
     }
 }
 
+/// Subresources of a namespace itself (`namespaces/{ns}/status`), which kube
+/// does not read as a resource inside the namespace.
+const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
+
 fn resource_route(method: &Method, g: &str, v: &str, rest: &[&str], query: &str) -> Route {
     let (legacy_watch, rest) = match rest {
         ["watch", rest @ ..] => (true, rest),
         _ => (false, rest),
     };
-    let (namespace, rest) = match rest {
-        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_string()), rest),
+    let (namespace, parts) = match rest {
+        ["namespaces", ns, inner @ ..] => {
+            let inside = !inner.is_empty() && !NAMESPACE_SUBRESOURCES.contains(&inner[0]);
+            // `namespaces//widgets`: an empty namespace is no namespace.
+            let ns = (!ns.is_empty()).then(|| (*ns).to_string());
+            (ns, if inside { inner } else { rest })
+        }
         _ => (None, rest),
     };
-    let (resource, name, subresource) = match rest {
-        [r] => (*r, None, None),
-        [r, n] => (*r, Some((*n).to_string()), None),
-        [r, n, s] => (*r, Some((*n).to_string()), Some((*s).to_string())),
-        _ => return Route::NotFound,
+    let Some(resource) = parts.first() else {
+        return Route::NotFound;
     };
-    let watch_param =
-        form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "watch" && is_truthy(&v));
-    let watch = legacy_watch || watch_param;
+    let part = |i: usize| {
+        parts
+            .get(i)
+            .filter(|s| !s.is_empty())
+            .map(|s| (*s).to_string())
+    };
+    let (name, subresource) = (part(1), part(2));
+    let watch = legacy_watch || first_query_value(query, "watch").is_some_and(|v| query_bool(&v));
     let verb = match *method {
         Method::GET | Method::HEAD => Some(match (&name, watch) {
             (_, true) => Verb::Watch,
@@ -175,6 +205,15 @@ fn resource_route(method: &Method, g: &str, v: &str, rest: &[&str], query: &str)
         }),
         _ => None,
     };
+    // A list or watch of one name by field selector is authorized as that
+    // name (kube's RequestInfo does the same), so per-object grants work.
+    let selected_name = match (&name, verb) {
+        (None, Some(Verb::List | Verb::Watch)) => first_query_value(query, "fieldSelector")
+            .and_then(|s| FieldSelector::parse(&s).ok())
+            .and_then(|f| f.required_value("metadata.name").map(str::to_string))
+            .filter(|n| path_segment_errors(n).is_empty()),
+        _ => None,
+    };
     Route::Resource(ResourceRequest {
         group: g.to_string(),
         version: v.to_string(),
@@ -184,6 +223,7 @@ fn resource_route(method: &Method, g: &str, v: &str, rest: &[&str], query: &str)
         subresource,
         legacy_watch,
         verb,
+        selected_name,
     })
 }
 
@@ -315,5 +355,79 @@ mod tests {
             Route::OpenApiV3GroupVersion("g".into(), "v1".into())
         );
         assert_eq!(route(&Method::GET, "/nope", ""), Route::NotFound);
+    }
+
+    /// kube's RequestInfo for odd paths (decoded, as the server sees them).
+    #[test]
+    fn odd_paths_parse_as_kube_parses_them() {
+        let p = "/apis/g/v1/namespaces/ns1/widgets";
+        // `w1%2Fstatus` decodes to `w1/status`: the status subresource.
+        let r = res(Method::PUT, &format!("{p}/w1/status"), "");
+        assert_eq!(
+            (r.name.as_deref(), r.subresource.as_deref()),
+            (Some("w1"), Some("status"))
+        );
+        // Segments after the subresource are ignored.
+        for extra in ["/w1/status/..", "/w1/status/extra", "/w1/status/"] {
+            let r = res(Method::PUT, &format!("{p}{extra}"), "");
+            assert_eq!(r.subresource.as_deref(), Some("status"), "{extra}");
+            assert_eq!(r.verb, Some(Verb::Update), "{extra}");
+        }
+        // `..` is an ordinary name segment.
+        let r = res(Method::GET, &format!("{p}/../x"), "");
+        assert_eq!(
+            (r.name.as_deref(), r.subresource.as_deref()),
+            (Some(".."), Some("x"))
+        );
+        // Trailing slash: the same list.
+        let r = res(Method::GET, &format!("{p}/"), "");
+        assert_eq!(
+            (r.verb, r.namespace.as_deref()),
+            (Some(Verb::List), Some("ns1"))
+        );
+        // An empty namespace is no namespace: a list across all of them.
+        let r = res(Method::GET, "/apis/g/v1/namespaces//widgets", "");
+        assert_eq!(
+            (r.verb, r.namespace, r.resource.as_str()),
+            (Some(Verb::List), None, "widgets")
+        );
+        // An empty segment after the version is an empty resource.
+        let r = res(Method::GET, "/apis/g/v1//namespaces/ns1/widgets", "");
+        assert_eq!(r.resource, "");
+        assert_eq!(
+            (r.name.as_deref(), r.subresource.as_deref()),
+            (Some("namespaces"), Some("ns1"))
+        );
+        // An empty name segment is no name.
+        let r = res(Method::GET, &format!("{p}//status"), "");
+        assert_eq!((r.verb, r.name), (Some(Verb::List), None));
+        // A namespace's own status is not a resource inside it.
+        let r = res(Method::GET, "/apis/g/v1/namespaces/ns1/status", "");
+        assert_eq!(
+            (r.resource.as_str(), r.name.as_deref()),
+            ("namespaces", Some("ns1"))
+        );
+        assert_eq!(r.subresource.as_deref(), Some("status"));
+    }
+
+    #[test]
+    fn watch_parameter_and_selected_name_follow_kube() {
+        let p = "/apis/g/v1/namespaces/ns1/widgets";
+        for (q, verb) in [
+            ("watch=true", Verb::Watch),
+            ("watch=", Verb::Watch),
+            ("watch=yes", Verb::Watch),
+            ("watch=0", Verb::List),
+            ("watch=FaLsE", Verb::List),
+            ("watch=false&watch=true", Verb::List),
+        ] {
+            assert_eq!(res(Method::GET, p, q).verb, Some(verb), "{q}");
+        }
+        let one = res(Method::GET, p, "watch=1&fieldSelector=metadata.name%3Dw1");
+        assert_eq!((one.name, one.selected_name.as_deref()), (None, Some("w1")));
+        let bad = res(Method::GET, p, "fieldSelector=metadata.name%3D..");
+        assert_eq!(bad.selected_name, None, "an invalid name selects nothing");
+        let not_eq = res(Method::GET, p, "fieldSelector=metadata.name!%3Dw1");
+        assert_eq!(not_eq.selected_name, None);
     }
 }

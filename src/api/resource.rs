@@ -222,7 +222,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 Subresource::Main
             };
             if is_apply {
-                let force = q.bool("force")?.unwrap_or(false);
+                let force = q.bool("force").unwrap_or(false);
                 let config: Value = if media == "application/apply-patch+cbor" {
                     super::encoding::cbor::from_cbor(&call.body)
                         .map_err(|e| ApiError::bad_request(format!("error decoding CBOR: {e}")))?

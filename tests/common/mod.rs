@@ -378,3 +378,29 @@ pub fn limit_memory(pid: u32, headroom: u64) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A TLS client that trusts the server's generated CA (no client
+/// certificate), offering `alpn` (e.g. `h2`).
+pub fn tls_connector(s: &TestServer, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
+    let ca = std::fs::read(s.running.kubeconfig.with_file_name("pki").join("ca.crt")).expect("ca");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile_certs(&ca) {
+        roots.add(cert).expect("ca cert");
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .map(|c| c.expect("pem"))
+        .collect()
+}

@@ -58,7 +58,11 @@ pub fn digest(info: &RequestInfo, method: &http::Method, user: &Identity) -> Req
         d.resource = r.resource.clone();
         d.subresource = r.subresource.clone().unwrap_or_default();
         d.namespace = r.namespace.clone().unwrap_or_default();
-        d.name = r.name.clone().unwrap_or_default();
+        d.name = r
+            .name
+            .clone()
+            .or_else(|| r.selected_name.clone())
+            .unwrap_or_default();
     }
     d
 }
