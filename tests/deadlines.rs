@@ -256,3 +256,65 @@ async fn http2_lists_with_a_zero_window_lose_their_seats_and_connections_at_the_
     }
     drop(responses);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_uploads_share_one_memory_budget_and_others_are_served() {
+    use tokio::io::AsyncWriteExt;
+    let s = common::start_with(|c| {
+        c.connections.request_timeout = Duration::from_secs(2);
+        c.connections.max_buffered_request_body_bytes = 1024 * 1024;
+    })
+    .await;
+    // Three uploads announce 2 MiB, send 300 KiB each (900 KiB of the 1 MiB
+    // budget) and stall.
+    let mut stalled = Vec::new();
+    for _ in 0..3 {
+        let mut c = tls(&s, &[b"http/1.1"]).await;
+        let head = format!(
+            "POST {} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            common::WIDGETS,
+            2 * 1024 * 1024
+        );
+        c.write_all(head.as_bytes()).await.expect("write");
+        c.write_all(&vec![b' '; 300 * 1024]).await.expect("write");
+        c.flush().await.expect("flush");
+        stalled.push(c);
+    }
+    // A body that does not fit in what is left is refused at once with 429,
+    // rather than waiting or growing memory.
+    let mut big = common::widget("big", 1);
+    big["spec"]["color"] = json!("x".repeat(200 * 1024));
+    let mut refused = None;
+    for _ in 0..50 {
+        let r = s.post_json(common::WIDGETS, &big).await;
+        if r.status == 429 {
+            refused = Some(r);
+            break;
+        }
+        // The stalled uploads may not all have arrived yet.
+        assert_eq!(r.status, 201, "{}", r.text());
+        let gone = s
+            .raw("DELETE", &format!("{}/big", common::WIDGETS), &[], vec![])
+            .await;
+        assert_eq!(gone.status, 200, "{}", gone.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = refused.expect("a body over the budget is refused");
+    assert_eq!(
+        refused.json()["reason"],
+        "TooManyRequests",
+        "{}",
+        refused.text()
+    );
+    // Reads go on meanwhile.
+    assert_eq!(s.get(common::WIDGETS).await.status, 200);
+    // At the deadline the stalled uploads end and give their budget back.
+    for mut c in stalled {
+        let got = read_until_closed(&mut c, Duration::from_secs(20))
+            .await
+            .expect("the server ends a stalled upload");
+        assert!(got.starts_with("HTTP/1.1 504"), "{got}");
+    }
+    assert_eq!(s.post_json(common::WIDGETS, &big).await.status, 201);
+}

@@ -317,3 +317,24 @@ impl Stream {
         frame("BOOKMARK", &serde_json::to_vec(&obj).unwrap_or_default())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_timeout_is_the_clients_or_spread_over_min_to_twice_min() {
+        let min = Duration::from_secs(1800);
+        assert_eq!(watch_timeout(Some(5), min), Duration::from_secs(5));
+        assert_eq!(
+            watch_timeout(Some(u64::MAX), min),
+            Duration::from_secs(MAX_WATCH_TIMEOUT_SECS),
+            "huge values are capped, not overflowed"
+        );
+        let spread: std::collections::BTreeSet<Duration> = (0..200)
+            .flat_map(|_| [watch_timeout(None, min), watch_timeout(Some(0), min)])
+            .collect();
+        assert!(spread.iter().all(|d| *d >= min && *d < min * 2), "{spread:?}");
+        assert!(spread.len() > 20, "reconnects are spread: {spread:?}");
+    }
+}
