@@ -37,3 +37,30 @@ fn respond(panic: Box<dyn Any + Send + 'static>) -> Response<Body> {
     );
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::{Layer, ServiceExt};
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_kubes_500() {
+        let handler = tower::service_fn(|_req: http::Request<Body>| async move {
+            if true {
+                panic!("handler bug");
+            }
+            Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
+        });
+        let resp = layer()
+            .layer(handler)
+            .oneshot(http::Request::new(Body::empty()))
+            .await
+            .unwrap_or_else(|e| match e {});
+        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        assert_eq!(body, format!("{PANIC_BODY}\n").as_bytes());
+    }
+}
