@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::replicas::{shared_store, spawn_replica, wait_ready};
+use common::replicas::{shared_store, spawn_replica, spawn_replica_with_lease, wait_ready};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams, WatchEvent,
@@ -445,4 +445,52 @@ async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
         acked.len(),
         sequences[1].len()
     );
+}
+
+/// A leader stopped with SIGTERM gives its lease up on the way out, and a
+/// follower whose stream from it ended runs an election round at once: it
+/// takes over long before the lease (60 s here, renewed every 12 s) would
+/// have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_stopped_with_sigterm_hands_over_without_waiting_for_its_lease() {
+    let (_double, pd, shard) = shared_store();
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut leader = spawn_replica_with_lease(dir.path(), "r0", &pd, &shard, "60s");
+    let follower = spawn_replica_with_lease(dir.path(), "r1", &pd, &shard, "60s");
+    let client = follower.client().await;
+    wait_ready(&client, Duration::from_secs(30)).await;
+    let api = widgets(client);
+    let obj: DynamicObject = serde_json::from_value(common::widget("before", 1)).expect("obj");
+    api.create(&PostParams::default(), &obj)
+        .await
+        .expect("a write through the follower reaches the leader");
+
+    let stopped = Instant::now();
+    signal(&leader.child, "-TERM");
+    let status = leader.child.wait().expect("wait");
+    assert!(status.success(), "the leader exits cleanly: {status}");
+    // Writes through the survivor succeed again once it leads.
+    let mut n = 0;
+    let took_over = loop {
+        n += 1;
+        let obj: DynamicObject =
+            serde_json::from_value(common::widget(&format!("after{n}"), 1)).expect("obj");
+        if api.create(&PostParams::default(), &obj).await.is_ok() {
+            break stopped.elapsed();
+        }
+        if stopped.elapsed() > Duration::from_secs(30) {
+            let log = |id: &str| {
+                std::fs::read_to_string(dir.path().join(format!("{id}.log"))).unwrap_or_default()
+            };
+            panic!(
+                "no leader 30 s after SIGTERM\n--- r0\n{}\n--- r1\n{}",
+                log("r0"),
+                log("r1")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let log = std::fs::read_to_string(dir.path().join("r1.log")).unwrap_or_default();
+    assert!(log.contains("took over the leader lease"), "{log}");
+    eprintln!("SIGTERM of the leader: the follower took writes again after {took_over:?}");
 }

@@ -334,7 +334,10 @@ mod tests {
         let spread: std::collections::BTreeSet<Duration> = (0..200)
             .flat_map(|_| [watch_timeout(None, min), watch_timeout(Some(0), min)])
             .collect();
-        assert!(spread.iter().all(|d| *d >= min && *d < min * 2), "{spread:?}");
+        assert!(
+            spread.iter().all(|d| *d >= min && *d < min * 2),
+            "{spread:?}"
+        );
         assert!(spread.len() > 20, "reconnects are spread: {spread:?}");
     }
 }

@@ -13,6 +13,7 @@ use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
+use tokio_util::sync::CancellationToken;
 
 use super::forward::{self, ForwardedIdentity};
 use super::Replica;
@@ -20,11 +21,13 @@ use super::Replica;
 pub const EVENTS_PATH: &str = "/internal/kshard/v1/events";
 
 /// The internal endpoint: the event stream plus `api` (the public app, whose
-/// filters honour a [`ForwardedIdentity`]), behind the secret check.
-pub fn router(replica: Arc<Replica>, api: Router) -> Router {
+/// filters honour a [`ForwardedIdentity`]), behind the secret check. Event
+/// streams end when `stop` is cancelled (shutdown), so they do not hold the
+/// drain open.
+pub fn router(replica: Arc<Replica>, api: Router, stop: CancellationToken) -> Router {
     Router::new()
         .route(EVENTS_PATH, get(events))
-        .with_state(replica.clone())
+        .with_state((replica.clone(), stop))
         .merge(api)
         .layer(axum::middleware::from_fn_with_state(replica, authenticate))
 }
@@ -77,15 +80,18 @@ pub fn not_leader() -> Response {
     r
 }
 
-async fn events(State(replica): State<Arc<Replica>>) -> Response {
+async fn events(State((replica, stop)): State<(Arc<Replica>, CancellationToken)>) -> Response {
     let store = replica.store().clone();
     if !replica.is_leader() {
         return not_leader();
     }
     let epoch = replica.fence.epoch();
     let me = replica.clone();
-    let body =
-        super::stream::leader_stream(store, move || me.is_leader() && me.fence.epoch() == epoch);
+    let body = super::stream::leader_stream(
+        store,
+        move || me.is_leader() && me.fence.epoch() == epoch,
+        stop,
+    );
     let mut r = Response::new(Body::from_stream(body));
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,

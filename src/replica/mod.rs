@@ -77,6 +77,9 @@ pub struct Replica {
     /// Follower: connected to the leader's stream, and its last watermark.
     streaming: AtomicBool,
     leader_watermark: AtomicU64,
+    /// Asks for an election round now: the leader's stream ended, and a
+    /// leader that shut down has given its lease up.
+    elect_now: tokio::sync::Notify,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +134,7 @@ impl Replica {
             client: forward::client(),
             streaming: AtomicBool::new(false),
             leader_watermark: AtomicU64::new(0),
+            elect_now: tokio::sync::Notify::new(),
         }))
     }
 
@@ -195,7 +199,10 @@ impl Replica {
                 } else {
                     me.cfg.lease_duration / 10
                 };
-                tokio::time::sleep(pause).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = me.elect_now.notified() => {}
+                }
                 me.election_round(&mut renewed).await;
             }
         });
@@ -304,13 +311,19 @@ impl Replica {
                 let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
                 continue;
             };
-            let ended = tokio::select! {
-                r = self.stream_from(&leader.address) => r,
-                _ = changes.changed() => Ok(()),
+            let (ended, view_changed) = tokio::select! {
+                r = self.stream_from(&leader.address) => (r, false),
+                _ = changes.changed() => (Ok(()), true),
             };
             self.streaming.store(false, Ordering::Release);
             if let Err(e) = ended {
                 tracing::debug!(leader = %leader.address, error = %e, "leader stream ended");
+            }
+            if !view_changed {
+                // The leader may be gone; one that shut down gave its lease
+                // up, so a round now takes over without waiting for expiry.
+                // (At most one round per reconnect attempt, 100 ms apart.)
+                self.elect_now.notify_one();
             }
             self.backfill().await;
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -133,6 +133,7 @@ const SLOW_FOLLOWER: std::time::Duration = std::time::Duration::from_secs(5);
 pub fn leader_stream(
     store: Arc<Store>,
     still_leader: impl Fn() -> bool + Send + 'static,
+    stop: tokio_util::sync::CancellationToken,
 ) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(64);
     tokio::spawn(async move {
@@ -154,6 +155,9 @@ pub fn leader_stream(
                     }
                     sent = batch.revision;
                 }
+                // Shutting down: the stream ends cleanly; followers reconnect
+                // to whoever leads next.
+                _ = stop.cancelled() => return,
                 _ = tick.tick() => {
                     if !still_leader() {
                         // A deposed leader's stream ends; followers find the new one.

@@ -259,7 +259,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         },
     );
     if let (Some(r), Some(l)) = (&replica, internal_listener) {
-        let internal = crate::replica::internal::router(r.clone(), app.clone());
+        let internal =
+            crate::replica::internal::router(r.clone(), app.clone(), connections.stop.clone());
         tasks.push(tokio::spawn(serve_plain(
             l,
             internal,

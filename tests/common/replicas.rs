@@ -17,6 +17,17 @@ pub struct ReplicaProcess {
 /// Starts `kshard serve` as replica `id` of shard `prefix` on the double at
 /// `pd`; returns once it serves. Its log goes to `<dir>/<id>.log`.
 pub fn spawn_replica(dir: &Path, id: &str, pd: &str, prefix: &str) -> ReplicaProcess {
+    spawn_replica_with_lease(dir, id, pd, prefix, "2s")
+}
+
+/// [`spawn_replica`] with a lease of `lease` (a duration such as `20s`).
+pub fn spawn_replica_with_lease(
+    dir: &Path,
+    id: &str,
+    pd: &str,
+    prefix: &str,
+    lease: &str,
+) -> ReplicaProcess {
     let data = dir.join(id);
     std::fs::create_dir_all(&data).expect("data dir");
     let log = std::fs::File::create(dir.join(format!("{id}.log"))).expect("log file");
@@ -31,7 +42,7 @@ pub fn spawn_replica(dir: &Path, id: &str, pd: &str, prefix: &str) -> ReplicaPro
         // Port 0: the replica binds a free port itself and advertises the bound
         // address (no race with other tests for a port picked in advance).
         .args(["--internal-listen", "127.0.0.1:0"])
-        .args(["--lease-duration", "2s", "--compaction-interval", "1h"])
+        .args(["--lease-duration", lease, "--compaction-interval", "1h"])
         .env("RUST_LOG", "info,kshard::replica=debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))
