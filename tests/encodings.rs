@@ -183,10 +183,8 @@ async fn protobuf_metadata_watch_stream() {
                 }
             }
         },
-        async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            s2.post_json(WIDGETS, &common::widget("b", 2)).await
-        }
+        // The watch is subscribed before its response headers are sent.
+        async { s2.post_json(WIDGETS, &common::widget("b", 2)).await }
     );
     // Length-prefixed WatchEvents, each object a PartialObjectMetadata envelope.
     let mut events = Vec::new();

@@ -287,13 +287,20 @@ async fn replicas_share_one_configuration_without_fighting_over_status() {
     .await;
     // Both controllers write the same status under one field manager: it settles.
     let schemas: Api<FlowSchemaResource> = Api::all(a.client.clone());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::eventually("the controllers wrote the schema's status", || async {
+        schemas
+            .get("tenant-a-controller")
+            .await
+            .is_ok_and(|fs| fs.status.is_some())
+    })
+    .await;
     let rv1 = schemas
         .get("tenant-a-controller")
         .await
         .expect("fs")
         .metadata
         .resource_version;
+    // An observation window, not a wait: nothing may rewrite the status in it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let fs = schemas.get("tenant-a-controller").await.expect("fs");
     assert_eq!(

@@ -207,7 +207,10 @@ async fn delete_with_finalizer_then_wait_for_delete() {
             None,
         )
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    common::eventually("kubectl wait is watching", || async {
+        s.running.registry.watchers_of("demo.kshard.dev/widgets") > 0
+    })
+    .await;
     s.kubectl_ok(&[
         "patch",
         "wd",

@@ -399,7 +399,16 @@ async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
     // Freeze the leader mid-load for twice its lease; the follower takes over.
     signal(&replicas[0].child, "-STOP");
     let paused = acked.lock().expect("lock").len();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Paused until another replica has taken the lease over.
+    let took_over = |id: &str| {
+        std::fs::read_to_string(dir.path().join(format!("{id}.log")))
+            .unwrap_or_default()
+            .contains("took over the leader lease")
+    };
+    common::eventually("a follower takes over from the paused leader", || async {
+        took_over("p1")
+    })
+    .await;
     signal(&replicas[0].child, "-CONT");
     wait_acked(&acked, paused + 100, Duration::from_secs(60)).await;
     writing.store(false, Ordering::Release);
