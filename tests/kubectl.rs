@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 const W1: &str = "apiVersion: demo.kshard.dev/v1
 kind: Widget
 metadata:

@@ -160,7 +160,7 @@ mod tests {
             version: "v1".into(),
             namespace: "default".into(),
         };
-        (Registry::new(Arc::new(catalog), store, cache), t)
+        (Registry::new(Arc::new(catalog), store, cache, None), t)
     }
 
     fn widget() -> serde_json::Value {

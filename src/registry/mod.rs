@@ -133,17 +133,22 @@ pub struct Registry {
     catalog: Arc<Catalog>,
     store: Arc<Store>,
     cache: Arc<Cache>,
-    /// Checks every create passes (namespace lifecycle against a host); set once.
-    admission: std::sync::OnceLock<Arc<dyn admission::CreateAdmission>>,
+    /// Checks every create passes (namespace lifecycle against a host).
+    admission: Option<Arc<dyn admission::CreateAdmission>>,
 }
 
 impl Registry {
-    pub fn new(catalog: Arc<Catalog>, store: Arc<Store>, cache: Arc<Cache>) -> Arc<Self> {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        store: Arc<Store>,
+        cache: Arc<Cache>,
+        admission: Option<Arc<dyn admission::CreateAdmission>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             catalog,
             store,
             cache,
-            admission: std::sync::OnceLock::new(),
+            admission,
         })
     }
 
@@ -171,11 +176,6 @@ impl Registry {
     /// How many watchers `resource` has (a write's cost fans out to them).
     pub fn watchers_of(&self, resource: &str) -> usize {
         self.cache.watcher_count(resource)
-    }
-
-    /// Installs the create admission check (at most once; later calls are ignored).
-    pub fn set_admission(&self, check: Arc<dyn admission::CreateAdmission>) {
-        let _ = self.admission.set(check);
     }
 
     /// A cache filter for a target collection (or one name) and selectors.

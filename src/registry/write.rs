@@ -325,7 +325,7 @@ impl Registry {
         mut obj: Value,
         dry_run: bool,
     ) -> Result<Item, ApiError> {
-        if let Some(check) = self.admission.get() {
+        if let Some(check) = &self.admission {
             let name = match meta_str(&obj, "name") {
                 "" => meta_str(&obj, "generateName"),
                 n => n,

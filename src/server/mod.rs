@@ -173,12 +173,24 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         bytes: cfg.watch_cache_history_bytes,
     };
     let cache = Cache::start_with(store.clone(), ring, Some(on_load)).await?;
-    let registry = Registry::new(catalog, store.clone(), cache);
-    let mut tasks = vec![
-        gc::spawn(registry.clone()),
-        store.spawn_compactor(cfg.compaction_interval),
-    ];
     let readiness = Arc::new(crate::api::health::Readiness::default());
+    let mut tasks = Vec::new();
+    // Behind a host: creates pass its namespace lifecycle (kube's admission).
+    let admission: Option<Arc<dyn crate::registry::admission::CreateAdmission>> =
+        match cfg.host_for(&None) {
+            Some(h) => {
+                let client = crate::host::client(h.as_deref()).await?;
+                let (lifecycle, task) = crate::host::namespaces::NamespaceLifecycle::spawn(client);
+                tasks.push(task);
+                let synced = lifecycle.clone();
+                readiness.add("namespace-informer-sync", move || synced.is_synced());
+                Some(lifecycle)
+            }
+            None => None,
+        };
+    let registry = Registry::new(catalog, store.clone(), cache, admission);
+    tasks.push(gc::spawn(registry.clone()));
+    tasks.push(store.spawn_compactor(cfg.compaction_interval));
     // A real read through the engine, for liveness and readiness alike (kube's
     // `etcd` check): a store that cannot answer within the deadline fails both.
     let probe = store.clone();
@@ -235,7 +247,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         &format!("https://{host}:{}", addr.port()),
         &kubeconfig,
     )?;
-    let delegation = delegation(&cfg, &registry, &readiness, &pki, addr).await?;
+    let delegation = delegation(&cfg, &readiness, &pki, addr).await?;
     tasks.extend(delegation.tasks);
     let auth = delegation.auth;
     let limits = Arc::new(cfg.connections.clone());
@@ -406,7 +418,6 @@ struct Delegation {
 
 async fn delegation(
     cfg: &ServeConfig,
-    registry: &Arc<Registry>,
     readiness: &Arc<crate::api::health::Readiness>,
     pki: &pki::Pki,
     addr: SocketAddr,
@@ -533,15 +544,6 @@ async fn delegation(
         )
         .with_ttls(cfg.authorization_allow_ttl, cfg.authorization_deny_ttl),
     ));
-
-    if let Some(h) = cfg.host_for(&None) {
-        let client = crate::host::client(h.as_deref()).await?;
-        let (lifecycle, task) = crate::host::namespaces::NamespaceLifecycle::spawn(client);
-        out.tasks.push(task);
-        let synced = lifecycle.clone();
-        readiness.add("namespace-informer-sync", move || synced.is_synced());
-        registry.set_admission(lifecycle);
-    }
     Ok(out)
 }
 
