@@ -352,6 +352,10 @@ impl ApiError {
             ..Default::default()
         })
     }
+    /// 406 with a message of its own (a metadata view of the wrong shape).
+    pub fn not_acceptable_because(why: impl Into<String>) -> Self {
+        Self::new(406, "NotAcceptable", why)
+    }
     pub fn not_acceptable(accepted: &[&str]) -> Self {
         Self::new(
             406,

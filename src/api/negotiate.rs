@@ -70,8 +70,37 @@ fn parse(accept: &str) -> Vec<Range> {
 /// Picks the response form. `allow_meta` is false where Table/PartialObjectMetadata
 /// make no sense (discovery, Status-only endpoints).
 pub fn negotiate(accept: Option<&str>, allow_meta: bool) -> Result<Output, ApiError> {
+    pick(accept, allow_meta).map(|(out, _)| out)
+}
+
+/// Whether a response is one object or a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Object,
+    List,
+}
+
+/// [`negotiate`] for a get or list: a metadata view of the other shape
+/// (`as=PartialObjectMetadata` for a list, `…List` for one object) is kube's
+/// 406, not a fallback to the next media type.
+pub fn negotiate_for(accept: Option<&str>, shape: Shape) -> Result<Output, ApiError> {
+    let (out, kind) = pick(accept, true)?;
+    let wrong = match (kind, shape) {
+        ("PartialObjectMetadata", Shape::List) => {
+            "you requested PartialObjectMetadata, but the requested object is a list (*unstructured.UnstructuredList)"
+        }
+        ("PartialObjectMetadataList", Shape::Object) => {
+            "you requested PartialObjectMetadataList, but the requested object is not a list (*unstructured.Unstructured)"
+        }
+        _ => return Ok(out),
+    };
+    Err(ApiError::not_acceptable_because(wrong))
+}
+
+/// The response form and the `as=` kind it was chosen for ("" for none).
+fn pick(accept: Option<&str>, allow_meta: bool) -> Result<(Output, &'static str), ApiError> {
     let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
-        return Ok(Output::Json);
+        return Ok((Output::Json, ""));
     };
     let mut asked_meta_only = true;
     for r in parse(accept) {
@@ -90,13 +119,16 @@ pub fn negotiate(accept: Option<&str>, allow_meta: bool) -> Result<Output, ApiEr
                 "PartialObjectMetadata" | "PartialObjectMetadataList"
             );
             if allow_meta && meta && r.g == "meta.k8s.io" && (r.v == "v1" || r.v == "v1beta1") {
-                return Ok(Output::ProtoMeta(format!("meta.k8s.io/{}", r.v)));
+                return Ok((
+                    Output::ProtoMeta(format!("meta.k8s.io/{}", r.v)),
+                    meta_kind(&r.as_),
+                ));
             }
             continue;
         }
         if r.media == "application/cbor" {
             if r.as_.is_empty() {
-                return Ok(Output::Cbor);
+                return Ok((Output::Cbor, ""));
             }
             continue;
         }
@@ -105,22 +137,30 @@ pub fn negotiate(accept: Option<&str>, allow_meta: bool) -> Result<Output, ApiEr
             continue;
         }
         if r.as_.is_empty() {
-            return Ok(if yaml { Output::Yaml } else { Output::Json });
+            return Ok((if yaml { Output::Yaml } else { Output::Json }, ""));
         }
         if !allow_meta || r.g != "meta.k8s.io" || !(r.v == "v1" || r.v == "v1beta1") {
             continue;
         }
         let version = format!("meta.k8s.io/{}", r.v);
         match r.as_.as_str() {
-            "Table" => return Ok(Output::Table(version)),
+            "Table" => return Ok((Output::Table(version), "")),
             "PartialObjectMetadata" | "PartialObjectMetadataList" => {
-                return Ok(Output::PartialMeta(version))
+                return Ok((Output::PartialMeta(version), meta_kind(&r.as_)))
             }
             _ => {}
         }
     }
     let _ = asked_meta_only;
     Err(ApiError::not_acceptable(ACCEPTED))
+}
+
+fn meta_kind(as_: &str) -> &'static str {
+    if as_ == "PartialObjectMetadataList" {
+        "PartialObjectMetadataList"
+    } else {
+        "PartialObjectMetadata"
+    }
 }
 
 #[cfg(test)]

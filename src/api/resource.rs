@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
 use serde_json::Value;
 
-use super::negotiate::negotiate;
+use super::negotiate::{negotiate, negotiate_for, Shape};
 use super::options::{delete_options, write_options, ListOptions, Query};
 use super::request::{ResourceRequest, Verb};
 use super::response::{self, error_response, ListMeta};
@@ -144,7 +144,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             super::watch::serve(state, &t, req.name.as_deref(), opts, accept, hook).await
         }
         Verb::List => {
-            let out = negotiate(accept, true)?;
+            let out = negotiate_for(accept, Shape::List)?;
             let opts = ListOptions::parse(&q, false)?;
             let at = opts.read_at()?;
             let sel = Selectors::parse(&t, &opts.label_selector, &opts.field_selector)?;
@@ -168,7 +168,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             if sub == Some("scale") {
                 return Ok(scale_response(&t, &item, StatusCode::OK));
             }
-            let out = negotiate(accept, true)?;
+            let out = negotiate_for(accept, Shape::Object)?;
             Ok(response::object(StatusCode::OK, &t, &item, &out, include))
         }
         Verb::Create => {
@@ -236,8 +236,14 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                     return Err(ApiError::unsupported_media_type(&PATCH_TYPES[..2]));
                 }
                 let done = reg.apply(&t, &name, config, force, sr, &wo).await?;
+                // kube: 201 when the apply created the object.
+                let code = if done.created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                };
                 return Ok(with_warnings(
-                    response::object(StatusCode::OK, &t, &done.item, &out, include),
+                    response::object(code, &t, &done.item, &out, include),
                     &done.warnings,
                 ));
             }

@@ -48,6 +48,8 @@ pub struct WriteOptions {
 pub struct Outcome {
     pub item: Item,
     pub warnings: Vec<String>,
+    /// The write created the object (an apply may create or update: 201 or 200).
+    pub created: bool,
 }
 
 /// Which part of an object a write may change.
@@ -230,8 +232,12 @@ impl Registry {
         let fm = self
             .field_manager(t, sub)
             .ok_or_else(ApiError::not_found_path)?;
+        // The last attempt decides (a retry may find the object created by
+        // another writer meanwhile).
+        let created = std::sync::atomic::AtomicBool::new(false);
         let (item, warnings) = self
             .guaranteed_update(t, name, None, |live| {
+                created.store(live.is_none(), std::sync::atomic::Ordering::Release);
                 let mut merged = fm
                     .apply(
                         live.map(|c| &c.value),
@@ -263,7 +269,11 @@ impl Registry {
                 Ok((plan, warnings))
             })
             .await?;
-        Ok(Outcome { item, warnings })
+        Ok(Outcome {
+            item,
+            warnings,
+            created: created.load(std::sync::atomic::Ordering::Acquire),
+        })
     }
 
     fn validate_meta(&self, t: &Target, obj: &Value) -> Result<(), ApiError> {
@@ -315,7 +325,11 @@ impl Registry {
         self.decode_schema(t, &mut obj, opts, &mut warnings)?;
         self.track(t, None, &mut obj, Subresource::Main, &opts.manager)?;
         let item = self.create_tracked(t, obj, opts.dry_run).await?;
-        Ok(Outcome { item, warnings })
+        Ok(Outcome {
+            item,
+            warnings,
+            created: true,
+        })
     }
 
     /// Create of an object whose body checks and managedFields are done.
@@ -473,28 +487,48 @@ impl Registry {
             )));
         }
         let rv = meta_str(&obj, "resourceVersion").to_string();
-        if rv.is_empty() {
-            return Err(ApiError::invalid(
-                &t.rt.group,
-                &t.rt.plural,
-                name,
-                &[FieldError::new(
-                    crate::status::FieldErrorKind::Invalid,
-                    "metadata.resourceVersion",
-                    Some("0".into()),
-                    "must be specified for an update",
-                )],
-            ));
-        }
-        let expected = parse_object_revision("metadata.resourceVersion", &rv)?;
+        let expected = if rv.is_empty() {
+            None
+        } else {
+            Some(parse_object_revision("metadata.resourceVersion", &rv)?)
+        };
+        let uid = meta_str(&obj, "uid").to_string();
         let (item, ()) = self
-            .guaranteed_update(t, name, Some(expected), |current| {
+            .guaranteed_update(t, name, None, |current| {
+                // kube's order: the UID precondition, then existence (custom
+                // resources are never created by PUT), then the resourceVersion.
+                if !uid.is_empty() {
+                    let actual = current.map_or("", |c| meta_str(&c.value, "uid"));
+                    if uid != actual {
+                        return Err(uid_precondition_failed(t, name, &uid, actual));
+                    }
+                }
                 let current = current.ok_or_else(|| not_found(t, name))?;
+                let Some(expected) = expected else {
+                    return Err(ApiError::invalid(
+                        &t.rt.group,
+                        &t.rt.plural,
+                        name,
+                        &[FieldError::new(
+                            crate::status::FieldErrorKind::Invalid,
+                            "metadata.resourceVersion",
+                            Some("0".into()),
+                            "must be specified for an update",
+                        )],
+                    ));
+                };
+                if expected != current.rev {
+                    return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+                }
                 let plan = self.plan_update(t, name, current, obj.clone(), sub, opts, true)?;
                 Ok((plan, ()))
             })
             .await?;
-        Ok(Outcome { item, warnings })
+        Ok(Outcome {
+            item,
+            warnings,
+            created: false,
+        })
     }
 
     /// Re-reads and applies `change` until it commits without a concurrent write in
@@ -535,7 +569,11 @@ impl Registry {
                 Ok((plan, warnings))
             })
             .await?;
-        Ok(Outcome { item, warnings })
+        Ok(Outcome {
+            item,
+            warnings,
+            created: false,
+        })
     }
 
     /// The write an update of `current` to `obj` makes: system fields kept,
@@ -730,6 +768,29 @@ fn apply_error(t: &Target, name: &str, e: ApplyError) -> ApiError {
             err
         }
     }
+}
+
+/// kube's 409 for an update whose `metadata.uid` is not the stored object's
+/// (the storage precondition's message, with kube's etcd key for the object).
+fn uid_precondition_failed(t: &Target, name: &str, want: &str, actual: &str) -> ApiError {
+    let key = if t.namespace.is_empty() {
+        format!("/registry/{}/{}/{name}", t.rt.group, t.rt.plural)
+    } else {
+        format!(
+            "/registry/{}/{}/{}/{name}",
+            t.rt.group, t.rt.plural, t.namespace
+        )
+    };
+    ApiError::conflict(
+        &t.rt.group,
+        &t.rt.plural,
+        name,
+        &format!(
+            "StorageError: invalid object, Code: 4, Key: {key}, ResourceVersion: 0, \
+             AdditionalErrorMsg: Precondition failed: UID in precondition: {want}, \
+             UID in object meta: {actual}"
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -63,6 +63,8 @@ pub struct Running {
     pub store: Arc<Store>,
     pub apf: Arc<Apf>,
     pub readiness: Arc<crate::api::health::Readiness>,
+    /// Request-body limits and the budget left (tests watch it).
+    pub body_limits: Arc<layers::body::BodyLimits>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     connections: conn::Connections,
     shutting_down: Arc<std::sync::atomic::AtomicBool>,
@@ -254,6 +256,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let auditor = crate::audit::Auditor::from_options(&cfg.audit)
         .await
         .map_err(|e| ServerError::Config(e.to_string()))?;
+    let body_limits = Arc::new(layers::body::BodyLimits::new(
+        cfg.connections.max_request_body_bytes,
+        cfg.connections.max_buffered_request_body_bytes,
+    ));
     let app = app(
         state.clone(),
         layers::Parts {
@@ -264,10 +270,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             replica: replica.clone(),
             auditor,
             request_timeout: cfg.connections.request_timeout,
-            body: layers::body::BodyLimits::new(
-                cfg.connections.max_request_body_bytes,
-                cfg.connections.max_buffered_request_body_bytes,
-            ),
+            body: body_limits.clone(),
         },
     );
     if let (Some(r), Some(l)) = (&replica, internal_listener) {
@@ -338,6 +341,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         store,
         apf,
         readiness,
+        body_limits,
         tasks,
         connections,
         shutting_down,

@@ -56,7 +56,7 @@ pub struct Parts {
     /// `--request-timeout`: the longest a non-long-running request may take.
     pub request_timeout: std::time::Duration,
     /// Request bodies: size limit and memory budget.
-    pub body: body::BodyLimits,
+    pub body: Arc<body::BodyLimits>,
 }
 
 /// Wraps `app` in the request path, outermost first (tower's
@@ -89,7 +89,7 @@ pub fn stack(app: Router, parts: Parts) -> Router {
             }),
             authentication::layer,
         ))
-        .layer(from_fn_with_state(Arc::new(body), body::layer))
+        .layer(from_fn_with_state(body, body::layer))
         .layer(from_fn_with_state(auditor, audit::layer))
         .layer(from_fn_with_state(impersonation, impersonation::layer))
         .layer(from_fn_with_state(replica, forward::layer))

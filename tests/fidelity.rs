@@ -1,0 +1,128 @@
+//! Answers that must match kube-apiserver 1.35 exactly (issue 15): each test
+//! sends the request over real HTTP and checks the status, reason and
+//! message kube's handlers and registry produce for it.
+
+mod common;
+
+use common::WIDGETS;
+use serde_json::json;
+
+const APPLY: (&str, &str) = ("content-type", "application/apply-patch+yaml");
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_apply_that_creates_answers_201_then_200() {
+    let s = common::start().await;
+    let uri = format!("{WIDGETS}/applied?fieldManager=me");
+    let body = br#"{"apiVersion":"demo.kshard.dev/v1","kind":"Widget","metadata":{"name":"applied"},"spec":{"replicas":1}}"#;
+    let first = s.raw("PATCH", &uri, &[APPLY], body.to_vec()).await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let again = s.raw("PATCH", &uri, &[APPLY], body.to_vec()).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    let dry = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/dry?fieldManager=me&dryRun=All"),
+            &[APPLY],
+            br#"{"apiVersion":"demo.kshard.dev/v1","kind":"Widget","metadata":{"name":"dry"}}"#
+                .to_vec(),
+        )
+        .await;
+    assert_eq!(
+        dry.status,
+        201,
+        "a dry-run create is a create: {}",
+        dry.text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn put_of_a_missing_object_is_404_and_a_foreign_uid_is_409() {
+    let s = common::start().await;
+    // Custom resources are never created by PUT, with or without a version.
+    for rv in [None, Some("1")] {
+        let mut obj = common::widget("ghost", 1);
+        if let Some(rv) = rv {
+            obj["metadata"]["resourceVersion"] = json!(rv);
+        }
+        let r = s.put_json(&format!("{WIDGETS}/ghost"), &obj).await;
+        assert_eq!(r.status, 404, "{:?}: {}", rv, r.text());
+        assert_eq!(r.json()["reason"], "NotFound");
+        assert_eq!(
+            r.json()["message"],
+            r#"widgets.demo.kshard.dev "ghost" not found"#
+        );
+    }
+    let created = s.post_json(WIDGETS, &common::widget("w1", 1)).await;
+    assert_eq!(created.status, 201);
+    let live = created.json();
+    let uid = live["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // Existing, no resourceVersion: kube's 422.
+    let mut no_rv = live.clone();
+    no_rv["metadata"]
+        .as_object_mut()
+        .map(|m| m.remove("resourceVersion"));
+    let r = s.put_json(&format!("{WIDGETS}/w1"), &no_rv).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    // A uid that is not the stored object's: the storage precondition's 409.
+    let mut foreign = live.clone();
+    foreign["metadata"]["uid"] = json!("not-the-uid");
+    let r = s.put_json(&format!("{WIDGETS}/w1"), &foreign).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["reason"], "Conflict");
+    assert_eq!(
+        r.json()["message"],
+        format!(
+            "Operation cannot be fulfilled on widgets.demo.kshard.dev \"w1\": StorageError: \
+             invalid object, Code: 4, Key: /registry/demo.kshard.dev/widgets/default/w1, \
+             ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in \
+             precondition: not-the-uid, UID in object meta: {uid}"
+        )
+    );
+    // The right uid updates.
+    let mut same = live.clone();
+    same["spec"]["replicas"] = json!(2);
+    let r = s.put_json(&format!("{WIDGETS}/w1"), &same).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_metadata_view_of_the_wrong_shape_is_406() {
+    let s = common::start().await;
+    assert_eq!(
+        s.post_json(WIDGETS, &common::widget("w1", 1)).await.status,
+        201
+    );
+    let one = "application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io,application/json";
+    let list = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json";
+    let r = s.raw("GET", WIDGETS, &[("accept", one)], vec![]).await;
+    assert_eq!(r.status, 406, "{}", r.text());
+    assert_eq!(r.json()["reason"], "NotAcceptable");
+    assert_eq!(
+        r.json()["message"],
+        "you requested PartialObjectMetadata, but the requested object is a list (*unstructured.UnstructuredList)"
+    );
+    let r = s
+        .raw("GET", &format!("{WIDGETS}/w1"), &[("accept", list)], vec![])
+        .await;
+    assert_eq!(r.status, 406, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        "you requested PartialObjectMetadataList, but the requested object is not a list (*unstructured.Unstructured)"
+    );
+    // The matching shapes are served.
+    let r = s.raw("GET", WIDGETS, &[("accept", list)], vec![]).await;
+    assert_eq!(
+        (r.status, r.json()["kind"].as_str()),
+        (200, Some("PartialObjectMetadataList"))
+    );
+    let r = s
+        .raw("GET", &format!("{WIDGETS}/w1"), &[("accept", one)], vec![])
+        .await;
+    assert_eq!(
+        (r.status, r.json()["kind"].as_str()),
+        (200, Some("PartialObjectMetadata"))
+    );
+}
