@@ -126,3 +126,34 @@ async fn a_metadata_view_of_the_wrong_shape_is_406() {
         (200, Some("PartialObjectMetadata"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn version_and_table_versions_are_kubes() {
+    let s = common::start().await;
+    let v = s.get("/version").await.json();
+    for (field, want) in [
+        ("major", "1"),
+        ("minor", "35"),
+        ("emulationMajor", "1"),
+        ("emulationMinor", "35"),
+        ("minCompatibilityMajor", "1"),
+        ("minCompatibilityMinor", "34"),
+    ] {
+        assert_eq!(v[field], want, "{field}: {v}");
+    }
+    let kubectl = s.kubectl_ok(&["version", "-o", "json"]);
+    let kv: serde_json::Value = serde_json::from_str(&kubectl).expect("kubectl version json");
+    assert_eq!(kv["serverVersion"]["minor"], "35", "{kv}");
+    // A Table asked for as v1beta1 says so.
+    assert_eq!(
+        s.post_json(WIDGETS, &common::widget("w1", 1)).await.status,
+        201
+    );
+    for version in ["v1", "v1beta1"] {
+        let accept = format!("application/json;as=Table;v={version};g=meta.k8s.io");
+        let r = s.raw("GET", WIDGETS, &[("accept", &accept)], vec![]).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["kind"], "Table");
+        assert_eq!(r.json()["apiVersion"], format!("meta.k8s.io/{version}"));
+    }
+}

@@ -131,10 +131,16 @@ async fn serve(state: &ApiState, req: Request) -> Response {
 }
 
 pub fn version_info() -> Value {
+    // kube-apiserver 1.35's fields, in its order: the emulated version and
+    // the oldest version it stays compatible with (one minor back).
     json!({
         "major": "1",
-        "minor": "33",
-        "gitVersion": concat!("v1.33.0-kshard.", env!("CARGO_PKG_VERSION")),
+        "minor": "35",
+        "emulationMajor": "1",
+        "emulationMinor": "35",
+        "minCompatibilityMajor": "1",
+        "minCompatibilityMinor": "34",
+        "gitVersion": concat!("v1.35.0-kshard.", env!("CARGO_PKG_VERSION")),
         "gitCommit": "",
         "gitTreeState": "clean",
         "buildDate": "",
