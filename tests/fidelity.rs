@@ -157,3 +157,33 @@ async fn version_and_table_versions_are_kubes() {
         assert_eq!(r.json()["apiVersion"], format!("meta.k8s.io/{version}"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_without_manager_or_user_agent_is_owned_by_unknown() {
+    let s = common::start().await;
+    // An empty User-Agent header: no manager can be derived from it.
+    let r = s
+        .raw(
+            "POST",
+            WIDGETS,
+            &[("user-agent", ""), ("content-type", "application/json")],
+            serde_json::to_vec(&common::widget("anon", 1)).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let managers: Vec<String> = r.json()["metadata"]["managedFields"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    format!(
+                        "{}/{}",
+                        e["manager"].as_str().unwrap_or(""),
+                        e["operation"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(managers, ["unknown/Update"], "{}", r.text());
+}

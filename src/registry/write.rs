@@ -189,7 +189,9 @@ impl Registry {
         ))
     }
 
-    /// Records `manager`'s Update entry in the new object's managedFields.
+    /// Records `manager`'s Update entry in the new object's managedFields
+    /// (kube's `unknown` when the request named no manager and sent no
+    /// User-Agent).
     fn track(
         &self,
         t: &Target,
@@ -198,9 +200,6 @@ impl Registry {
         sub: Subresource,
         manager: &str,
     ) -> Result<(), ApiError> {
-        if manager.is_empty() {
-            return Ok(());
-        }
         let Some(fm) = self.field_manager(t, sub) else {
             return Ok(());
         };
