@@ -187,3 +187,71 @@ async fn a_write_without_manager_or_user_agent_is_owned_by_unknown() {
         .unwrap_or_default();
     assert_eq!(managers, ["unknown/Update"], "{}", r.text());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_metadata_fields_are_dropped_warned_or_refused() {
+    let s = common::start().await;
+    let mut w = common::widget("m1", 1);
+    w["metadata"]["foo"] = json!("bar");
+    w["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
+        "name": "cm", "uid": "u1", "bogus": true}]);
+    // Default (Warn): stored without them, one warning per field.
+    let r = s.post_json(WIDGETS, &w).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let meta = &r.json()["metadata"];
+    assert!(meta.get("foo").is_none(), "{meta}");
+    assert!(meta["ownerReferences"][0].get("bogus").is_none(), "{meta}");
+    let warnings: Vec<String> = r
+        .headers
+        .get_all("warning")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_string))
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains(r#"unknown field \"metadata.foo\""#)),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains(r#"unknown field \"metadata.ownerReferences[0].bogus\""#)),
+        "{warnings:?}"
+    );
+    // Strict: refused with kube's message, on create and on every patch type.
+    w["metadata"]["name"] = json!("m2");
+    let r = s
+        .post_json(&format!("{WIDGETS}?fieldValidation=Strict"), &w)
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        r#"strict decoding error: unknown field "metadata.foo", unknown field "metadata.ownerReferences[0].bogus""#
+    );
+    for (ct, body) in [
+        (
+            "application/merge-patch+json",
+            r#"{"metadata":{"foo":"bar"}}"#,
+        ),
+        (
+            "application/json-patch+json",
+            r#"[{"op":"add","path":"/metadata/foo","value":"bar"}]"#,
+        ),
+    ] {
+        let r = s
+            .raw(
+                "PATCH",
+                &format!("{WIDGETS}/m1?fieldValidation=Strict"),
+                &[("content-type", ct)],
+                body.as_bytes().to_vec(),
+            )
+            .await;
+        assert_eq!(r.status, 400, "{ct}: {}", r.text());
+        assert_eq!(
+            r.json()["message"],
+            r#"strict decoding error: unknown field "metadata.foo""#,
+            "{ct}"
+        );
+    }
+}

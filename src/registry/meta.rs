@@ -369,6 +369,71 @@ mod tests {
     }
 }
 
+/// The fields of kube's ObjectMeta (JSON names).
+const OBJECT_META_FIELDS: [&str; 15] = [
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+];
+
+/// The fields of an OwnerReference.
+const OWNER_REFERENCE_FIELDS: [&str; 6] = [
+    "apiVersion",
+    "kind",
+    "name",
+    "uid",
+    "controller",
+    "blockOwnerDeletion",
+];
+
+/// Drops what kube's typed ObjectMeta has no field for (kube decodes a custom
+/// resource's metadata into ObjectMeta, so unknown fields never reach
+/// storage) and returns their paths, sorted as kube reports them
+/// (`metadata.foo`, `metadata.ownerReferences[0].bar`).
+pub fn drop_unknown_metadata(obj: &mut Value) -> Vec<String> {
+    let mut dropped = Vec::new();
+    let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return dropped;
+    };
+    meta.retain(|k, _| {
+        let known = OBJECT_META_FIELDS.contains(&k.as_str());
+        if !known {
+            dropped.push(format!("metadata.{k}"));
+        }
+        known
+    });
+    if let Some(refs) = meta
+        .get_mut("ownerReferences")
+        .and_then(Value::as_array_mut)
+    {
+        for (i, r) in refs.iter_mut().enumerate() {
+            if let Some(r) = r.as_object_mut() {
+                r.retain(|k, _| {
+                    let known = OWNER_REFERENCE_FIELDS.contains(&k.as_str());
+                    if !known {
+                        dropped.push(format!("metadata.ownerReferences[{i}].{k}"));
+                    }
+                    known
+                });
+            }
+        }
+    }
+    dropped.sort();
+    dropped
+}
+
 /// Numbers as kube-apiserver stores them: it decodes a JSON number as an
 /// int64 when it can, else a float64, and Go writes a whole float64 without a
 /// fraction, so `1e2` and `100.0` are stored as `100`. Whole floats in the

@@ -132,11 +132,12 @@ impl Registry {
         warnings: &mut Vec<String>,
     ) -> Result<(), ApiError> {
         super::meta::whole_numbers_as_integers(obj);
-        let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) else {
-            return Ok(());
-        };
-        let unknown: Vec<String> = schema
-            .prune(obj)
+        // kube reports unknown metadata fields first, then the schema's.
+        let mut unknown_paths = super::meta::drop_unknown_metadata(obj);
+        if let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) {
+            unknown_paths.extend(schema.prune(obj));
+        }
+        let unknown: Vec<String> = unknown_paths
             .iter()
             .map(|p| format!("unknown field {}", quote(p)))
             .collect();
@@ -152,7 +153,9 @@ impl Registry {
                 FieldValidation::Ignore => {}
             }
         }
-        schema.apply_defaults(obj);
+        if let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) {
+            schema.apply_defaults(obj);
+        }
         Ok(())
     }
 
