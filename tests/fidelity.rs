@@ -255,3 +255,68 @@ async fn unknown_metadata_fields_are_dropped_warned_or_refused() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_the_last_finalizer_answers_the_updated_object() {
+    let s = common::start().await;
+    let mut f = common::widget("f1", 1);
+    f["metadata"]["finalizers"] = json!(["demo.kshard.dev/hold"]);
+    assert_eq!(s.post_json(WIDGETS, &f).await.status, 201);
+    let deleting = s
+        .raw("DELETE", &format!("{WIDGETS}/f1"), &[], vec![])
+        .await
+        .json();
+    let rv: u64 = deleting["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("rv");
+    // Watch from the deletion's revision: what the finalizer removal does.
+    let watch = s
+        .client
+        .send(
+            http::Request::get(format!("{WIDGETS}?watch=1&resourceVersion={rv}"))
+                .body(kube::client::Body::empty())
+                .expect("req"),
+        )
+        .await
+        .expect("watch");
+    let mut update = deleting.clone();
+    update["metadata"]["finalizers"] = json!([]);
+    let r = s.put_json(&format!("{WIDGETS}/f1"), &update).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answered = r.json();
+    assert!(
+        answered["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "kube answers the object as updated: {answered}"
+    );
+    let answered_rv: u64 = answered["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("rv");
+    assert!(answered_rv > rv, "the update's own revision");
+    assert_eq!(s.get(&format!("{WIDGETS}/f1")).await.status, 404);
+    // Watchers see the update, then the deletion, as with kube.
+    let mut body = watch.into_body();
+    let mut text = String::new();
+    while text.matches('\n').count() < 2 {
+        let frame = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            http_body_util::BodyExt::frame(&mut body),
+        )
+        .await
+        .expect("events")
+        .expect("frame")
+        .expect("data");
+        if let Ok(d) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&d));
+        }
+    }
+    let kinds: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|e| e["type"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(kinds, ["MODIFIED", "DELETED"], "{text}");
+}

@@ -28,6 +28,10 @@ pub(super) enum Plan {
     Update(Value),
     /// Remove the object, if still at the revision read.
     Delete,
+    /// An update that removed a deleting object's last finalizer: store it
+    /// (if still at the revision read), then remove it, as kube does (watchers
+    /// see MODIFIED, then DELETED); the answer is the updated object.
+    Finalized(Value),
     /// The object is absent: create this one (apply of a new object). Losing
     /// that race to another create reads again.
     Create { object: Value, dry_run: bool },
@@ -79,7 +83,33 @@ impl Registry {
                     key,
                     expected: Some(expected),
                 },
-                (Plan::Update(_) | Plan::Delete, None) => {
+                (Plan::Finalized(obj), Some(expected)) => {
+                    let update = Write::Update {
+                        key: key.clone(),
+                        expected,
+                        object: self.to_storage(t, &obj),
+                    };
+                    let updated = match self.store.write(update).await {
+                        Ok(w) => self.item(t, &w.object, &w.json),
+                        Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
+                        Err(e) => return Err(self.write_error(t, name, e)),
+                    };
+                    // Whatever is stored now goes (kube's delete here has no
+                    // resourceVersion precondition); another writer may have
+                    // removed it first.
+                    match self
+                        .store
+                        .write(Write::Delete {
+                            key,
+                            expected: None,
+                        })
+                        .await
+                    {
+                        Ok(_) | Err(StorageError::NotFound) => return Ok((updated, note)),
+                        Err(e) => return Err(self.write_error(t, name, e)),
+                    }
+                }
+                (Plan::Update(_) | Plan::Delete | Plan::Finalized(_), None) => {
                     return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name))
                 }
             };

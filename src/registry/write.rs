@@ -684,7 +684,7 @@ impl Registry {
         }
         if is_deleting(&new) && finalizers(&new).is_empty() {
             // The last finalizer is gone: the object goes away.
-            return Ok(Plan::Delete);
+            return Ok(Plan::Finalized(new));
         }
         Ok(Plan::Update(new))
     }
