@@ -184,7 +184,26 @@ async fn status_errors_match_kube() {
             serde_json::to_vec(&common::widget("c", 1)).expect("j"),
         )
         .await;
-    assert_eq!(r.status, 400);
+    // kube validates the options object: 422 on CreateOptions, Go's %#v.
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        r#"CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: []string{"Some"}: supported values: "All""#
+    );
+    assert_eq!(r.json()["details"]["causes"][0]["field"], "dryRun");
+    let r = s
+        .raw(
+            "DELETE",
+            &format!("{WIDGETS}/c?dryRun=All&dryRun=Some"),
+            &[],
+            vec![],
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        r#"DeleteOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: []string{"All", "Some"}: supported values: "All""#
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

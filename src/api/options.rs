@@ -8,20 +8,27 @@ use crate::registry::resource_version::{self, Requested};
 use crate::registry::{Propagation, ReadAt, WatchStart};
 use crate::status::{quote, ApiError, FieldError};
 
-pub struct Query(HashMap<String, String>);
+/// A request's query parameters, every value of each kept in order.
+pub struct Query(HashMap<String, Vec<String>>);
 
 impl Query {
     pub fn parse(q: &str) -> Self {
         Self(
-            // kube reads a repeated parameter's first value.
             form_urlencoded::parse(q.as_bytes()).fold(HashMap::new(), |mut m, (k, v)| {
-                m.entry(k.into_owned()).or_insert_with(|| v.into_owned());
+                m.entry(k.into_owned())
+                    .or_insert_with(Vec::new)
+                    .push(v.into_owned());
                 m
             }),
         )
     }
+    /// The first value (kube reads the first of a repeated scalar parameter).
     pub fn get(&self, k: &str) -> Option<&str> {
-        self.0.get(k).map(String::as_str)
+        self.0.get(k).and_then(|v| v.first()).map(String::as_str)
+    }
+    /// Every value of a list parameter such as `dryRun`.
+    pub fn values(&self, k: &str) -> &[String] {
+        self.0.get(k).map_or(&[], Vec::as_slice)
     }
     fn str(&self, k: &str) -> String {
         self.get(k).unwrap_or("").to_string()
@@ -108,24 +115,26 @@ impl ListOptions {
 }
 
 /// `dryRun` must be absent or `All`.
-pub fn dry_run(q: &Query) -> Result<bool, ApiError> {
-    let values: Vec<String> = form_values(q, "dryRun");
-    if values.is_empty() {
-        return Ok(false);
+/// `dryRun` (only `All`), validated as kube validates the request's options
+/// (`options_kind`: CreateOptions, UpdateOptions, PatchOptions or
+/// DeleteOptions): 422 naming the options and every value in Go's `%#v`.
+pub fn dry_run(q: &Query, options_kind: &str) -> Result<bool, ApiError> {
+    let values = q.values("dryRun");
+    if values.iter().all(|v| v == "All") {
+        return Ok(!values.is_empty());
     }
-    for v in &values {
-        if v != "All" {
-            return Err(ApiError::bad_request(format!(
-                "dryRun: Unsupported value: {}: supported values: \"All\"",
-                quote(v)
-            )));
-        }
-    }
-    Ok(true)
-}
-
-fn form_values(q: &Query, key: &str) -> Vec<String> {
-    q.get(key).map(|v| vec![v.to_string()]).unwrap_or_default()
+    let listed: Vec<String> = values.iter().map(|v| quote(v)).collect();
+    Err(ApiError::invalid(
+        "meta.k8s.io",
+        options_kind,
+        "",
+        &[FieldError::new(
+            crate::status::FieldErrorKind::NotSupported,
+            "dryRun",
+            Some(format!("[]string{{{}}}", listed.join(", "))),
+            "supported values: \"All\"",
+        )],
+    ))
 }
 
 /// Create/update/patch options: dryRun, fieldValidation and the field manager
@@ -134,6 +143,7 @@ pub fn write_options(
     q: &Query,
     headers: &http::HeaderMap,
     is_apply: bool,
+    options_kind: &str,
 ) -> Result<crate::registry::WriteOptions, ApiError> {
     use crate::registry::FieldValidation;
     let field_validation = match q.get("fieldValidation").unwrap_or("") {
@@ -185,7 +195,7 @@ pub fn write_options(
         crate::apply::default_manager(ua)
     };
     Ok(crate::registry::WriteOptions {
-        dry_run: dry_run(q)?,
+        dry_run: dry_run(q, options_kind)?,
         field_validation,
         manager,
     })
@@ -194,7 +204,7 @@ pub fn write_options(
 /// DeleteOptions from the query and an optional JSON body.
 pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteOptions, ApiError> {
     let mut opts = crate::registry::DeleteOptions {
-        dry_run: dry_run(q)?,
+        dry_run: dry_run(q, "DeleteOptions")?,
         ..Default::default()
     };
     let mut propagation = q.get("propagationPolicy").map(str::to_string);

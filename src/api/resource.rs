@@ -173,7 +173,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         }
         Verb::Create => {
             let out = negotiate(accept, true)?;
-            let wo = write_options(&q, call.headers, false)?;
+            let wo = write_options(&q, call.headers, false, "CreateOptions")?;
             let dups = duplicate_check(&call.body, &wo)?;
             let obj = decode_body(call.headers, &call.body, &rt.kind)?;
             let done = reg.create(&t, obj, &wo).await?;
@@ -184,7 +184,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         }
         Verb::Update => {
             let out = negotiate(accept, true)?;
-            let wo = write_options(&q, call.headers, false)?;
+            let wo = write_options(&q, call.headers, false, "UpdateOptions")?;
             let dups = duplicate_check(&call.body, &wo)?;
             let obj = decode_body(call.headers, &call.body, &rt.kind)?;
             if sub == Some("scale") {
@@ -215,7 +215,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 media,
                 "application/apply-patch+yaml" | "application/apply-patch+cbor"
             );
-            let wo = write_options(&q, call.headers, is_apply)?;
+            let wo = write_options(&q, call.headers, is_apply, "PatchOptions")?;
             let sr = if sub == Some("status") {
                 Subresource::Status
             } else {
