@@ -49,3 +49,58 @@ fn yaml_syntax_errors_name_the_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("broken.yaml: invalid YAML"), "{stderr}");
 }
+
+/// A definitions directory with other objects beside the CRDs (as projects
+/// ship them): the CRDs are served, the rest named once in the log.
+#[tokio::test(flavor = "multi_thread")]
+async fn documents_that_are_not_crds_are_skipped_and_named() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tmp");
+    let crds = dir.path().join("crds");
+    std::fs::create_dir_all(&crds).expect("mkdir");
+    let good =
+        std::fs::read_to_string(common::repo_path("crds/examples/widgets.yaml")).expect("example");
+    let policy = "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {name: widgets-policy}\nspec: {validations: [{expression: 'true'}]}\n";
+    let role = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: widget-editor}\nrules: []\n";
+    std::fs::write(
+        crds.join("all.yaml"),
+        format!("{policy}---\n{good}\n---\n{role}"),
+    )
+    .expect("write");
+    let log = dir.path().join("stderr.log");
+    let mut child = common::KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_kshard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
+            .arg(&crds)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn"),
+    );
+    let stdout = child.stdout.take().expect("stdout");
+    let first = BufReader::new(stdout)
+        .lines()
+        .next()
+        .expect("a line")
+        .expect("utf8");
+    assert!(first.starts_with("kshard is serving"), "{first}");
+    let client = common::client_for(&dir.path().join("data/kubeconfig")).await;
+    let req = http::Request::get(common::WIDGETS)
+        .body(Vec::new())
+        .expect("req");
+    client.request_text(req).await.expect("the CRD is served");
+    let stderr = std::fs::read_to_string(&log).expect("log");
+    let skipped: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("were skipped"))
+        .collect();
+    assert_eq!(skipped.len(), 1, "one line: {stderr}");
+    assert!(
+        skipped[0]
+            .contains("document 0 (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy)")
+            && skipped[0].contains("document 2 (rbac.authorization.k8s.io/v1 ClusterRole)"),
+        "{stderr}"
+    );
+}

@@ -112,6 +112,9 @@ impl ResourceType {
 #[derive(Debug, Default)]
 pub struct Catalog {
     pub resources: Vec<Arc<ResourceType>>,
+    /// Documents of other kinds found beside the CRDs (`file document N
+    /// (apiVersion kind)`), skipped.
+    pub skipped: Vec<String>,
 }
 
 /// A served group with its versions, highest priority first.
@@ -137,6 +140,12 @@ impl Catalog {
             })?;
             catalog.add_manifests(&file, &text)?;
         }
+        if !catalog.skipped.is_empty() {
+            tracing::warn!(
+                skipped = %catalog.skipped.join(", "),
+                "documents that are not CustomResourceDefinitions were skipped"
+            );
+        }
         Ok(catalog)
     }
 
@@ -157,6 +166,15 @@ impl Catalog {
             };
             let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
             let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+            // Projects ship other objects beside their CRDs (admission
+            // policies, RBAC): those are skipped, and named once at the end.
+            if !kind.is_empty() && !api_version.is_empty() && kind != "CustomResourceDefinition" {
+                self.skipped.push(format!(
+                    "{} document {index} ({api_version} {kind})",
+                    file.display()
+                ));
+                continue;
+            }
             if kind != "CustomResourceDefinition" || api_version != "apiextensions.k8s.io/v1" {
                 return Err(doc_err(format!(
                     "expected apiextensions.k8s.io/v1 CustomResourceDefinition, found {api_version:?} {kind:?}"
