@@ -126,6 +126,7 @@ pub fn negotiate(accept: Option<&str>, allow_meta: bool) -> Result<Output, ApiEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn picks_first_servable_type() {
@@ -162,5 +163,48 @@ mod tests {
             negotiate(Some("application/json;as=Widget;g=x;v=v1"), true).map_err(|e| e.code),
             Err(406)
         );
+    }
+
+    const ACCEPT_TOKENS: &[&str] = &[
+        "application/json",
+        "application/yaml",
+        "application/cbor",
+        "application/vnd.kubernetes.protobuf",
+        "*/*",
+        "application/*",
+        "text/plain",
+        ";",
+        ",",
+        "as=Table",
+        "as=PartialObjectMetadata",
+        "as=PartialObjectMetadataList",
+        "g=meta.k8s.io",
+        "v=v1",
+        "v=v1beta1",
+        "q=0",
+        "q=0.5",
+        "q=1",
+        "q=NaN",
+        "q=nan",
+        "q=inf",
+        "q=-1",
+        "q=1e999",
+        "q=",
+        " ",
+        "\"",
+        "=",
+        "é",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Any Accept header picks an output or is a 406.
+        #[test]
+        fn prop_negotiate_never_panics(accept in crate::fuzz::text(ACCEPT_TOKENS, 80), allow_meta in any::<bool>()) {
+            if let Err(e) = negotiate(Some(&accept), allow_meta) {
+                prop_assert_eq!(e.code, 406);
+            }
+        }
     }
 }
