@@ -262,6 +262,7 @@ pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteO
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// The tables themselves are tested in `registry::resource_version`; this
     /// checks the options reach them.
@@ -276,5 +277,26 @@ mod tests {
             o.watch_start().ok(),
             Some((WatchStart::InitialConsistent, true))
         );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        /// Any query string: options or a kube error, for every kind of request.
+        #[test]
+        fn prop_query_options_never_panic(
+            q in crate::fuzz::query(),
+            by_path in any::<bool>(),
+            apply in any::<bool>(),
+            body in crate::fuzz::body_bytes(),
+        ) {
+            let q = Query::parse(&q);
+            if let Ok(o) = ListOptions::parse(&q, by_path) {
+                let _ = (o.read_at(), o.get_read_at(), o.watch_start());
+            }
+            let _ = dry_run(&q);
+            let _ = write_options(&q, &http::HeaderMap::new(), apply);
+            let _ = delete_options(&q, &body);
+        }
     }
 }
