@@ -280,7 +280,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
 
         /// Any query string: options or a kube error, for every kind of request.
         #[test]

@@ -476,7 +476,7 @@ mod tests {
     ];
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
 
         /// Any method, path and query route somewhere (maybe NotFound).
         #[test]

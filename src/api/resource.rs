@@ -456,7 +456,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
 
         /// Any body of any content type: a value or a 400/415, never a panic
         /// or a stack overflow.

@@ -106,7 +106,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
 
         /// Any body: a list of paths (empty when it is not JSON), no panic.
         #[test]

@@ -829,7 +829,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
 
         /// Any JSON decodes to a set or an error; a decoded set encodes to
         /// FieldsV1 that decodes again.

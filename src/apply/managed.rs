@@ -1022,7 +1022,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
 
         /// Any managedFields value decodes or is an error; decoded entries
         /// encode to entries that decode again.

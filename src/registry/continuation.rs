@@ -140,7 +140,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 10000, ..ProptestConfig::default() })]
 
         /// Any token decodes or is a 400; a decoded one re-encodes to itself.
         #[test]

@@ -600,7 +600,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
 
         /// Any text parses to a selector or an error; a parsed selector
         /// matches any object without panicking.

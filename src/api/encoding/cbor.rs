@@ -1151,7 +1151,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 10000, ..ProptestConfig::default() })]
 
         /// Any bytes decode to a value or a `CborError`; what decodes encodes
         /// and decodes to the same value.

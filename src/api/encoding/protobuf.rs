@@ -942,7 +942,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
 
         /// Any bytes unwrap to a type and raw bytes, or a `ProtobufError`.
         #[test]
