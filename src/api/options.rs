@@ -289,13 +289,20 @@ mod tests {
             by_path in any::<bool>(),
             apply in any::<bool>(),
             body in crate::fuzz::body_bytes(),
+            user_agent in crate::fuzz::text(&["kubectl", "/", "v1.30", " ", "(linux)", "\u{7f}", "é", "\t"], 12),
         ) {
             let q = Query::parse(&q);
             if let Ok(o) = ListOptions::parse(&q, by_path) {
                 let _ = (o.read_at(), o.get_read_at(), o.watch_start());
+                let _ = resource_version::parse_revision(&o.resource_version);
+                let _ = resource_version::parse_object_revision("metadata.resourceVersion", &o.resource_version);
             }
             let _ = dry_run(&q);
-            let _ = write_options(&q, &http::HeaderMap::new(), apply);
+            let mut headers = http::HeaderMap::new();
+            if let Ok(ua) = http::HeaderValue::from_str(&user_agent) {
+                headers.insert(http::header::USER_AGENT, ua);
+            }
+            let _ = write_options(&q, &headers, apply);
             let _ = delete_options(&q, &body);
         }
     }

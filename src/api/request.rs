@@ -463,10 +463,15 @@ mod tests {
     ];
 
     fn path() -> impl Strategy<Value = String> {
+        let seg = || prop::sample::select(SEGMENTS);
+        // `/apis/{g}/{v}` then resource-like segments, so most paths reach
+        // the resource router (and its fieldSelector parsing).
+        let resource = (seg(), seg(), prop::collection::vec(seg(), 0..7))
+            .prop_map(|(g, v, rest)| format!("/apis/{g}/{v}/{}", rest.join("/")));
         prop_oneof![
             1 => any::<String>(),
-            4 => prop::collection::vec(prop::sample::select(SEGMENTS), 0..10)
-                .prop_map(|s| format!("/{}", s.join("/"))),
+            2 => prop::collection::vec(seg(), 0..10).prop_map(|s| format!("/{}", s.join("/"))),
+            4 => resource,
             1 => (1..5000usize).prop_map(|n| "/".repeat(n)),
         ]
     }
