@@ -9,6 +9,8 @@ pub mod auth;
 pub mod authz;
 pub mod controller;
 pub mod flowcontrol;
+#[cfg(test)]
+mod fuzz;
 pub mod host;
 pub mod manifests;
 pub mod registry;

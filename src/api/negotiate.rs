@@ -55,15 +55,18 @@ fn parse(accept: &str) -> Vec<Range> {
                     "as" => r.as_ = v,
                     "g" => r.g = v,
                     "v" => r.v = v,
-                    "q" => r.q = v.parse().unwrap_or(0.0),
+                    // `NaN` parses as a float but is no q-value: unacceptable,
+                    // like any other value that does not parse.
+                    "q" => r.q = v.parse().ok().filter(|q: &f32| !q.is_nan()).unwrap_or(0.0),
                     _ => {}
                 }
             }
             Some(r)
         })
         .collect();
-    // Stable: equal q keeps the client's order.
-    out.sort_by(|a, b| b.q.partial_cmp(&a.q).unwrap_or(std::cmp::Ordering::Equal));
+    // Stable: equal q keeps the client's order. A total order: sort_by panics
+    // on one that is not (as `partial_cmp` with NaN made equal was not).
+    out.sort_by(|a, b| b.q.total_cmp(&a.q));
     out
 }
 
@@ -166,6 +169,7 @@ fn meta_kind(as_: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn picks_first_servable_type() {
@@ -202,5 +206,80 @@ mod tests {
             negotiate(Some("application/json;as=Widget;g=x;v=v1"), true).map_err(|e| e.code),
             Err(406)
         );
+    }
+
+    const ACCEPT_TOKENS: &[&str] = &[
+        "application/json",
+        "application/yaml",
+        "application/cbor",
+        "application/vnd.kubernetes.protobuf",
+        "*/*",
+        "application/*",
+        "text/plain",
+        ";",
+        ",",
+        "as=Table",
+        "as=PartialObjectMetadata",
+        "as=PartialObjectMetadataList",
+        "g=meta.k8s.io",
+        "v=v1",
+        "v=v1beta1",
+        "q=0",
+        "q=0.5",
+        "q=1",
+        "q=NaN",
+        "q=nan",
+        "q=inf",
+        "q=-1",
+        "q=1e999",
+        "q=",
+        " ",
+        "\"",
+        "=",
+        "é",
+    ];
+
+    /// Regression (found by `prop_negotiate_never_panics`): a `q=NaN` among
+    /// more than 20 media ranges made the sort panic ("user-provided
+    /// comparison function does not correctly implement a total order").
+    #[test]
+    fn nan_q_values_are_unacceptable() {
+        let mut ranges = vec!["application/json"; 21];
+        ranges[1] = "application/json;q=0";
+        ranges[10] = "application/json;q=NaN";
+        assert_eq!(negotiate(Some(&ranges.join(",")), false), Ok(Output::Json));
+        let e = negotiate(Some("application/json;q=NaN"), true).map_err(|e| e.code);
+        assert_eq!(e, Err(406));
+    }
+
+    /// An Accept header: a soup of its tokens, or a list of media ranges
+    /// with parameters (long lists too: sorting them is where q-values matter).
+    fn accept() -> impl Strategy<Value = String> {
+        let range = (
+            prop::sample::select(&ACCEPT_TOKENS[..7]),
+            prop::collection::vec(prop::sample::select(&ACCEPT_TOKENS[9..24]), 0..4),
+        )
+            .prop_map(|(media, params)| {
+                std::iter::once(media)
+                    .chain(params)
+                    .collect::<Vec<_>>()
+                    .join(";")
+            });
+        prop_oneof![
+            1 => crate::fuzz::text(ACCEPT_TOKENS, 80),
+            2 => prop::collection::vec(range, 0..64).prop_map(|r| r.join(",")),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
+
+        /// Any Accept header picks an output or is a 406.
+        #[test]
+        fn prop_negotiate_never_panics(accept in accept(), allow_meta in any::<bool>()) {
+            if let Err(e) = negotiate(Some(&accept), allow_meta) {
+                prop_assert_eq!(e.code, 406);
+            }
+        }
     }
 }

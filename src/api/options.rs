@@ -272,6 +272,7 @@ pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteO
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// The tables themselves are tested in `registry::resource_version`; this
     /// checks the options reach them.
@@ -286,5 +287,33 @@ mod tests {
             o.watch_start().ok(),
             Some((WatchStart::InitialConsistent, true))
         );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Any query string: options or a kube error, for every kind of request.
+        #[test]
+        fn prop_query_options_never_panic(
+            q in crate::fuzz::query(),
+            by_path in any::<bool>(),
+            apply in any::<bool>(),
+            body in crate::fuzz::body_bytes(),
+            user_agent in crate::fuzz::text(&["kubectl", "/", "v1.30", " ", "(linux)", "\u{7f}", "é", "\t"], 12),
+        ) {
+            let q = Query::parse(&q);
+            if let Ok(o) = ListOptions::parse(&q, by_path) {
+                let _ = (o.read_at(), o.get_read_at(), o.watch_start());
+                let _ = resource_version::parse_revision(&o.resource_version);
+                let _ = resource_version::parse_object_revision("metadata.resourceVersion", &o.resource_version);
+            }
+            let _ = dry_run(&q);
+            let mut headers = http::HeaderMap::new();
+            if let Ok(ua) = http::HeaderValue::from_str(&user_agent) {
+                headers.insert(http::header::USER_AGENT, ua);
+            }
+            let _ = write_options(&q, &headers, apply);
+            let _ = delete_options(&q, &body);
+        }
     }
 }

@@ -230,6 +230,7 @@ fn resource_route(method: &Method, g: &str, v: &str, rest: &[&str], query: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn res(method: Method, path: &str, query: &str) -> ResourceRequest {
         match route(&method, path, query) {
@@ -429,5 +430,72 @@ mod tests {
         assert_eq!(bad.selected_name, None, "an invalid name selects nothing");
         let not_eq = res(Method::GET, p, "fieldSelector=metadata.name!%3Dw1");
         assert_eq!(not_eq.selected_name, None);
+    }
+
+    const SEGMENTS: &[&str] = &[
+        "",
+        "api",
+        "apis",
+        "v1",
+        "g",
+        "demo.kshard.dev",
+        "namespaces",
+        "ns",
+        "watch",
+        "widgets",
+        "w1",
+        "status",
+        "scale",
+        "finalize",
+        "..",
+        ".",
+        "%2F",
+        "%",
+        "%C3%A9",
+        "é",
+        "livez",
+        "readyz",
+        "healthz",
+        "version",
+        "openapi",
+        "v2",
+        "v3",
+    ];
+
+    fn path() -> impl Strategy<Value = String> {
+        let seg = || prop::sample::select(SEGMENTS);
+        // `/apis/{g}/{v}` then resource-like segments, so most paths reach
+        // the resource router (and its fieldSelector parsing).
+        let resource = (seg(), seg(), prop::collection::vec(seg(), 0..7))
+            .prop_map(|(g, v, rest)| format!("/apis/{g}/{v}/{}", rest.join("/")));
+        prop_oneof![
+            1 => any::<String>(),
+            2 => prop::collection::vec(seg(), 0..10).prop_map(|s| format!("/{}", s.join("/"))),
+            4 => resource,
+            1 => (1..5000usize).prop_map(|n| "/".repeat(n)),
+        ]
+    }
+
+    const METHODS: &[&str] = &[
+        "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "X",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
+
+        /// Any method, path and query route somewhere (maybe NotFound).
+        #[test]
+        fn prop_route_never_panics(
+            method in prop::sample::select(METHODS),
+            path in path(),
+            query in crate::fuzz::query(),
+        ) {
+            let method = Method::from_bytes(method.as_bytes()).unwrap_or(Method::GET);
+            let _ = route(&method, &path, &query).is_watch();
+            if let Ok(uri) = format!("{path}?{query}").parse::<http::Uri>() {
+                let info = RequestInfo::parse(&method, &uri);
+                let _ = info.route.is_watch();
+            }
+        }
     }
 }

@@ -69,6 +69,19 @@ pub fn decode_body(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<Value
     Ok(value)
 }
 
+/// Decodes a server-side apply body: CBOR for `application/apply-patch+cbor`,
+/// else YAML (of which JSON is a subset).
+fn decode_apply_config(media: &str, body: &[u8]) -> Result<Value, ApiError> {
+    if media == "application/apply-patch+cbor" {
+        return super::encoding::cbor::from_cbor(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding CBOR: {e}")));
+    }
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    serde_saphyr::from_str(text)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+}
+
 pub async fn handle(state: &ApiState, call: Call<'_>) -> Response {
     let accept = call
         .headers
@@ -223,15 +236,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             };
             if is_apply {
                 let force = q.bool("force").unwrap_or(false);
-                let config: Value = if media == "application/apply-patch+cbor" {
-                    super::encoding::cbor::from_cbor(&call.body)
-                        .map_err(|e| ApiError::bad_request(format!("error decoding CBOR: {e}")))?
-                } else {
-                    let text = std::str::from_utf8(&call.body)
-                        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-                    serde_saphyr::from_str(text)
-                        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
-                };
+                let config = decode_apply_config(media, &call.body)?;
                 if sub == Some("scale") {
                     return Err(ApiError::unsupported_media_type(&PATCH_TYPES[..2]));
                 }
@@ -375,3 +380,149 @@ fn scale_response(t: &Target, item: &Item, code: StatusCode) -> Response {
 }
 
 pub type Shared = Arc<ApiState>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const YAML_TOKENS: &[&str] = &[
+        "a",
+        "b",
+        "- ",
+        ": ",
+        "&a ",
+        "*a",
+        "&b ",
+        "*b",
+        "!!str ",
+        "!!binary ",
+        "!!map ",
+        "!x ",
+        "<<: *a",
+        "{",
+        "}",
+        "[",
+        "]",
+        ", ",
+        "\n",
+        "  ",
+        "? ",
+        "|",
+        ">",
+        "'",
+        "\"",
+        "# c",
+        "---",
+        "...",
+        "%YAML 1.2\n",
+        "~",
+        "null",
+        "1e999",
+        "-.inf",
+        ".nan",
+        "0x1F",
+        "0o17",
+        "2024-01-01",
+        "\t",
+        "é",
+        "\u{0}",
+        "\u{feff}",
+        "\\",
+        "\"\\ud800\"",
+    ];
+
+    const MEDIA: &[&str] = &[
+        "",
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/yaml",
+        "application/cbor",
+        "*/*",
+        "text/plain",
+        "application/vnd.kubernetes.protobuf",
+    ];
+
+    fn body() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            4 => crate::fuzz::body_bytes(),
+            3 => crate::fuzz::token_soup(YAML_TOKENS, 40).prop_map(String::into_bytes),
+            1 => crate::fuzz::nested("- ", "").prop_map(String::into_bytes),
+            1 => crate::fuzz::nested("{a: ", "}").prop_map(String::into_bytes),
+            1 => crate::fuzz::json_value().prop_map(|v| crate::api::encoding::cbor::to_cbor(&v)),
+        ]
+    }
+
+    fn headers(media: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Ok(v) = http::HeaderValue::from_str(media) {
+            h.insert(header::CONTENT_TYPE, v);
+        }
+        h
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Any body of any content type: a value or a 400/415, never a panic
+        /// or a stack overflow.
+        #[test]
+        fn prop_decode_body_never_panics(media in prop::sample::select(MEDIA), body in body()) {
+            if let Err(e) = decode_body(&headers(media), &body, "W") {
+                prop_assert!(e.code == 400 || e.code == 415, "{}", e.code);
+            }
+            for media in ["application/apply-patch+yaml", "application/apply-patch+cbor"] {
+                if let Err(e) = decode_apply_config(media, &body) {
+                    prop_assert_eq!(e.code, 400);
+                }
+            }
+        }
+    }
+
+    /// 10,000 levels of nesting in every body format are refused.
+    #[test]
+    fn deeply_nested_bodies_are_refused() {
+        let n = 10_000;
+        let json = format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let flow = format!("{}{}", "{a: ".repeat(n), "}".repeat(n));
+        let block = format!("{}x", "- ".repeat(n));
+        // Each level one space deeper: 1,000 levels are already 500 kB.
+        let indented: String = (0..1_000)
+            .map(|i| format!("{}a:\n", " ".repeat(i)))
+            .collect();
+        let mut cbor = vec![0x81; n];
+        cbor.push(0);
+        for (media, body) in [
+            ("application/json", json.as_bytes()),
+            ("application/yaml", json.as_bytes()),
+            ("application/yaml", flow.as_bytes()),
+            ("application/yaml", block.as_bytes()),
+            ("application/yaml", indented.as_bytes()),
+            ("application/cbor", &cbor),
+        ] {
+            let e = decode_body(&headers(media), body, "W").expect_err(media);
+            assert_eq!(e.code, 400, "{media}");
+        }
+        for body in [json.as_bytes(), flow.as_bytes(), block.as_bytes()] {
+            let e = decode_apply_config("application/apply-patch+yaml", body).expect_err("deep");
+            assert_eq!(e.code, 400);
+        }
+    }
+
+    /// An alias bomb (9⁹ leaves) is refused by the YAML budget, not expanded.
+    #[test]
+    fn yaml_alias_bomb_is_refused() {
+        let mut doc = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..9 {
+            let p = i - 1;
+            doc.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+            ));
+        }
+        let h = headers("application/yaml");
+        assert_eq!(
+            decode_body(&h, doc.as_bytes(), "W").map_err(|e| e.code),
+            Err(400)
+        );
+    }
+}

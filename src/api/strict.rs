@@ -92,6 +92,7 @@ impl<'de> Visitor<'de> for Walker<'_> {
 #[cfg(test)]
 mod tests {
     use super::duplicate_fields;
+    use proptest::prelude::*;
 
     #[test]
     fn finds_repeated_keys_with_paths() {
@@ -102,5 +103,15 @@ mod tests {
         );
         assert!(duplicate_fields(br#"{"a":{"b":1},"c":[1,2]}"#).is_empty());
         assert!(duplicate_fields(b"not json").is_empty());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
+
+        /// Any body: a list of paths (empty when it is not JSON), no panic.
+        #[test]
+        fn prop_duplicate_fields_never_panics(body in crate::fuzz::body_bytes()) {
+            let _ = duplicate_fields(&body);
+        }
     }
 }

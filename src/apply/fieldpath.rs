@@ -641,6 +641,7 @@ fn read_fields_level(v: &Value) -> Result<(Option<Set>, bool), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn f(s: &str) -> PathElement {
@@ -779,5 +780,73 @@ mod tests {
         assert_eq!(go_float(1e21, true), "1e+21");
         assert_eq!(go_float(1.5, true), "1.5");
         assert_eq!(go_float(80.0, true), "80");
+    }
+
+    const FIELD_KEYS: &[&str] = &[
+        ".",
+        "f:a",
+        "f:spec",
+        "f:",
+        "f:é",
+        "k:{\"name\":\"a\"}",
+        "k:{\"a\":1,\"b\":[1]}",
+        "k:{}",
+        "k:[]",
+        "k:{",
+        "k:{\"a\":1e999}",
+        "v:1",
+        "v:\"x\"",
+        "v:[1,{}]",
+        "v:",
+        "v:nul",
+        "i:0",
+        "i:-1",
+        "i:99999999999999999999",
+        "i:x",
+        "z:unknown",
+        "é:",
+        "f",
+        "",
+        ":",
+        "ff:a",
+    ];
+
+    /// FieldsV1-like JSON: objects keyed by (mostly) element keys, with
+    /// arbitrary values here and there.
+    fn fields_v1() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            6 => prop::sample::select(FIELD_KEYS).prop_map(str::to_string),
+            1 => any::<String>(),
+        ];
+        let leaf = prop_oneof![
+            8 => Just(json!({})),
+            1 => crate::fuzz::json_value(),
+        ];
+        leaf.prop_recursive(6, 64, 6, move |inner| {
+            prop::collection::vec((key.clone(), inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect()))
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
+
+        /// Any JSON decodes to a set or an error; a decoded set encodes to
+        /// FieldsV1 that decodes again.
+        #[test]
+        fn prop_fields_v1_never_panics(
+            v in prop_oneof![4 => fields_v1(), 1 => crate::fuzz::json_value()],
+            key in crate::fuzz::text(FIELD_KEYS, 4),
+        ) {
+            let _ = PathElement::from_fields_key(&key);
+            if let Ok(set) = Set::from_fields_v1(&v) {
+                let _ = set.to_fields_v1_string();
+                let again = Set::from_fields_v1(&set.to_fields_v1());
+                prop_assert!(again.is_ok(), "{:?}", again);
+                for p in set.paths() {
+                    let _ = path_string(&p);
+                }
+            }
+        }
     }
 }

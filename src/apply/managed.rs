@@ -860,6 +860,7 @@ fn cap_update_managers(managed: &mut Managed) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -945,5 +946,104 @@ mod tests {
             assert!(b.set.has(&[PathElement::Field(format!("f{i}"))]));
         }
         assert_eq!(m.times[&bucket], 2);
+    }
+
+    /// Fields of a managedFields entry: valid, near-valid or of the wrong type.
+    fn entry_field(valid: &'static [&'static str]) -> BoxedStrategy<Option<Value>> {
+        prop_oneof![
+            4 => prop::sample::select(valid).prop_map(|s| Some(Value::from(s))),
+            1 => Just(None),
+            1 => crate::fuzz::json_value().prop_map(Some),
+        ]
+        .boxed()
+    }
+
+    fn entry() -> impl Strategy<Value = Value> {
+        (
+            entry_field(&["m", "kubectl", "", "é\"<"]),
+            entry_field(&["Apply", "Update", "apply", ""]),
+            entry_field(&["v1", "g/v1", ""]),
+            entry_field(&[
+                "2024-02-29T12:34:56Z",
+                "2024-02-29T12:34:56.5+02:00",
+                "9999-12-31T23:59:59-23:59",
+                "0000-01-01T00:00:00Z",
+                "2024-13-01T00:00:00Z",
+                "x",
+            ]),
+            entry_field(&["FieldsV1", "", "FieldsV2"]),
+            entry_field(&["", "status", "scale"]),
+            prop_oneof![
+                3 => Just(Some(json!({"f:spec": {"f:a": {}, ".": {}}}))),
+                1 => crate::fuzz::json_value().prop_map(Some),
+                1 => Just(None),
+            ],
+        )
+            .prop_map(|(m, op, av, time, ft, sub, fields)| {
+                let mut e = Map::new();
+                for (k, v) in [
+                    ("manager", m),
+                    ("operation", op),
+                    ("apiVersion", av),
+                    ("time", time),
+                    ("fieldsType", ft),
+                    ("subresource", sub),
+                    ("fieldsV1", fields),
+                ] {
+                    if let Some(v) = v {
+                        e.insert(k.into(), v);
+                    }
+                }
+                Value::Object(e)
+            })
+    }
+
+    /// Regression (found by `prop_managed_fields_never_panics`): a time whose
+    /// offset puts it past year 9999 was accepted, then written back as
+    /// `10000-01-01T23:58:59Z`, which no later write could decode.
+    #[test]
+    fn times_outside_years_0_to_9999_are_refused() {
+        for (time, ok) in [
+            ("9999-12-31T23:59:59-23:59", false),
+            ("0000-01-01T00:00:00+00:01", false),
+            ("9999-12-31T23:59:59Z", true),
+            ("0000-01-01T00:00:00Z", true),
+        ] {
+            let entries = json!([{
+                "manager": "m", "operation": "Update", "apiVersion": "v1", "time": time,
+                "fieldsType": "FieldsV1", "fieldsV1": {}
+            }]);
+            let got = decode(Some(&entries));
+            assert_eq!(got.is_ok(), ok, "{time}: {:?}", got.err());
+            if let Ok(m) = got {
+                assert!(decode(encode(&m).as_ref()).is_ok(), "{time}");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 4000, ..ProptestConfig::default() })]
+
+        /// Any managedFields value decodes or is an error; decoded entries
+        /// encode to entries that decode again.
+        #[test]
+        fn prop_managed_fields_never_panics(
+            entries in prop_oneof![
+                4 => prop::collection::vec(entry(), 0..5).prop_map(Value::Array),
+                1 => crate::fuzz::json_value(),
+            ],
+            id in ".{0,40}",
+        ) {
+            let _ = describe_manager(&id);
+            let _ = parse_id(&id);
+            if let Ok(managed) = decode(Some(&entries)) {
+                let encoded = encode(&managed);
+                let again = decode(encoded.as_ref());
+                prop_assert!(again.is_ok(), "{:?}", again.err());
+                for id in managed.fields.keys() {
+                    let _ = describe_manager(id);
+                }
+            }
+        }
     }
 }

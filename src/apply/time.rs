@@ -86,7 +86,12 @@ pub(super) fn parse_time(s: &str) -> Option<i64> {
         }
         _ => return None,
     };
-    Some(days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset)
+    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset;
+    // An offset can move the instant out of years 0000-9999, which
+    // format_time could not write in a form this function reads back.
+    let first = days_from_civil(0, 1, 1) * 86_400;
+    let last = days_from_civil(9999, 12, 31) * 86_400 + 86_399;
+    (first..=last).contains(&secs).then_some(secs)
 }
 
 /// Formats unix seconds as kube writes `metav1.Time`: UTC, second precision.

@@ -81,6 +81,7 @@ impl ContinueToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn round_trips_and_rejects_garbage() {
@@ -95,5 +96,62 @@ mod tests {
         assert!(err
             .message
             .starts_with("invalid continue token: continue key is not valid"));
+    }
+
+    const TOKEN_JSON: &[&str] = &[
+        "{",
+        "}",
+        ",",
+        ":",
+        "\"v\"",
+        "\"rv\"",
+        "\"start\"",
+        "\"meta.k8s.io/v1\"",
+        "\"v2\"",
+        "0",
+        "-1",
+        "42",
+        "9223372036854775808",
+        "1.5",
+        "\"ns/a\\u0000\"",
+        "\"\"",
+        "\"../x\"",
+        "\"a/./b\"",
+        "null",
+        "[",
+        "]",
+        " ",
+    ];
+
+    /// A continue token: text as sent, or base64 of random bytes or of
+    /// near-valid token JSON (so decoding gets past base64 and JSON).
+    fn token() -> impl Strategy<Value = String> {
+        let b64 = |b: Vec<u8>| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        prop_oneof![
+            1 => crate::fuzz::text(&["A", "a", "-", "_", "+", "/", "=", "==", "!", " "], 40),
+            1 => prop::collection::vec(any::<u8>(), 0..64).prop_map(b64),
+            3 => crate::fuzz::token_soup(TOKEN_JSON, 16).prop_map(move |j| b64(j.into_bytes())),
+            2 => (any::<i64>(), ".{0,12}", prop::sample::select(&["meta.k8s.io/v1", "x"][..]))
+                .prop_map(move |(rv, start, v)| {
+                    b64(serde_json::to_vec(&serde_json::json!({"v": v, "rv": rv, "start": start}))
+                        .unwrap_or_default())
+                }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 10000, ..ProptestConfig::default() })]
+
+        /// Any token decodes or is a 400; a decoded one re-encodes to itself.
+        #[test]
+        fn prop_continue_token_never_panics(s in token()) {
+            match ContinueToken::decode(&s) {
+                Ok(t) => {
+                    let _ = t.after();
+                    prop_assert_eq!(ContinueToken::decode(&t.encode()).ok(), Some(t));
+                }
+                Err(e) => prop_assert_eq!(e.code, 400),
+            }
+        }
     }
 }

@@ -140,6 +140,7 @@ impl Registry {
             StorageError::NotFound => ApiError::not_found(&t.rt.group, &t.rt.plural, name),
             StorageError::Conflict { .. } => ApiError::modified(&t.rt.group, &t.rt.plural, name),
             StorageError::TooLarge { size, limit } => too_large(t, name, size, limit),
+            StorageError::TooDeep { limit } => too_deep(t, name, limit),
             other => storage_error(other),
         }
     }
@@ -156,6 +157,21 @@ pub(super) fn too_large(t: &Target, name: &str, size: usize, limit: usize) -> Ap
             "<root>",
             Some(size.to_string()),
             format!("may not be more than {limit} bytes"),
+        )],
+    )
+}
+
+/// An object nested too deeply to store (and read back): 422 as well.
+pub(super) fn too_deep(t: &Target, name: &str, limit: usize) -> ApiError {
+    ApiError::invalid(
+        &t.rt.group,
+        &t.rt.kind,
+        name,
+        &[FieldError::new(
+            crate::status::FieldErrorKind::Invalid,
+            "<root>",
+            None,
+            format!("may not nest arrays and objects more than {limit} levels deep"),
         )],
     )
 }
@@ -254,5 +270,52 @@ mod tests {
             .err()
             .map(|e| e.code);
         assert_eq!(e, Some(409));
+    }
+
+    /// Regression: a create body nested 122 levels parsed (serde_json allows
+    /// 127), but its managedFields nest deeper than the object, so the stored
+    /// object could not be read, deleted, or loaded by the watch cache at the
+    /// next start. Objects that deep are refused before they are stored.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn objects_too_deep_to_read_back_are_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (reg, t) = registry(dir.path()).await;
+        let nested = |name: &str, n: usize| {
+            let mut w = widget();
+            w["metadata"]["name"] = json!(name);
+            w["spec"]["deep"] = crate::fuzz::deep_value(n, false);
+            w
+        };
+        let e = reg
+            .create(&t, nested("deep", 122), &opts())
+            .await
+            .err()
+            .map(|e| (e.code, e.message));
+        assert_eq!(
+            e,
+            Some((
+                422,
+                "Widget.demo.kshard.dev \"deep\" is invalid: <root>: Invalid value: may not nest arrays and objects more than 127 levels deep".into()
+            ))
+        );
+        // Just under the limit with its managedFields: stored and readable.
+        reg.create(&t, nested("ok", 118), &opts())
+            .await
+            .expect("create");
+        let got = reg
+            .get(&t, "ok", &super::super::ReadAt::Consistent)
+            .await
+            .expect("get");
+        assert!(got.value["metadata"]["managedFields"].is_array());
+        let e = reg
+            .update_with(&t, "ok", Subresource::Main, &opts(), |cur| {
+                let mut v = cur.clone();
+                v["spec"]["deep"] = crate::fuzz::deep_value(122, false);
+                Ok(v)
+            })
+            .await
+            .err()
+            .map(|e| e.code);
+        assert_eq!(e, Some(422));
     }
 }

@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use crate::status::ApiError;
+use crate::storage::{nesting_within, MAX_OBJECT_NESTING};
 
 /// Most operations one JSON patch may hold (kube's `maxJSONPatchOperations`).
 pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
@@ -40,6 +41,21 @@ fn json_size(v: &Value) -> usize {
                     .sum::<usize>()
         }
     }
+}
+
+/// Refuses an operation that would put `value` at `path` nested deeper than
+/// a stored object may be. Checked before each operation, the document never
+/// gets deeper than that: copies into their own members could otherwise
+/// double its depth each time, past what dropping or serializing it (both
+/// recursive) can survive.
+fn check_nesting(path: &json_patch::jsonptr::Pointer, value: &Value) -> Result<(), ApiError> {
+    let room = MAX_OBJECT_NESTING.saturating_sub(path.count());
+    if nesting_within(value, room).is_none() {
+        return Err(invalid(format!(
+            "the patched object would nest arrays and objects more than {MAX_OBJECT_NESTING} levels deep (at {path})"
+        )));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,14 +108,31 @@ pub fn apply(kind: PatchType, current: &Value, body: &[u8]) -> Result<Value, Api
             // is allocated. `doc` is a copy: a failed patch leaves nothing behind.
             let mut copied = 0usize;
             for op in &patch.0 {
-                if let json_patch::PatchOperation::Copy(c) = op {
-                    let size = doc.pointer(c.from.as_str()).map_or(0, json_size);
-                    copied = copied.saturating_add(size);
-                    if copied > MAX_ACCUMULATED_COPY_BYTES {
-                        return Err(invalid(format!(
-                            "Unable to complete the copy, the accumulated size increase of copy is {copied}, exceeding the limit {MAX_ACCUMULATED_COPY_BYTES}"
-                        )));
+                use json_patch::PatchOperation as Op;
+                match op {
+                    Op::Copy(c) => {
+                        let from = doc.pointer(c.from.as_str());
+                        let size = from.map_or(0, json_size);
+                        copied = copied.saturating_add(size);
+                        if copied > MAX_ACCUMULATED_COPY_BYTES {
+                            return Err(invalid(format!(
+                                "Unable to complete the copy, the accumulated size increase of copy is {copied}, exceeding the limit {MAX_ACCUMULATED_COPY_BYTES}"
+                            )));
+                        }
+                        if let Some(v) = from {
+                            check_nesting(&c.path, v)?;
+                        }
                     }
+                    Op::Add(a) => check_nesting(&a.path, &a.value)?,
+                    Op::Replace(r) => check_nesting(&r.path, &r.value)?,
+                    // A move no deeper than its source cannot deepen the object;
+                    // only deeper moves need the (possibly large) value walked.
+                    Op::Move(m) if m.path.count() > m.from.count() => {
+                        if let Some(v) = doc.pointer(m.from.as_str()) {
+                            check_nesting(&m.path, v)?;
+                        }
+                    }
+                    _ => {}
                 }
                 json_patch::patch(&mut doc, std::slice::from_ref(op))
                     .map_err(|e| invalid(e.to_string()))?;
@@ -112,6 +145,7 @@ pub fn apply(kind: PatchType, current: &Value, body: &[u8]) -> Result<Value, Api
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -214,5 +248,187 @@ mod tests {
             "{} vs {exact}",
             json_size(&v)
         );
+    }
+
+    /// Whether a patch result could be stored: under 4 MiB, and JSON that
+    /// kshard can read back (the store decodes with serde_json's limits).
+    fn storable(v: &Value) -> Result<(), String> {
+        let bytes = serde_json::to_vec(v).map_err(|e| e.to_string())?;
+        if bytes.len() > 4 << 20 {
+            return Err(format!("{} bytes", bytes.len()));
+        }
+        serde_json::from_slice::<Value>(&bytes)
+            .map(drop)
+            .map_err(|e| format!("unreadable: {e}"))
+    }
+
+    fn current() -> Value {
+        json!({
+            "apiVersion": "g/v1", "kind": "W",
+            "metadata": {"name": "a", "labels": {"x": "1"}},
+            "spec": {"a": "x", "b": [1, 2, {"c": null}], "n": 1.5}
+        })
+    }
+
+    const PATHS: &[&str] = &[
+        "",
+        "/",
+        "/spec",
+        "/spec/a",
+        "/spec/b",
+        "/spec/b/-",
+        "/spec/b/0",
+        "/spec/b/2/c",
+        "/spec/b/99999999999999999999",
+        "/spec/b/-1",
+        "/spec/b/01",
+        "/spec/x/y",
+        "/metadata",
+        "/metadata/labels/x",
+        "/a~1b",
+        "/spec/a/a",
+        "/-",
+        "/spec/c",
+        "/spec/c/c",
+        "/spec/c/c/c",
+        "/spec/b/2/c/c",
+    ];
+
+    /// Pointers that do not parse: one fails the whole patch, so they are rare.
+    const BAD_PATHS: &[&str] = &["spec", "/~2", "/~", "/a~"];
+
+    /// One operation, mostly ones that can succeed (one failing operation
+    /// fails the whole patch): adds and copies, also into their own source.
+    fn op() -> impl Strategy<Value = Value> {
+        let path = || {
+            prop_oneof![
+                40 => prop::sample::select(PATHS),
+                1 => prop::sample::select(BAD_PATHS),
+            ]
+        };
+        let value = prop_oneof![
+            3 => Just(json!({"a": [1, 2, 3], "b": "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"})),
+            3 => crate::fuzz::json_value(),
+            2 => (115..126usize).prop_map(|n| crate::fuzz::deep_value(n, true)),
+        ];
+        let kind = prop_oneof![
+            4 => Just("add"),
+            4 => Just("copy"),
+            2 => Just("move"),
+            2 => Just("replace"),
+            1 => Just("remove"),
+            1 => Just("test"),
+        ];
+        (kind, path(), path(), value).prop_map(|(op, path, from, value)| match op {
+            "copy" | "move" => json!({"op": op, "from": from, "path": path}),
+            "remove" => json!({"op": op, "path": path}),
+            _ => json!({"op": op, "path": path, "value": value}),
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
+
+        /// Any body, as JSON patch or merge patch: an error or a storable object.
+        #[test]
+        fn prop_patch_arbitrary_body_never_panics(
+            json in any::<bool>(),
+            body in crate::fuzz::body_bytes(),
+        ) {
+            let kind = if json { PatchType::Json } else { PatchType::Merge };
+            if let Ok(v) = apply(kind, &current(), &body) {
+                prop_assert_eq!(storable(&v), Ok(()));
+            }
+        }
+
+    }
+
+    proptest! {
+        // Fewer cases: documents grow to megabytes here.
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Generated JSON patches, heavy on `copy` and `add`: an error or a
+        /// storable object, never unbounded growth.
+        #[test]
+        fn prop_json_patch_ops_stay_bounded(
+            ops in prop::collection::vec(op(), 1..24),
+            doubling in prop_oneof![15 => Just(0usize), 1 => 0..40usize],
+        ) {
+            // As generated: most fail at some operation, which is an error.
+            let body = serde_json::to_vec(&ops).unwrap_or_default();
+            if let Ok(v) = apply(PatchType::Json, &current(), &body) {
+                prop_assert_eq!(storable(&v), Ok(()));
+            }
+            // Only the operations that apply one after another, so the whole
+            // patch gets far: this is where depth and size build up.
+            let mut kept = Vec::new();
+            let mut doc = current();
+            for op in ops {
+                let one = serde_json::to_vec(&[&op]).unwrap_or_default();
+                if let Ok(next) = apply(PatchType::Json, &doc, &one) {
+                    doc = next;
+                    kept.push(op);
+                }
+            }
+            // Copies that each double the document: only the copy limit stops them.
+            for _ in 0..doubling {
+                kept.push(json!({"op": "copy", "from": "/spec", "path": "/spec/b/-"}));
+            }
+            let body = serde_json::to_vec(&kept).unwrap_or_default();
+            if let Ok(v) = apply(PatchType::Json, &current(), &body) {
+                prop_assert_eq!(storable(&v), Ok(()));
+            }
+            let ops = kept;
+            let merge = serde_json::to_vec(&json!({"spec": ops})).unwrap_or_default();
+            if let Ok(v) = apply(PatchType::Merge, &current(), &merge) {
+                prop_assert_eq!(storable(&v), Ok(()));
+            }
+        }
+    }
+
+    /// Regression: JSON patches could nest the object deeper than serde_json
+    /// reads back (then stored, it was unreadable) and, by copying a chain
+    /// into itself, deep enough to overflow the stack.
+    #[test]
+    fn json_patch_may_not_nest_deeper_than_a_body() {
+        assert_eq!(MAX_OBJECT_NESTING, crate::api::encoding::cbor::MAX_NESTING);
+        let deep = crate::fuzz::deep_value(125, true);
+        let add = |path: &str| {
+            let body = json!([{"op": "add", "path": path, "value": deep}]);
+            apply(
+                PatchType::Json,
+                &current(),
+                &serde_json::to_vec(&body).expect("json"),
+            )
+        };
+        // Two levels above it: 127 in all, readable.
+        assert_eq!(storable(&add("/spec/deep").expect("at the limit")), Ok(()));
+        let e = add("/spec/b/2/c").expect_err("too deep");
+        assert_eq!(e.code, 422);
+        // `move` builds depth without any deep value in the patch.
+        let mut ops = vec![json!({"op": "add", "path": "/d", "value": {}})];
+        for _ in 0..200 {
+            ops.push(json!({"op": "add", "path": "/t", "value": {}}));
+            ops.push(json!({"op": "move", "from": "/d", "path": "/t/d"}));
+            ops.push(json!({"op": "move", "from": "/t", "path": "/d"}));
+        }
+        let body = serde_json::to_vec(&ops).expect("json");
+        let e = apply(PatchType::Json, &current(), &body).expect_err("too deep");
+        assert_eq!(e.code, 422);
+        // Copies of a chain into its own deepest member double its depth: 12
+        // of them (a 490 kB body) reached 245,760 levels and overflowed the
+        // stack, aborting the process.
+        let mut ops =
+            vec![json!({"op": "add", "path": "/c", "value": crate::fuzz::deep_value(60, false)})];
+        let mut depth = 60;
+        for _ in 0..12 {
+            ops.push(
+                json!({"op": "copy", "from": "/c", "path": format!("/c{}", "/a".repeat(depth))}),
+            );
+            depth *= 2;
+        }
+        let body = serde_json::to_vec(&ops).expect("json");
+        let e = apply(PatchType::Json, &current(), &body).expect_err("too deep");
+        assert_eq!(e.code, 422);
     }
 }

@@ -415,17 +415,17 @@ fn split_unescaped(s: &str, sep: char) -> Vec<String> {
 }
 
 fn find_unescaped(s: &str, pat: &str) -> Option<usize> {
-    let bytes = s.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' {
-            i += 2;
-            continue;
-        }
-        if s[i..].starts_with(pat) {
+    // By characters, not bytes: slicing at a byte inside a multi-byte
+    // character panics, and a backslash escapes the whole next character.
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if s[i..].starts_with(pat) {
             return Some(i);
         }
-        i += 1;
     }
     None
 }
@@ -469,6 +469,7 @@ pub fn field_value(v: Option<&Value>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn labels(v: Value) -> serde_json::Map<String, Value> {
@@ -538,4 +539,117 @@ mod tests {
         let f = FieldSelector::parse(r"metadata.name=a\,b").expect("escaped comma");
         assert_eq!(f.required_value("metadata.name"), Some("a,b"));
     }
+
+    /// Regression (found by `prop_field_selector_never_panics`): the scan for
+    /// operators sliced the term at every byte, so any multi-byte character
+    /// (`ₐ`, or `é` after a backslash) panicked.
+    #[test]
+    fn field_selector_multibyte_characters() {
+        assert!(FieldSelector::parse("ₐ").is_err());
+        let f = FieldSelector::parse("metadata.name=é").expect("parse");
+        assert_eq!(f.required_value("metadata.name"), Some("é"));
+        let f = FieldSelector::parse("a\\é=x").expect("parse");
+        assert_eq!(f.required_value("a\\é"), Some("x"));
+        assert!(FieldSelector::parse("\\é").is_err());
+        assert!(FieldSelector::parse("a=\\é").is_err());
+    }
+
+    const LABEL_TOKENS: &[&str] = &[
+        "a",
+        "b",
+        "app",
+        "x/y",
+        "example.com/k",
+        "-a",
+        "a-",
+        "1",
+        "-1",
+        "99999999999999999999",
+        "=",
+        "==",
+        "!=",
+        "!",
+        "in",
+        "notin",
+        "(",
+        ")",
+        ",",
+        ">",
+        "<",
+        " ",
+        "\t",
+        "é",
+        "\\",
+        "/",
+        ".",
+        "_",
+        "\u{0}",
+    ];
+
+    fn label_map() -> impl Strategy<Value = Value> {
+        prop::collection::btree_map(
+            prop::sample::select(LABEL_TOKENS),
+            prop_oneof![
+                prop::sample::select(LABEL_TOKENS).prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                Just(Value::Null),
+            ],
+            0..6,
+        )
+        .prop_map(|m| json!({"metadata": {"labels": m}}))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
+
+        /// Any text parses to a selector or an error; a parsed selector
+        /// matches any object without panicking.
+        #[test]
+        fn prop_label_selector_never_panics(
+            s in crate::fuzz::text(LABEL_TOKENS, 24),
+            obj in prop_oneof![label_map(), crate::fuzz::json_value()],
+        ) {
+            if let Ok(sel) = LabelSelector::parse(&s) {
+                let _ = sel.matches_object(&obj);
+                let _ = sel.matches(obj.pointer("/metadata/labels").and_then(Value::as_object));
+            }
+        }
+
+        #[test]
+        fn prop_field_selector_never_panics(
+            s in crate::fuzz::text(FIELD_TOKENS, 24),
+            obj in crate::fuzz::json_value(),
+        ) {
+            if let Ok(sel) = FieldSelector::parse(&s) {
+                let fields: Vec<&str> = sel.fields().collect();
+                for f in fields {
+                    let _ = sel.required_value(f);
+                }
+                let _ = sel.matches(|f| {
+                    field_value(obj.pointer(&format!("/{}", f.replace('.', "/"))))
+                });
+            }
+        }
+    }
+
+    const FIELD_TOKENS: &[&str] = &[
+        "metadata.name",
+        "metadata.namespace",
+        "spec.x",
+        "a",
+        "=",
+        "==",
+        "!=",
+        "!",
+        ",",
+        "\\",
+        "\\,",
+        "\\=",
+        "\\\\",
+        "\\n",
+        " ",
+        "é",
+        "日本",
+        "\u{0}",
+    ];
 }

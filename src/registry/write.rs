@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::guaranteed::{too_large, Current, Plan};
+use super::guaranteed::{too_deep, too_large, Current, Plan};
 use super::meta::{go_string_slice, path_segment_errors, validate_object_meta};
 use super::object::{
     copy_field, finalizers, generation, is_deleting, meta_mut, meta_str, spec_part,
@@ -452,6 +452,7 @@ impl Registry {
                 Err(StorageError::TooLarge { size, limit }) => {
                     return Err(too_large(t, &name, size, limit))
                 }
+                Err(StorageError::TooDeep { limit }) => return Err(too_deep(t, &name, limit)),
                 Err(e) => return Err(storage_error(e)),
             }
         }

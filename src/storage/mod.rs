@@ -69,6 +69,30 @@ fn open_tikv(url: &str) -> Result<Arc<dyn Engine>, StorageError> {
 /// Largest encoded object one write may store (etcd's default request limit).
 pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
 
+/// Deepest nesting of arrays and objects one write may store: every reader
+/// decodes stored JSON with serde_json's default recursion limit, which
+/// refuses a 128th level, so a deeper object could never be read, deleted
+/// or loaded into the watch cache again.
+pub const MAX_OBJECT_NESTING: usize = 127;
+
+/// Arrays and objects nested in `v` (0 for a scalar), or `None` once that
+/// exceeds `limit`. Iterative and stopping early, so any depth is safe to ask.
+pub fn nesting_within(v: &Value, limit: usize) -> Option<usize> {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, above)) = stack.pop() {
+        let level = above + 1;
+        match v {
+            Value::Array(_) | Value::Object(_) if level > limit => return None,
+            Value::Array(a) => stack.extend(a.iter().map(|c| (c, level))),
+            Value::Object(o) => stack.extend(o.values().map(|c| (c, level))),
+            _ => continue,
+        }
+        deepest = deepest.max(level);
+    }
+    Some(deepest)
+}
+
 /// Decides from an object's stored JSON whether a list includes it.
 pub type ValueFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
@@ -95,6 +119,8 @@ pub enum StorageError {
     Closed,
     #[error("object is {size} bytes, more than the {limit} bytes one write may store")]
     TooLarge { size: usize, limit: usize },
+    #[error("object nests arrays and objects more than {limit} levels deep")]
+    TooDeep { limit: usize },
     /// This replica does not hold the leader lease: nothing was written.
     #[error("not the leader: {0}")]
     NotLeader(String),

@@ -383,11 +383,17 @@ fn apply(txn: &mut dyn WriteTxn, write: &Write, rev: Revision) -> Result<Event, 
             }
         },
     };
+    let deleted = kind == EventType::Deleted;
+    // Checked on the value, before serializing recurses into it.
+    if !deleted && super::nesting_within(&object, super::MAX_OBJECT_NESTING).is_none() {
+        return Err(StorageError::TooDeep {
+            limit: super::MAX_OBJECT_NESTING,
+        });
+    }
     let mut object = object;
     set_resource_version(&mut object, rev)?;
     let json =
         Bytes::from(serde_json::to_vec(&object).map_err(|e| StorageError::Invalid(e.to_string()))?);
-    let deleted = kind == EventType::Deleted;
     if !deleted && json.len() > super::MAX_OBJECT_BYTES {
         return Err(StorageError::TooLarge {
             size: json.len(),

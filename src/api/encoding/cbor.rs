@@ -668,6 +668,7 @@ fn trim_fraction(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn hex(bytes: &[u8]) -> String {
@@ -1069,5 +1070,120 @@ mod tests {
         assert_eq!(from_cbor(&seq[..frame.len()]).unwrap(), event);
         assert_eq!(from_cbor(&seq[frame.len()..]).unwrap(), other);
         assert_eq!(cbor_seq_frame(&other), to_cbor(&other));
+    }
+
+    /// Pieces of CBOR: heads of every major type and width, lengths that
+    /// claim far more than the input holds, breaks, tags and small items.
+    const CBOR_PIECES: &[&[u8]] = &[
+        &[0x00],
+        &[0x17],
+        &[0x18, 0xff],
+        &[0x1b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        &[0x20],
+        &[0x3b, 0x80, 0, 0, 0, 0, 0, 0, 0],
+        &[0x40],
+        &[0x41, b'a'],
+        &[0x5f],
+        &[0x5f, 0x41, b'a', 0xff],
+        &[0x5b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        &[0x5a, 0x7f, 0xff, 0xff, 0xff],
+        &[0x60],
+        &[0x61, b'a'],
+        &[0x62, 0xc3, 0xa9],
+        &[0x61, 0xff],
+        &[0x7f],
+        &[0x7b, 0, 0, 0, 1, 0, 0, 0, 0],
+        &[0x80],
+        &[0x81],
+        &[0x83],
+        &[0x9f],
+        &[0x9b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        &[0xa0],
+        &[0xa1],
+        &[0xbf],
+        &[0xbb, 0, 0, 0, 1, 0, 0, 0, 0],
+        &[0xc0],
+        &[0xc1],
+        &[0xc2],
+        &[0xc3],
+        &[0xd5],
+        &[0xd6],
+        &[0xd7],
+        &[0xd9, 0xd9, 0xf7],
+        &[0xdb, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        &[0xf4],
+        &[0xf5],
+        &[0xf6],
+        &[0xf7],
+        &[0xf8, 0x10],
+        &[0xf8, 0xff],
+        &[0xf9, 0x7c, 0x00],
+        &[0xf9, 0x7e, 0x00],
+        &[0xfa, 0x7f, 0x80, 0, 0],
+        &[0xfb, 0x7f, 0xf0, 0, 0, 0, 0, 0, 1],
+        &[0xfb, 0x43, 0xe0, 0, 0, 0, 0, 0, 0],
+        &[0xfb, 0xc3, 0xe0, 0, 0, 0, 0, 0, 1],
+        &[0x1c],
+        &[0x3f],
+        &[0xff],
+        &[0x74],
+        b"2024-02-29T12:34:56.5+02:00",
+        &[0x74],
+        b"0000-01-01T00:00:00Z",
+    ];
+
+    fn cbor_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop_oneof![
+            6 => prop::sample::select(CBOR_PIECES).prop_map(<[u8]>::to_vec),
+            1 => prop::collection::vec(any::<u8>(), 0..4),
+            1 => (prop::sample::select(&[0x81u8, 0x9f, 0xa1, 0xc6][..]), 1..400usize)
+                .prop_map(|(b, n)| vec![b; n]),
+        ];
+        prop_oneof![
+            1 => prop::collection::vec(any::<u8>(), 0..128),
+            4 => (any::<bool>(), prop::collection::vec(piece, 0..24)).prop_map(|(tagged, v)| {
+                let mut out = if tagged { SELF_DESCRIBED.to_vec() } else { Vec::new() };
+                out.extend(v.concat());
+                out
+            }),
+            1 => crate::fuzz::json_value().prop_map(|v| to_cbor(&v)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 10000, ..ProptestConfig::default() })]
+
+        /// Any bytes decode to a value or a `CborError`; what decodes encodes
+        /// and decodes to the same value.
+        #[test]
+        fn prop_from_cbor_never_panics(bytes in cbor_bytes()) {
+            if let Ok(v) = from_cbor(&bytes) {
+                prop_assert_eq!(from_cbor(&to_cbor(&v)), Ok(v));
+            }
+        }
+    }
+
+    /// 10,000 levels of every kind of nesting are refused, not recursed into.
+    #[test]
+    fn deep_nesting_is_refused_without_recursion() {
+        let deep = |prefix: &[u8], n: usize| {
+            let mut b = prefix.repeat(n);
+            b.push(0x00);
+            b
+        };
+        for prefix in [
+            &[0x81][..],
+            &[0x9f],
+            &[0xa1, 0x61, b'a'],
+            &[0xbf, 0x41, b'a'],
+        ] {
+            assert_eq!(
+                from_cbor(&deep(prefix, 10_000)),
+                Err(CborError::NestingTooDeep(MAX_NESTING)),
+                "{prefix:x?}"
+            );
+        }
+        // Tags are read in a loop: a long chain around one item is fine.
+        assert_eq!(from_cbor(&deep(&[0xc6], 100_000)), Ok(json!(0)));
     }
 }

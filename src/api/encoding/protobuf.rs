@@ -636,6 +636,7 @@ pub fn partial_object_metadata_list_from_json(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn hex(bytes: &[u8]) -> String {
@@ -882,5 +883,115 @@ mod tests {
         let event = WatchEvent::decode(&frame[4..]).unwrap();
         assert_eq!(event.r#type.as_deref(), Some("ADDED"));
         assert_eq!(event.object.and_then(|o| o.raw), Some(inner));
+    }
+
+    /// Varint lengths: small, at byte boundaries, huge, and malformed (ten
+    /// continuation bytes overflow a u64).
+    const VARINTS: &[&[u8]] = &[
+        &[0x00],
+        &[0x01],
+        &[0x05],
+        &[0x7f],
+        &[0x80, 0x01],
+        &[0xff, 0xff, 0xff, 0xff, 0x0f],
+        &[0x80, 0x80, 0x80, 0x80, 0x10],
+        &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],
+        &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+        &[
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+        ],
+        &[0xff],
+    ];
+
+    /// Field keys: Unknown's four fields, other wire types (varint, fixed,
+    /// groups) and unknown field numbers.
+    const KEYS: &[u8] = &[
+        0x0a, 0x12, 0x1a, 0x22, 0x08, 0x09, 0x0d, 0x0b, 0x0c, 0x2a, 0x2b, 0x2c, 0x0f, 0x00, 0xfa,
+    ];
+
+    fn field() -> impl Strategy<Value = Vec<u8>> {
+        (
+            prop::sample::select(KEYS),
+            prop::sample::select(VARINTS),
+            prop::collection::vec(any::<u8>(), 0..12),
+        )
+            .prop_map(|(k, len, payload)| [&[k][..], len, &payload].concat())
+    }
+
+    fn envelope() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            1 => prop::collection::vec(any::<u8>(), 0..64),
+            4 => prop::collection::vec(field(), 0..8)
+                .prop_map(|fields| [&MAGIC[..], &fields.concat()].concat()),
+            // TypeMeta (field 1) holding generated fields, its length honest or not.
+            2 => (prop::collection::vec(field(), 0..4), prop::sample::select(VARINTS), any::<bool>())
+                .prop_map(|(inner, claimed, honest)| {
+                    let inner = inner.concat();
+                    let len: Vec<u8> = if honest {
+                        let mut b = Vec::new();
+                        prost::encoding::encode_varint(inner.len() as u64, &mut b);
+                        b
+                    } else {
+                        claimed.to_vec()
+                    };
+                    [&MAGIC[..], &[0x0a], &len, &inner].concat()
+                }),
+            1 => (prop::sample::select(&[0x2bu8, 0x0b, 0x0a][..]), 1..20_000usize)
+                .prop_map(|(b, n)| [&MAGIC[..], &vec![b; n]].concat()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
+
+        /// Any bytes unwrap to a type and raw bytes, or a `ProtobufError`.
+        #[test]
+        fn prop_decode_envelope_never_panics(bytes in envelope()) {
+            if let Ok((tm, raw)) = decode_envelope(&bytes) {
+                let again = encode_envelope(
+                    tm.api_version.as_deref().unwrap_or(""),
+                    tm.kind.as_deref().unwrap_or(""),
+                    &raw,
+                );
+                let (tm2, raw2) = decode_envelope(&again).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                // Encoding writes empty strings where the input had none.
+                let norm = |t: TypeMeta| (t.api_version.unwrap_or_default(), t.kind.unwrap_or_default());
+                prop_assert_eq!((norm(tm2), raw2), (norm(tm), raw));
+            }
+        }
+
+        /// The JSON-to-proto converters take any JSON: a message or an error.
+        #[test]
+        fn prop_json_to_proto_never_panics(v in crate::fuzz::json_value(), meta in crate::fuzz::json_value()) {
+            let obj = json!({"metadata": meta});
+            let _ = partial_object_metadata_from_json(&obj).map(|m| m.encode_to_vec());
+            let _ = partial_object_metadata_from_json(&v);
+            let _ = partial_object_metadata_list_from_json(&json!({"metadata": v, "items": [obj]}));
+            let _ = status_from_json(&v).map(|m| m.encode_to_vec());
+        }
+    }
+
+    /// Lengths that claim more than the body holds are a decode error.
+    #[test]
+    fn huge_length_prefixes_are_decode_errors() {
+        for len in [
+            &[0xff, 0xff, 0xff, 0xff, 0x0f][..],
+            &[0xff; 9][..],
+            &[0xff; 10][..],
+        ] {
+            for key in [0x0a, 0x12, 0x1a] {
+                let bytes = [&MAGIC[..], &[key], len, b"abc"].concat();
+                assert!(
+                    matches!(decode_envelope(&bytes), Err(ProtobufError::Decode(_))),
+                    "{bytes:x?}"
+                );
+            }
+        }
+        // 100,000 nested unknown groups stop at prost's recursion limit.
+        let bytes = [&MAGIC[..], &[0x2b; 100_000][..]].concat();
+        assert!(matches!(
+            decode_envelope(&bytes),
+            Err(ProtobufError::Decode(_))
+        ));
     }
 }
