@@ -307,12 +307,12 @@ mod tests {
                 let _ = resource_version::parse_revision(&o.resource_version);
                 let _ = resource_version::parse_object_revision("metadata.resourceVersion", &o.resource_version);
             }
-            let _ = dry_run(&q);
+            let _ = dry_run(&q, "CreateOptions");
             let mut headers = http::HeaderMap::new();
             if let Ok(ua) = http::HeaderValue::from_str(&user_agent) {
                 headers.insert(http::header::USER_AGENT, ua);
             }
-            let _ = write_options(&q, &headers, apply);
+            let _ = write_options(&q, &headers, apply, "PatchOptions");
             let _ = delete_options(&q, &body);
         }
     }

@@ -22,6 +22,11 @@ use crate::status::ApiError;
 
 /// Budget accounting unit: one permit per KiB (a semaphore counts in u32).
 const UNIT: usize = 1024;
+/// How much of a too-large body is read and thrown away so the client, still
+/// sending, gets to read the 413 (closing with unread data makes the kernel
+/// reset the connection, and an HTTP/1.1 client then sees only a broken
+/// pipe). Beyond it the connection is closed. Discarding holds no memory.
+const DISCARD_BYTES: u64 = 16 * 1024 * 1024;
 
 pub struct BodyLimits {
     /// Largest request body.
@@ -73,7 +78,7 @@ enum Refused {
 /// Reads `body` whole, taking budget for each chunk as it arrives.
 async fn read(
     limits: &BodyLimits,
-    mut body: Body,
+    body: &mut Body,
     held: &mut Vec<OwnedSemaphorePermit>,
 ) -> Result<Bytes, Refused> {
     let mut buf = BytesMut::new();
@@ -112,13 +117,19 @@ pub async fn layer(State(limits): State<Arc<BodyLimits>>, req: Request, next: Ne
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limits.max_bytes as u64) {
-        return close_after(super::status_response(&too_large(limits.max_bytes)));
+    if let Some(n) = declared.filter(|n| *n > limits.max_bytes as u64) {
+        let refused = super::status_response(&too_large(limits.max_bytes));
+        return if n <= limits.max_bytes as u64 + DISCARD_BYTES && discard(body).await {
+            refused
+        } else {
+            close_after(refused)
+        };
     }
     // The budget is held until the request is answered: the handler works
     // on these bytes (and copies of them) until then.
     let mut held = Vec::new();
-    match read(&limits, body, &mut held).await {
+    let mut body = body;
+    match read(&limits, &mut body, &mut held).await {
         Ok(bytes) => {
             let resp = next
                 .run(Request::from_parts(parts, Body::from(bytes)))
@@ -126,7 +137,15 @@ pub async fn layer(State(limits): State<Arc<BodyLimits>>, req: Request, next: Ne
             drop(held);
             resp
         }
-        Err(Refused::TooLarge) => close_after(super::status_response(&too_large(limits.max_bytes))),
+        Err(Refused::TooLarge) => {
+            drop(held);
+            let refused = super::status_response(&too_large(limits.max_bytes));
+            if discard(http_body_util::Limited::new(body, DISCARD_BYTES as usize)).await {
+                refused
+            } else {
+                close_after(refused)
+            }
+        }
         Err(Refused::Budget) => close_after(budget_exhausted()),
         Err(Refused::Read(e)) => {
             tracing::debug!(error = %e, "reading the request body failed");
@@ -135,6 +154,20 @@ pub async fn layer(State(limits): State<Arc<BodyLimits>>, req: Request, next: Ne
             ))))
         }
     }
+}
+
+/// Reads `body` to its end, keeping nothing; false if it fails (or passes a
+/// limit wrapped around it).
+async fn discard<B>(mut body: B) -> bool
+where
+    B: http_body::Body + Unpin,
+{
+    while let Some(frame) = body.frame().await {
+        if frame.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// The rest of an unread body is not worth reading: HTTP/1.1 closes the
@@ -161,7 +194,7 @@ mod tests {
     async fn a_body_over_the_limit_is_refused_and_gives_its_budget_back() {
         let limits = BodyLimits::new(10 * 1024, 1024 * 1024);
         let mut held = Vec::new();
-        let r = read(&limits, chunks(11, 1024), &mut held).await;
+        let r = read(&limits, &mut chunks(11, 1024), &mut held).await;
         assert!(matches!(r, Err(Refused::TooLarge)));
         drop(held);
         assert_eq!(limits.available_bytes(), 1024 * 1024);
@@ -171,11 +204,11 @@ mod tests {
     async fn bodies_share_one_budget() {
         let limits = BodyLimits::new(3 * 1024 * 1024, 64 * 1024);
         let mut first = Vec::new();
-        let ok = read(&limits, chunks(40, 1024), &mut first).await;
+        let ok = read(&limits, &mut chunks(40, 1024), &mut first).await;
         assert_eq!(ok.ok().map(|b| b.len()), Some(40 * 1024));
         assert_eq!(limits.available_bytes(), 24 * 1024);
         let mut second = Vec::new();
-        let r = read(&limits, chunks(30, 1024), &mut second).await;
+        let r = read(&limits, &mut chunks(30, 1024), &mut second).await;
         assert!(matches!(r, Err(Refused::Budget)));
         drop(second);
         drop(first);
