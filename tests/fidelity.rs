@@ -320,3 +320,55 @@ async fn removing_the_last_finalizer_answers_the_updated_object() {
         .collect();
     assert_eq!(kinds, ["MODIFIED", "DELETED"], "{text}");
 }
+
+/// Issue 14: a resource nobody has written yet is watched like any other,
+/// from the revision its (empty) list reports, however far other resources
+/// have moved the shared revision since.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_watch_of_a_never_written_resource_is_an_ordinary_watch() {
+    let s = common::start().await;
+    for i in 0..5 {
+        let w = common::widget(&format!("w{i}"), i);
+        assert_eq!(s.post_json(WIDGETS, &w).await.status, 201);
+    }
+    let gadgets = "/apis/test.kshard.dev/v1/gadgets";
+    let list = s.get(gadgets).await;
+    assert_eq!(list.status, 200, "{}", list.text());
+    let rv = list.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    for from in [rv.as_str(), "1", "0"] {
+        let watch = s
+            .client
+            .send(
+                http::Request::get(format!("{gadgets}?watch=1&resourceVersion={from}"))
+                    .body(kube::client::Body::empty())
+                    .expect("req"),
+            )
+            .await
+            .expect("watch");
+        assert_eq!(watch.status(), 200, "from {from}");
+        let name = format!("g{from}");
+        let g = json!({"apiVersion": "test.kshard.dev/v1", "kind": "Gadget",
+                       "metadata": {"name": name}});
+        assert_eq!(s.post_json(gadgets, &g).await.status, 201);
+        let mut body = watch.into_body();
+        let mut text = String::new();
+        while !text.contains(&name) {
+            let frame = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                http_body_util::BodyExt::frame(&mut body),
+            )
+            .await
+            .expect("an event")
+            .expect("frame")
+            .expect("data");
+            if let Ok(d) = frame.into_data() {
+                text.push_str(&String::from_utf8_lossy(&d));
+            }
+        }
+        assert!(!text.contains("\"ERROR\""), "from {from}: {text}");
+        assert!(text.contains("\"ADDED\""), "from {from}: {text}");
+    }
+}
