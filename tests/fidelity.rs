@@ -372,3 +372,44 @@ async fn the_first_watch_of_a_never_written_resource_is_an_ordinary_watch() {
         assert!(text.contains("\"ADDED\""), "from {from}: {text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_patches_that_do_not_apply_get_kubes_generic_422() {
+    let s = common::start().await;
+    assert_eq!(
+        s.post_json(WIDGETS, &common::widget("w1", 1)).await.status,
+        201
+    );
+    let jp = ("content-type", "application/json-patch+json");
+    for body in [
+        r#"[{"op":"bogus","path":"/spec"}]"#,
+        r#"[{"op":"test","path":"/spec/replicas","value":7}]"#,
+        r#"[{"op":"remove","path":"/spec/nothing/here"}]"#,
+    ] {
+        let r = s
+            .raw(
+                "PATCH",
+                &format!("{WIDGETS}/w1"),
+                &[jp],
+                body.as_bytes().to_vec(),
+            )
+            .await;
+        assert_eq!(r.status, 422, "{body}: {}", r.text());
+        assert_eq!(r.json()["reason"], "Invalid", "{body}");
+        assert_eq!(
+            r.json()["message"],
+            "the server rejected our request due to an error in our request",
+            "{body}"
+        );
+    }
+    // Not a JSON patch at all: 400.
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/w1"),
+            &[jp],
+            br#"{"op":"add"}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+}
