@@ -413,3 +413,70 @@ async fn json_patches_that_do_not_apply_get_kubes_generic_422() {
         .await;
     assert_eq!(r.status, 400, "{}", r.text());
 }
+
+/// GitOps tools apply the same configuration every few minutes: when nothing
+/// but managedFields timestamps would change, nothing is written (same
+/// resourceVersion, no watch event), also with defaults inside list items
+/// and with the `creationTimestamp: null` that `kubectl create --dry-run -o
+/// yaml` emits.
+#[tokio::test(flavor = "multi_thread")]
+async fn applying_the_same_configuration_again_writes_nothing() {
+    let s = common::start().await;
+    let things = "/apis/test.kshard.dev/v1/namespaces/default/things";
+    let uri = format!("{things}/t1?fieldManager=gitops");
+    let first = "apiVersion: test.kshard.dev/v1\nkind: Thing\nmetadata: {name: t1}\nspec: {id: a, ports: [{name: http, port: 80}], tags: [a, b]}\n";
+    let r = s
+        .raw("PATCH", &uri, &[APPLY], first.as_bytes().to_vec())
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let rv = r.json()["metadata"]["resourceVersion"].clone();
+    assert_eq!(
+        r.json()["spec"]["ports"][0]["protocol"],
+        "TCP",
+        "the default inside the list item is set"
+    );
+    let watch = s
+        .client
+        .send(
+            http::Request::get(format!(
+                "{things}?watch=1&resourceVersion={}",
+                rv.as_str().unwrap_or("0")
+            ))
+            .body(kube::client::Body::empty())
+            .expect("req"),
+        )
+        .await
+        .expect("watch");
+    let with_null = first.replace("{name: t1}", "{name: t1, creationTimestamp: null}");
+    for body in [first.to_string(), with_null] {
+        for _ in 0..2 {
+            let r = s
+                .raw("PATCH", &uri, &[APPLY], body.as_bytes().to_vec())
+                .await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.json()["metadata"]["resourceVersion"], rv, "{body}");
+        }
+    }
+    // A real change is written, and it is the first event the watch sees.
+    let changed = first.replace("port: 80", "port: 81");
+    let r = s.raw("PATCH", &uri, &[APPLY], changed.into_bytes()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_ne!(r.json()["metadata"]["resourceVersion"], rv);
+    let mut body = watch.into_body();
+    let frame = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        http_body_util::BodyExt::frame(&mut body),
+    )
+    .await
+    .expect("an event")
+    .expect("frame")
+    .expect("data");
+    let text = String::from_utf8_lossy(frame.data_ref().map_or(&[][..], |d| &d[..])).to_string();
+    let first_event: serde_json::Value =
+        serde_json::from_str(text.lines().next().unwrap_or("")).expect("event json");
+    assert_eq!(first_event["type"], "MODIFIED");
+    assert_eq!(
+        first_event["object"]["spec"]["ports"][0]["port"], 81,
+        "{text}"
+    );
+}
