@@ -480,3 +480,117 @@ async fn applying_the_same_configuration_again_writes_nothing() {
         "{text}"
     );
 }
+
+/// Writes through `/scale` are owned "with subresource scale", and a Scale
+/// can be applied (kube's scale handler), conflicting like any apply.
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_writes_are_recorded_and_scale_can_be_applied() {
+    let s = common::start().await;
+    assert_eq!(
+        s.post_json(WIDGETS, &common::widget("w1", 1)).await.status,
+        201
+    );
+    let scale = format!("{WIDGETS}/w1/scale");
+    let r = s
+        .raw(
+            "PATCH",
+            &scale,
+            &[("content-type", "application/merge-patch+json")],
+            br#"{"spec":{"replicas":4}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let entries = |v: &serde_json::Value| -> Vec<(String, String, String, serde_json::Value)> {
+        v["metadata"]["managedFields"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| {
+                        (
+                            e["manager"].as_str().unwrap_or("").to_string(),
+                            e["operation"].as_str().unwrap_or("").to_string(),
+                            e["subresource"].as_str().unwrap_or("").to_string(),
+                            e["fieldsV1"].clone(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let live = s.get(&format!("{WIDGETS}/w1")).await.json();
+    let mf = entries(&live);
+    assert!(
+        mf.contains(&(
+            "kshard-tests".into(),
+            "Update".into(),
+            "scale".into(),
+            json!({"f:spec": {"f:replicas": {}}})
+        )),
+        "{mf:?}"
+    );
+    // The main-resource entry gave up the replicas it no longer owns.
+    assert!(
+        mf.iter().any(|(m, _, sub, f)| m == "kshard-tests"
+            && sub.is_empty()
+            && f["f:spec"].get("f:replicas").is_none()),
+        "{mf:?}"
+    );
+    let applied =
+        b"apiVersion: autoscaling/v1\nkind: Scale\nmetadata: {name: w1}\nspec: {replicas: 6}\n";
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{scale}?fieldManager=hpa"),
+            &[APPLY],
+            applied.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(r#"conflict with "kshard-tests" with subresource "scale""#),
+        "{}",
+        r.text()
+    );
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{scale}?fieldManager=hpa&force=true"),
+            &[APPLY],
+            applied.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        (
+            r.json()["kind"].as_str(),
+            r.json()["spec"]["replicas"].as_i64()
+        ),
+        (Some("Scale"), Some(6))
+    );
+    let live = s.get(&format!("{WIDGETS}/w1")).await.json();
+    assert_eq!(live["spec"]["replicas"], 6);
+    assert_eq!(live["spec"]["color"], "blue", "nothing else changed");
+    assert!(
+        entries(&live).contains(&(
+            "hpa".into(),
+            "Apply".into(),
+            "scale".into(),
+            json!({"f:spec": {"f:replicas": {}}})
+        )),
+        "{:?}",
+        entries(&live)
+    );
+    // Not a Scale: refused.
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{scale}?fieldManager=hpa"),
+            &[APPLY],
+            b"apiVersion: demo.kshard.dev/v1\nkind: Widget\nmetadata: {name: w1}\n".to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+}

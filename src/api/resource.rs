@@ -203,7 +203,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             if sub == Some("scale") {
                 let spec = scale_spec(&t)?;
                 let done = reg
-                    .update_with(&t, &name, Subresource::Main, &wo, |cur| {
+                    .update_with(&t, &name, Subresource::Scale, &wo, |cur| {
                         apply_scale(&spec, cur, &obj, &t.rt.kind, &t.rt.group)
                     })
                     .await?;
@@ -238,7 +238,20 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 let force = q.bool("force").unwrap_or(false);
                 let config = decode_apply_config(media, &call.body)?;
                 if sub == Some("scale") {
-                    return Err(ApiError::unsupported_media_type(&PATCH_TYPES[..2]));
+                    // The Scale's replicas, applied as the main resource's
+                    // replicas path and owned "with subresource scale".
+                    let spec = scale_spec(&t)?;
+                    let parent = crate::registry::scale::scale_as_apply_config(
+                        &spec,
+                        &config,
+                        &t.api_version(),
+                        &rt.kind,
+                        &name,
+                    )?;
+                    let done = reg
+                        .apply(&t, &name, parent, force, Subresource::Scale, &wo)
+                        .await?;
+                    return Ok(scale_response(&t, &done.item, StatusCode::OK));
                 }
                 let done = reg.apply(&t, &name, config, force, sr, &wo).await?;
                 // kube: 201 when the apply created the object.
@@ -269,7 +282,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             if sub == Some("scale") {
                 let spec = scale_spec(&t)?;
                 let done = reg
-                    .update_with(&t, &name, Subresource::Main, &wo, |cur| {
+                    .update_with(&t, &name, Subresource::Scale, &wo, |cur| {
                         let scale = patch::apply(kind, &to_scale(&spec, cur), &body)?;
                         apply_scale(&spec, cur, &scale, &t.rt.kind, &t.rt.group)
                     })

@@ -55,6 +55,47 @@ pub fn to_scale(spec: &ScaleSpec, obj: &Value) -> Value {
     })
 }
 
+/// An applied Scale as the main resource's apply configuration: only the
+/// replicas, at the CRD's `specReplicasPath` (kube's scale handler maps the
+/// Scale's managed fields onto that path of the parent).
+pub fn scale_as_apply_config(
+    spec: &ScaleSpec,
+    scale: &Value,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Value, ApiError> {
+    let is_scale = scale.get("kind").and_then(Value::as_str) == Some("Scale")
+        && scale.get("apiVersion").and_then(Value::as_str) == Some("autoscaling/v1");
+    if !is_scale {
+        return Err(ApiError::bad_request(format!(
+            "invalid object type: {}, Kind={}",
+            scale
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+            scale.get("kind").and_then(Value::as_str).unwrap_or("")
+        )));
+    }
+    let mut config = json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name}});
+    if let Some(replicas) = scale.pointer("/spec/replicas") {
+        let pointer = pointer_of(&spec.spec_replicas_path);
+        let mut cur = &mut config;
+        let segs: Vec<&str> = pointer.split('/').filter(|s| !s.is_empty()).collect();
+        for (i, seg) in segs.iter().enumerate() {
+            let Some(obj) = cur.as_object_mut() else {
+                break;
+            };
+            if i + 1 == segs.len() {
+                obj.insert((*seg).to_string(), replicas.clone());
+                break;
+            }
+            cur = obj.entry((*seg).to_string()).or_insert_with(|| json!({}));
+        }
+    }
+    Ok(config)
+}
+
 /// Writes a Scale's desired replicas into the object.
 pub fn apply_scale(
     spec: &ScaleSpec,

@@ -57,6 +57,9 @@ pub struct Outcome {
 pub enum Subresource {
     Main,
     Status,
+    /// Writes through `/scale`: they change the main resource (its replicas)
+    /// and are recorded in managedFields with `subresource: scale`.
+    Scale,
 }
 
 fn random_suffix() -> String {
@@ -183,7 +186,11 @@ impl Registry {
 
     fn field_manager<'a>(&self, t: &'a Target, sub: Subresource) -> Option<FieldManager<'a>> {
         let v = t.version_info()?;
-        let subresource = (sub == Subresource::Status).then_some("status");
+        let subresource = match sub {
+            Subresource::Main => None,
+            Subresource::Status => Some("status"),
+            Subresource::Scale => Some("scale"),
+        };
         Some(FieldManager::new(
             &v.merge,
             &t.api_version(),
@@ -252,7 +259,7 @@ impl Registry {
                 let mut warnings = Vec::new();
                 self.decode_schema(t, &mut merged, opts, &mut warnings)?;
                 let Some(current) = live else {
-                    if sub == Subresource::Status {
+                    if sub != Subresource::Main {
                         return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
                     }
                     let plan = Plan::Create {
@@ -599,7 +606,7 @@ impl Registry {
         }
         let has_status = t.has_status();
         let mut new = match sub {
-            Subresource::Main => {
+            Subresource::Main | Subresource::Scale => {
                 let mut new = obj;
                 if has_status {
                     // The main resource cannot change status when it has its own subresource.
