@@ -594,3 +594,33 @@ async fn scale_writes_are_recorded_and_scale_can_be_applied() {
         .await;
     assert_eq!(r.status, 400, "{}", r.text());
 }
+
+/// ownerReferences entries are atomic and keyed by uid in managedFields, as
+/// kube's ObjectMeta schema types them.
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_references_are_owned_whole_by_uid() {
+    let s = common::start().await;
+    let mut w = common::widget("w1", 1);
+    w["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "ConfigMap",
+        "name": "cm", "uid": "u1", "controller": true}]);
+    let r = s.post_json(WIDGETS, &w).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        r.json()["metadata"]["managedFields"][0]["fieldsV1"]["f:metadata"]["f:ownerReferences"],
+        json!({".": {}, "k:{\"uid\":\"u1\"}": {}})
+    );
+    let applied = b"apiVersion: demo.kshard.dev/v1\nkind: Widget\nmetadata:\n  name: w2\n  ownerReferences: [{apiVersion: v1, kind: ConfigMap, name: cm, uid: u2}]\n";
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/w2?fieldManager=m"),
+            &[APPLY],
+            applied.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        r.json()["metadata"]["managedFields"][0]["fieldsV1"]["f:metadata"]["f:ownerReferences"],
+        json!({"k:{\"uid\":\"u2\"}": {}})
+    );
+}

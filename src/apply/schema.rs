@@ -250,12 +250,15 @@ fn list_of(atomic: bool, keys: &[&str], elem: TypeRef) -> TypeRef {
 }
 
 /// ObjectMeta as kube's built-in schema types it: labels/annotations granular
-/// maps, ownerReferences a map list keyed by uid, finalizers a set.
+/// maps, ownerReferences a map list keyed by uid of atomic entries,
+/// finalizers a set.
 fn object_meta() -> TypeRef {
     let s = || scalar(ScalarKind::String);
     let n = || scalar(ScalarKind::Numeric);
     let b = || scalar(ScalarKind::Boolean);
-    let owner_ref = struct_of(&[
+    // OwnerReference is `+structType=atomic`: an entry is owned whole, so
+    // managedFields name only its key (`k:{"uid":"…"}: {}`).
+    let mut owner_ref = struct_of(&[
         ("apiVersion", s()),
         ("kind", s()),
         ("name", s()),
@@ -263,6 +266,11 @@ fn object_meta() -> TypeRef {
         ("controller", b()),
         ("blockOwnerDeletion", b()),
     ]);
+    if let TypeRef::Inline(atom) = &mut owner_ref {
+        if let Some(m) = atom.map.as_mut() {
+            m.atomic = true;
+        }
+    }
     struct_of(&[
         ("name", s()),
         ("generateName", s()),
