@@ -624,3 +624,47 @@ async fn owner_references_are_owned_whole_by_uid() {
         json!({"k:{\"uid\":\"u2\"}": {}})
     );
 }
+
+/// Errors are written in the media type the client prefers, as kube's
+/// ErrorNegotiated does (views such as `as=Table` are not offered for them).
+#[tokio::test(flavor = "multi_thread")]
+async fn error_bodies_follow_the_negotiated_media_type() {
+    let s = common::start().await;
+    let uri = format!("{WIDGETS}/nope");
+    for (accept, want) in [
+        ("application/yaml", "application/yaml"),
+        ("application/cbor", "application/cbor"),
+        (
+            "application/vnd.kubernetes.protobuf",
+            "application/vnd.kubernetes.protobuf",
+        ),
+        (
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/yaml",
+            "application/yaml",
+        ),
+        ("application/json", "application/json"),
+    ] {
+        let r = s.raw("GET", &uri, &[("accept", accept)], vec![]).await;
+        assert_eq!(r.status, 404, "{accept}");
+        let ct = r
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        assert!(ct.starts_with(want), "{accept}: {ct}");
+    }
+    let r = s
+        .raw("GET", &uri, &[("accept", "application/yaml")], vec![])
+        .await;
+    let st: serde_json::Value =
+        serde_saphyr::from_str(&String::from_utf8_lossy(&r.body)).expect("a YAML Status");
+    assert_eq!(
+        (st["kind"].as_str(), st["reason"].as_str()),
+        (Some("Status"), Some("NotFound"))
+    );
+    let r = s
+        .raw("GET", &uri, &[("accept", "application/cbor")], vec![])
+        .await;
+    let st = kshard::api::encoding::cbor::from_cbor(&r.body).expect("a CBOR Status");
+    assert_eq!(st["code"], 404);
+}

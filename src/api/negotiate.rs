@@ -158,6 +158,37 @@ fn pick(accept: Option<&str>, allow_meta: bool) -> Result<(Output, &'static str)
     Err(ApiError::not_acceptable(ACCEPTED))
 }
 
+/// How a Status error is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorMedia {
+    Json,
+    Yaml,
+    Cbor,
+    Protobuf,
+}
+
+/// The media type of an error body, as kube's `ErrorNegotiated` picks it:
+/// the client's most preferred plain media type (views such as `as=Table`
+/// are not offered for a Status), else JSON.
+pub fn error_media(accept: Option<&str>) -> ErrorMedia {
+    let Some(accept) = accept else {
+        return ErrorMedia::Json;
+    };
+    for r in parse(accept) {
+        if r.q <= 0.0 || !r.as_.is_empty() {
+            continue;
+        }
+        match r.media.as_str() {
+            "application/json" | "*/*" | "application/*" => return ErrorMedia::Json,
+            "application/yaml" => return ErrorMedia::Yaml,
+            "application/cbor" => return ErrorMedia::Cbor,
+            "application/vnd.kubernetes.protobuf" => return ErrorMedia::Protobuf,
+            _ => {}
+        }
+    }
+    ErrorMedia::Json
+}
+
 fn meta_kind(as_: &str) -> &'static str {
     if as_ == "PartialObjectMetadataList" {
         "PartialObjectMetadataList"

@@ -60,24 +60,24 @@ fn cbor_response(code: StatusCode, value: &Value) -> Response {
     bytes_response(code, cbor::MEDIA_TYPE, cbor::to_cbor(value))
 }
 
-/// A Status error in the form the client prefers: protobuf when it asked for
-/// protobuf first (metadata informers do), else JSON.
+/// A Status error in the media type the client prefers (kube's
+/// `ErrorNegotiated`): JSON, YAML, CBOR or protobuf.
 pub fn error_for(accept: Option<&str>, e: &ApiError) -> Response {
-    let prefers_protobuf = accept
-        .and_then(|a| a.split(',').next())
-        .is_some_and(|first| first.trim().starts_with(protobuf::MEDIA_TYPE));
-    if !prefers_protobuf {
-        return error_response(e);
-    }
-    let Ok(status) = protobuf::status_from_json(&e.to_json()) else {
-        return error_response(e);
-    };
+    use super::negotiate::{error_media, ErrorMedia};
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut r = bytes_response(
-        code,
-        protobuf::MEDIA_TYPE,
-        protobuf::encode_object("v1", "Status", &status),
-    );
+    let mut r = match error_media(accept) {
+        ErrorMedia::Json => return error_response(e),
+        ErrorMedia::Yaml => yaml_response(code, &e.to_json()),
+        ErrorMedia::Cbor => cbor_response(code, &e.to_json()),
+        ErrorMedia::Protobuf => match protobuf::status_from_json(&e.to_json()) {
+            Ok(status) => bytes_response(
+                code,
+                protobuf::MEDIA_TYPE,
+                protobuf::encode_object("v1", "Status", &status),
+            ),
+            Err(_) => return error_response(e),
+        },
+    };
     if let Some(n) = e.retry_after() {
         if let Ok(v) = HeaderValue::from_str(&n.to_string()) {
             r.headers_mut().insert(header::RETRY_AFTER, v);
