@@ -14,6 +14,9 @@
 //! none). Messages kshard never produces (the OAuth2 security schemes) are not
 //! declared; a decoder skips them as unknown fields.
 
+// The oneofs hold their messages inline, as prost-build would declare them.
+#![allow(clippy::large_enum_variant)]
+
 use prost::Message;
 use serde_json::{Map, Value};
 
