@@ -6,6 +6,7 @@ pub mod encoding;
 pub mod health;
 pub mod negotiate;
 pub mod openapi;
+pub mod openapi_proto;
 pub mod options;
 pub mod request;
 pub mod resource;
@@ -116,7 +117,12 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             )
             .await
         }
-        Route::OpenApiV2 => etagged(&parts.headers, &openapi::v2(catalog), "application/json"),
+        Route::OpenApiV2 => openapi_v2(
+            &parts.method,
+            &parts.headers,
+            accept.as_deref(),
+            &openapi::v2(catalog),
+        ),
         Route::OpenApiV3Root => etagged(
             &parts.headers,
             &openapi::v3_root(catalog),
@@ -167,6 +173,56 @@ fn etagged(headers: &HeaderMap, doc: &Value, content_type: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(&etag) {
         r.headers_mut().insert(header::ETAG, v);
     }
+    r.headers_mut()
+        .insert(header::VARY, HeaderValue::from_static("Accept"));
+    r
+}
+
+/// `/openapi/v2` as kube-openapi's `OpenAPIService` serves it: the first of
+/// the client's media ranges (by q, specific before wildcard) that names JSON
+/// or gnostic's protobuf picks the form; none is a bare 406. Both forms carry
+/// the quoted hash of the JSON document as their ETag (the answer varies by
+/// Accept), and a matching If-None-Match is a 304 (412 for methods other than
+/// GET and HEAD, as Go's `ServeContent` answers).
+fn openapi_v2(
+    method: &http::Method,
+    headers: &HeaderMap,
+    accept: Option<&str>,
+    doc: &Value,
+) -> Response {
+    let mut r = match openapi::negotiate_v2(accept) {
+        None => {
+            let mut r = Response::new(Body::empty());
+            *r.status_mut() = StatusCode::NOT_ACCEPTABLE;
+            r
+        }
+        Some(form) => {
+            let json = serde_json::to_vec(doc).unwrap_or_default();
+            let etag = discovery::etag(&json);
+            let mut r = if openapi::if_none_match(headers, &etag) {
+                let mut r = Response::new(Body::empty());
+                *r.status_mut() = if method == http::Method::GET || method == http::Method::HEAD {
+                    StatusCode::NOT_MODIFIED
+                } else {
+                    StatusCode::PRECONDITION_FAILED
+                };
+                r
+            } else {
+                match form {
+                    openapi::V2Form::Json => bytes_response(StatusCode::OK, response::JSON, json),
+                    openapi::V2Form::Protobuf => bytes_response(
+                        StatusCode::OK,
+                        openapi::V2_PROTOBUF,
+                        openapi_proto::encode(doc),
+                    ),
+                }
+            };
+            if let Ok(v) = HeaderValue::from_str(&etag) {
+                r.headers_mut().insert(header::ETAG, v);
+            }
+            r
+        }
+    };
     r.headers_mut()
         .insert(header::VARY, HeaderValue::from_static("Accept"));
     r

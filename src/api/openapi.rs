@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 use crate::registry::{Catalog, ResourceType};
 
 const META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1";
+const AUTOSCALING: &str = "io.k8s.api.autoscaling.v1";
 
 /// Definition name of a kind: reversed group, version, kind.
 pub fn definition_name(group: &str, version: &str, kind: &str) -> String {
@@ -76,13 +77,75 @@ fn meta_definitions(v3: bool) -> Map<String, Value> {
     m
 }
 
-/// The schema of a CR kind with metadata wired to ObjectMeta.
+/// The `autoscaling/v1` Scale types the `/scale` operations refer to.
+fn scale_definitions(v3: bool, out: &mut Map<String, Value>) {
+    let prefix = if v3 {
+        "#/components/schemas/"
+    } else {
+        "#/definitions/"
+    };
+    let r = |name: &str, description: &str| {
+        let mut s = json!({"$ref": format!("{prefix}{name}"), "description": description});
+        if v3 {
+            s["default"] = json!({});
+        }
+        s
+    };
+    let replicas = |description: &str| {
+        let mut s = json!({"description": description, "format": "int32", "type": "integer"});
+        if v3 {
+            s["default"] = json!(0);
+        }
+        s
+    };
+    out.insert(format!("{AUTOSCALING}.Scale"), json!({
+        "description": "Scale represents a scaling request for a resource.",
+        "properties": {
+            "apiVersion": {"description": "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources", "type": "string"},
+            "kind": {"description": "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds", "type": "string"},
+            "metadata": r(&format!("{META}.ObjectMeta"), "Standard object metadata; More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata."),
+            "spec": r(&format!("{AUTOSCALING}.ScaleSpec"), "spec defines the behavior of the scale. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#spec-and-status."),
+            "status": r(&format!("{AUTOSCALING}.ScaleStatus"), "status is the current status of the scale. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#spec-and-status. Read-only."),
+        },
+        "type": "object",
+        "x-kubernetes-group-version-kind": [{"group": "autoscaling", "kind": "Scale", "version": "v1"}],
+    }));
+    out.insert(format!("{AUTOSCALING}.ScaleSpec"), json!({
+        "description": "ScaleSpec describes the attributes of a scale subresource.",
+        "properties": {"replicas": replicas("replicas is the desired number of instances for the scaled object.")},
+        "type": "object",
+    }));
+    out.insert(format!("{AUTOSCALING}.ScaleStatus"), json!({
+        "description": "ScaleStatus represents the current status of a scale subresource.",
+        "properties": {
+            "replicas": replicas("replicas is the actual number of observed instances of the scaled object."),
+            "selector": {"description": "selector is the label query over pods that should match the replicas count. This is same as the label selector but in the string format to avoid introspection by clients. The string will be in the same format as the query-param syntax. More info about label selectors: https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/", "type": "string"},
+        },
+        "required": ["replicas"],
+        "type": "object",
+    }));
+}
+
+/// The schema of a CR kind with metadata wired to ObjectMeta, published as
+/// apiextensions-apiserver's OpenAPI builder does: int-or-string unfolded to
+/// its `anyOf` (v3), or converted to what OpenAPI v2 can say (v2; a
+/// preserve-unknown-fields root is then a bare object).
 fn kind_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
     let v = rt.version(version);
     let mut schema = v
         .and_then(|v| v.schema.clone())
         .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
-    if let Some(o) = schema.as_object_mut() {
+    unfold_int_or_string(&mut schema);
+    let root_preserves = schema
+        .get("x-kubernetes-preserve-unknown-fields")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    if !v3 && root_preserves {
+        schema = json!({"type": "object"});
+    } else if let Some(o) = schema.as_object_mut() {
+        if !v3 {
+            to_openapi_v2(o);
+        }
         let props = o
             .entry("properties")
             .or_insert_with(|| json!({}))
@@ -93,12 +156,169 @@ fn kind_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
                 p.insert("metadata".into(), wrap_ref(v3, meta_ref(v3, "ObjectMeta")));
             });
         let _ = props;
+    }
+    if let Some(o) = schema.as_object_mut() {
         o.insert(
             "x-kubernetes-group-version-kind".into(),
             json!([{"group": rt.group, "version": version, "kind": rt.kind}]),
         );
     }
     schema
+}
+
+/// The structural children of a schema node: properties, items and
+/// additionalProperties (not the value validations under the junctors).
+fn for_each_child(o: &mut Map<String, Value>, f: &mut impl FnMut(&mut Map<String, Value>)) {
+    if let Some(Value::Object(props)) = o.get_mut("properties") {
+        for p in props.values_mut() {
+            if let Value::Object(p) = p {
+                f(p);
+            }
+        }
+    }
+    if let Some(Value::Object(items)) = o.get_mut("items") {
+        f(items);
+    }
+    if let Some(Value::Object(ap)) = o.get_mut("additionalProperties") {
+        f(ap);
+    }
+}
+
+/// The `anyOf` every int-or-string field is published with.
+fn int_or_string_any_of() -> Value {
+    json!([{"type": "integer"}, {"type": "string"}])
+}
+
+/// `Structural.Unfold`: an `x-kubernetes-int-or-string` node gains
+/// `anyOf: [{type: integer}, {type: string}]`, or, where it has another
+/// `anyOf` already, a first `allOf` entry of it; nodes that spell it out
+/// already are left as they are.
+fn unfold_int_or_string(schema: &mut Value) {
+    fn visit(o: &mut Map<String, Value>) {
+        if o.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true) {
+            let pattern = int_or_string_any_of();
+            let spelled = o.get("anyOf") == Some(&pattern)
+                || o.get("allOf")
+                    .and_then(|a| a.get(0))
+                    .and_then(|first| first.get("anyOf"))
+                    == Some(&pattern);
+            if !spelled {
+                if o.contains_key("anyOf") {
+                    let mut all_of = vec![json!({"anyOf": pattern})];
+                    if let Some(Value::Array(rest)) = o.remove("allOf") {
+                        all_of.extend(rest);
+                    }
+                    o.insert("allOf".into(), Value::Array(all_of));
+                } else {
+                    o.insert("anyOf".into(), pattern);
+                }
+            }
+        }
+        for_each_child(o, &mut visit);
+    }
+    if let Value::Object(o) = schema {
+        visit(o);
+    }
+}
+
+/// apiextensions-apiserver's `ToStructuralOpenAPIV2`, on every structural
+/// node, parents before children: the junctors go (so int-or-string is the
+/// extension alone); a nullable node loses its type, properties and items; a
+/// preserve-unknown-fields node its properties and items, and its type when
+/// object; an array without items its type; a nullable property is no longer
+/// required (nor any, under nullable additionalProperties).
+fn to_openapi_v2(o: &mut Map<String, Value>) {
+    for k in ["allOf", "anyOf", "oneOf", "not"] {
+        o.remove(k);
+    }
+    let flag = |o: &Map<String, Value>, k: &str| o.get(k).and_then(Value::as_bool) == Some(true);
+    let nullable = flag(o, "nullable");
+    o.remove("nullable");
+    if nullable {
+        o.remove("type");
+        o.remove("items");
+        o.remove("properties");
+    }
+    let preserve = flag(o, "x-kubernetes-preserve-unknown-fields");
+    if preserve {
+        o.remove("items");
+        o.remove("properties");
+    }
+    let type_is =
+        |o: &Map<String, Value>, t: &str| o.get("type").and_then(Value::as_str) == Some(t);
+    if !o.contains_key("items") && type_is(o, "array") {
+        o.remove("type");
+    }
+    if preserve && type_is(o, "object") {
+        o.remove("type");
+    }
+    let nullable_props: Vec<String> = o
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| {
+            p.iter()
+                .filter(|(_, v)| v.get("nullable").and_then(Value::as_bool) == Some(true))
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(Value::Array(req)) = o.get_mut("required") {
+        req.retain(|r| {
+            r.as_str()
+                .is_none_or(|r| !nullable_props.iter().any(|n| n == r))
+        });
+        if req.is_empty() {
+            o.remove("required");
+        }
+    }
+    if o.get("additionalProperties")
+        .and_then(|a| a.get("nullable"))
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        o.remove("required");
+    }
+    for_each_child(o, &mut to_openapi_v2);
+}
+
+/// kube-openapi's `PruneDefaults`, which kube-apiserver applies to every
+/// OpenAPI v2 definition: no schema in the document keeps a `default`.
+fn prune_defaults(v: &mut Value) {
+    fn visit(o: &mut Map<String, Value>) {
+        o.remove("default");
+        for k in ["properties", "definitions", "patternProperties"] {
+            if let Some(Value::Object(m)) = o.get_mut(k) {
+                m.values_mut().for_each(|s| {
+                    if let Value::Object(s) = s {
+                        visit(s);
+                    }
+                });
+            }
+        }
+        for k in ["allOf", "anyOf", "oneOf"] {
+            if let Some(Value::Array(a)) = o.get_mut(k) {
+                a.iter_mut().for_each(|s| {
+                    if let Value::Object(s) = s {
+                        visit(s);
+                    }
+                });
+            }
+        }
+        for k in ["items", "additionalProperties", "not", "additionalItems"] {
+            match o.get_mut(k) {
+                Some(Value::Object(s)) => visit(s),
+                Some(Value::Array(a)) => a.iter_mut().for_each(|s| {
+                    if let Value::Object(s) = s {
+                        visit(s);
+                    }
+                }),
+                _ => {}
+            }
+        }
+    }
+    if let Value::Object(o) = v {
+        visit(o);
+    }
 }
 
 fn list_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
@@ -129,27 +349,81 @@ fn query_param(v3: bool, name: &str, description: &str, type_: &str) -> Value {
     }
 }
 
-fn operation(
-    v3: bool,
-    rt: &ResourceType,
-    version: &str,
-    action: &str,
-    op_id: String,
-    ref_: &str,
+/// kube's `ToValidOperationID`: letters, `_` and (not first) digits kept,
+/// anything else dropped and the next kept letter upper-cased.
+fn valid_operation_id(s: &str, capitalize_first: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut capitalize = capitalize_first;
+    for (i, c) in s.chars().enumerate() {
+        if c.is_alphabetic() || c == '_' || (i != 0 && c.is_numeric()) {
+            if capitalize {
+                out.extend(c.to_uppercase());
+                capitalize = false;
+            } else {
+                out.push(c);
+            }
+        } else {
+            capitalize = true;
+        }
+    }
+    out
+}
+
+/// The tag and operation ID kube-apiserver gives an operation on a CR path
+/// (`GetOperationIDAndTags`): the verb, then group (less `.k8s.io`) and
+/// version camel-cased, then the rest of the route's operation name.
+fn operation_naming(rt: &ResourceType, version: &str, verb: &str, rest: &str) -> (String, String) {
+    let group = rt.group.strip_suffix(".k8s.io").unwrap_or(&rt.group);
+    let tag = format!(
+        "{}_{}",
+        valid_operation_id(group, false),
+        valid_operation_id(version, false)
+    );
+    // The verb trie answers the shortest verb: `deletecollection` is
+    // `delete` + `Collection...`.
+    let (verb, rest) = match verb.strip_prefix("delete") {
+        Some(more) if !more.is_empty() => ("delete", format!("{more}{rest}")),
+        _ => (verb, rest.to_string()),
+    };
+    let mut rest_chars = rest.chars();
+    let titled: String = match rest_chars.next() {
+        Some(first) => first.to_uppercase().chain(rest_chars).collect(),
+        None => String::new(),
+    };
+    let id = format!(
+        "{verb}{}{}{titled}",
+        valid_operation_id(group, true),
+        valid_operation_id(version, true)
+    );
+    (tag, id)
+}
+
+struct Op<'a> {
+    /// `x-kubernetes-action`: get, list, post, put, patch, delete, deletecollection.
+    action: &'a str,
+    /// The verb the operation ID starts with: read, list, create, replace, ...
+    verb: &'a str,
+    /// `Namespaced`, `Kind`, subresource and the like, after the verb.
+    rest: String,
+    /// The definition answered.
+    ref_: String,
     write: bool,
-) -> Value {
+}
+
+fn operation(v3: bool, rt: &ResourceType, version: &str, op: Op) -> Value {
     let prefix = if v3 {
         "#/components/schemas/"
     } else {
         "#/definitions/"
     };
+    let ref_ = op.ref_;
     let response = if v3 {
         json!({"200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("{prefix}{ref_}")}}}}})
     } else {
         json!({"200": {"description": "OK", "schema": {"$ref": format!("{prefix}{ref_}")}}})
     };
     let mut params = Vec::new();
-    if write {
+    if op.write {
         params.push(query_param(
             v3,
             "dryRun",
@@ -159,54 +433,108 @@ fn operation(
         params.push(query_param(v3, "fieldManager", "fieldManager is a name associated with the actor or entity that is making these changes.", "string"));
         params.push(query_param(v3, "fieldValidation", "fieldValidation instructs the server on how to handle objects in the request (POST/PUT/PATCH) containing unknown or duplicate fields.", "string"));
     }
+    let (tag, op_id) = operation_naming(rt, version, op.verb, &op.rest);
     json!({
-        "tags": [format!("{}_{}", rt.group.replace('.', "_"), version)],
+        "tags": [tag],
         "operationId": op_id,
         "parameters": params,
         "responses": response,
-        "x-kubernetes-action": action,
+        "x-kubernetes-action": op.action,
         "x-kubernetes-group-version-kind": {"group": rt.group, "version": version, "kind": rt.kind},
     })
 }
 
+/// The paths apiextensions-apiserver publishes for one served version of a
+/// CRD: the collection (and, namespaced, the all-namespaces list), the item,
+/// and the `/status` and `/scale` subresources the version enables (the
+/// latter answering `autoscaling/v1` Scale).
 fn paths_for(rt: &ResourceType, version: &str, v3: bool) -> Map<String, Value> {
     let kind_def = definition_name(&rt.group, version, &rt.kind);
     let list_def = definition_name(&rt.group, version, &rt.list_kind);
+    let status_def = format!("{META}.Status");
+    let scale_def = format!("{AUTOSCALING}.Scale");
     let base = format!("/apis/{}/{}", rt.group, version);
     let coll = if rt.namespaced {
         format!("{base}/namespaces/{{namespace}}/{}", rt.plural)
     } else {
         format!("{base}/{}", rt.plural)
     };
-    let ident = format!("{}{}", rt.kind, version);
+    let ns = if rt.namespaced { "Namespaced" } else { "" };
+    let kind = &rt.kind;
+    let op = |action, verb, sub: &str, ref_: &String, write| {
+        operation(
+            v3,
+            rt,
+            version,
+            Op {
+                action,
+                verb,
+                rest: format!("{ns}{kind}{sub}"),
+                ref_: ref_.clone(),
+                write,
+            },
+        )
+    };
     let mut paths = Map::new();
-    paths.insert(coll.clone(), json!({
-        "get": operation(v3, rt, version, "list", format!("list{ident}"), &list_def, false),
-        "post": operation(v3, rt, version, "post", format!("create{ident}"), &kind_def, true),
-        "delete": operation(v3, rt, version, "deletecollection", format!("deletecollection{ident}"), &format!("{META}.Status"), false),
-    }));
+    paths.insert(
+        coll.clone(),
+        json!({
+            "get": op("list", "list", "", &list_def, false),
+            "post": op("post", "create", "", &kind_def, true),
+            "delete": op("deletecollection", "deletecollection", "", &status_def, false),
+        }),
+    );
     let item = format!("{coll}/{{name}}");
-    paths.insert(item.clone(), json!({
-        "get": operation(v3, rt, version, "get", format!("read{ident}"), &kind_def, false),
-        "put": operation(v3, rt, version, "put", format!("replace{ident}"), &kind_def, true),
-        "patch": operation(v3, rt, version, "patch", format!("patch{ident}"), &kind_def, true),
-        "delete": operation(v3, rt, version, "delete", format!("delete{ident}"), &format!("{META}.Status"), false),
-    }));
+    paths.insert(
+        item.clone(),
+        json!({
+            "get": op("get", "read", "", &kind_def, false),
+            "put": op("put", "replace", "", &kind_def, true),
+            "patch": op("patch", "patch", "", &kind_def, true),
+            "delete": op("delete", "delete", "", &status_def, false),
+        }),
+    );
     if let Some(v) = rt.version(version) {
         if v.status_subresource {
-            paths.insert(format!("{item}/status"), json!({
-                "get": operation(v3, rt, version, "get", format!("read{ident}Status"), &kind_def, false),
-                "put": operation(v3, rt, version, "put", format!("replace{ident}Status"), &kind_def, true),
-                "patch": operation(v3, rt, version, "patch", format!("patch{ident}Status"), &kind_def, true),
-            }));
+            paths.insert(
+                format!("{item}/status"),
+                json!({
+                    "get": op("get", "read", "Status", &kind_def, false),
+                    "put": op("put", "replace", "Status", &kind_def, true),
+                    "patch": op("patch", "patch", "Status", &kind_def, true),
+                }),
+            );
+        }
+        if v.scale.is_some() {
+            paths.insert(
+                format!("{item}/scale"),
+                json!({
+                    "get": op("get", "read", "Scale", &scale_def, false),
+                    "put": op("put", "replace", "Scale", &scale_def, true),
+                    "patch": op("patch", "patch", "Scale", &scale_def, true),
+                }),
+            );
         }
     }
     if rt.namespaced {
-        paths.insert(format!("{base}/{}", rt.plural), json!({
-            "get": operation(v3, rt, version, "list", format!("list{ident}ForAllNamespaces"), &list_def, false),
-        }));
+        paths.insert(
+            format!("{base}/{}", rt.plural),
+            json!({
+                "get": operation(v3, rt, version, Op {
+                    action: "list",
+                    verb: "list",
+                    rest: format!("{kind}ForAllNamespaces"),
+                    ref_: list_def.clone(),
+                    write: false,
+                }),
+            }),
+        );
     }
     paths
+}
+
+fn has_scale(rt: &ResourceType, version: &str) -> bool {
+    rt.version(version).is_some_and(|v| v.scale.is_some())
 }
 
 fn definitions_for(rt: &ResourceType, version: &str, v3: bool, out: &mut Map<String, Value>) {
@@ -223,11 +551,20 @@ fn definitions_for(rt: &ResourceType, version: &str, v3: bool, out: &mut Map<Str
 pub fn v2(catalog: &Catalog) -> Value {
     let mut paths = Map::new();
     let mut defs = meta_definitions(false);
+    let mut scale = false;
     for rt in &catalog.resources {
         for v in rt.served_versions() {
             paths.extend(paths_for(rt, &v.name, false));
             definitions_for(rt, &v.name, false, &mut defs);
+            scale |= v.scale.is_some();
         }
+    }
+    if scale {
+        scale_definitions(false, &mut defs);
+    }
+    // kube-apiserver prunes every default from its v2 definitions.
+    for d in defs.values_mut() {
+        prune_defaults(d);
     }
     json!({
         "swagger": "2.0",
@@ -244,9 +581,12 @@ pub fn v3_group_version(catalog: &Catalog, group: &str, version: &str) -> Option
     }
     let mut paths = Map::new();
     let mut schemas = meta_definitions(true);
-    for rt in resources {
+    for rt in &resources {
         paths.extend(paths_for(rt, version, true));
         definitions_for(rt, version, true, &mut schemas);
+    }
+    if resources.iter().any(|rt| has_scale(rt, version)) {
+        scale_definitions(true, &mut schemas);
     }
     Some(json!({
         "openapi": "3.0.0",
@@ -274,9 +614,327 @@ pub fn v3_root(catalog: &Catalog) -> Value {
     json!({"paths": paths})
 }
 
+/// The protobuf form of `/openapi/v2`, as kube-openapi names it in its answer
+/// (whichever of its two names the client asked for).
+pub const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum V2Form {
+    Json,
+    Protobuf,
+}
+
+/// One media range of an Accept header, as goautoneg parses it.
+struct Clause<'a> {
+    type_: &'a str,
+    subtype: &'a str,
+    q: f64,
+}
+
+/// goautoneg's `ParseAccept`: ranges split at `,`, `;` and `/`, trimmed of
+/// spaces only; a range without a subtype is kept only as `*`; a `q` that
+/// does not parse is 0. Sorted by its (not strictly weak) order: higher q
+/// first, else a concrete type or subtype before a wildcard, with Go's
+/// insertion sort for short lists, as `sort.Sort` does below 13 elements.
+fn parse_accept(header: &str) -> Vec<Clause<'_>> {
+    let mut out = Vec::new();
+    for part in header.split(',') {
+        let part = part.trim_matches(' ');
+        let (range, params) = part.split_once(';').unwrap_or((part, ""));
+        let (type_, sub) = range.split_once('/').unwrap_or((range, ""));
+        let type_ = type_.trim_matches(' ');
+        let subtype = if sub.is_empty() {
+            if type_ != "*" {
+                continue;
+            }
+            "*"
+        } else {
+            if sub.contains('/') {
+                continue;
+            }
+            sub.trim_matches(' ')
+        };
+        let mut q = 1.0;
+        if !params.is_empty() {
+            for p in params.split(';') {
+                let Some((k, v)) = p.split_once('=') else {
+                    continue;
+                };
+                if v.contains('=') {
+                    continue;
+                }
+                if k.trim_matches(' ') == "q" {
+                    // strconv.ParseFloat(v, 32): no trimming, 0 on error.
+                    q = v.parse::<f32>().map(f64::from).unwrap_or(0.0);
+                }
+            }
+        }
+        out.push(Clause { type_, subtype, q });
+    }
+    let less = |a: &Clause, b: &Clause| {
+        a.q > b.q || (a.type_ != "*" && b.type_ == "*") || (a.subtype != "*" && b.subtype == "*")
+    };
+    if out.len() <= 12 {
+        for i in 1..out.len() {
+            let mut j = i;
+            while j > 0 && less(&out[j], &out[j - 1]) {
+                out.swap(j, j - 1);
+                j -= 1;
+            }
+        }
+    } else {
+        // Longer lists: a stable sort on the same preferences.
+        out.sort_by(|a, b| {
+            b.q.total_cmp(&a.q)
+                .then((a.type_ == "*").cmp(&(b.type_ == "*")))
+                .then((a.subtype == "*").cmp(&(b.subtype == "*")))
+        });
+    }
+    out
+}
+
+/// The form of `/openapi/v2` to answer with: the first sorted range that
+/// matches JSON or either protobuf name (a missing Accept is `*/*`; a q of 0
+/// still matches, as in kube-openapi). `None` is kube's 406.
+pub fn negotiate_v2(accept: Option<&str>) -> Option<V2Form> {
+    const OFFERED: [(&str, V2Form); 3] = [
+        ("json", V2Form::Json),
+        (
+            "com.github.proto-openapi.spec.v2@v1.0+protobuf",
+            V2Form::Protobuf,
+        ),
+        (
+            "com.github.proto-openapi.spec.v2.v1.0+protobuf",
+            V2Form::Protobuf,
+        ),
+    ];
+    let header = match accept {
+        None | Some("") => "*/*",
+        Some(h) => h,
+    };
+    parse_accept(header).iter().find_map(|c| {
+        if c.type_ != "application" && c.type_ != "*" {
+            return None;
+        }
+        OFFERED
+            .iter()
+            .find(|(sub, _)| c.subtype == *sub || c.subtype == "*")
+            .map(|(_, form)| *form)
+    })
+}
+
+/// Go's `http.ServeContent` reading If-None-Match against `etag`: `*` or any
+/// listed entity tag that matches weakly (`W/` ignored) means not modified.
+pub fn if_none_match(headers: &http::HeaderMap, etag: &str) -> bool {
+    let strip = |t: &str| t.strip_prefix("W/").unwrap_or(t).to_string();
+    let ours = strip(etag);
+    for value in headers.get_all(http::header::IF_NONE_MATCH).iter().take(1) {
+        let Ok(mut buf) = value.to_str() else {
+            return false;
+        };
+        loop {
+            buf = buf.trim_matches(|c| c == ' ' || c == '\t');
+            if buf.is_empty() {
+                break;
+            }
+            if let Some(rest) = buf.strip_prefix(',') {
+                buf = rest;
+                continue;
+            }
+            if buf.starts_with('*') {
+                return true;
+            }
+            let Some((tag, rest)) = scan_etag(buf) else {
+                break;
+            };
+            if strip(tag) == ours {
+                return true;
+            }
+            buf = rest;
+        }
+    }
+    false
+}
+
+/// Go's `scanETag`: an optional `W/`, then a quoted tag of visible characters.
+fn scan_etag(s: &str) -> Option<(&str, &str)> {
+    let start = if s.starts_with("W/") { 2 } else { 0 };
+    let bytes = s.as_bytes();
+    if bytes.len() - start < 2 || bytes[start] != b'"' {
+        return None;
+    }
+    for (i, &c) in bytes.iter().enumerate().skip(start + 1) {
+        match c {
+            0x21 | 0x23..=0x7E | 0x80..=0xFF => {}
+            b'"' => return Some((&s[..=i], &s[i + 1..])),
+            _ => return None,
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v2_accept_negotiation_follows_goautoneg() {
+        use V2Form::*;
+        let pb = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+        let pb_new = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+        for (accept, want) in [
+            (None, Some(Json)),
+            (Some(""), Some(Json)),
+            (Some("*/*"), Some(Json)),
+            (Some("application/*"), Some(Json)),
+            (Some("application/json"), Some(Json)),
+            (Some("application/json, */*"), Some(Json)),
+            (Some(pb), Some(Protobuf)),
+            (Some(pb_new), Some(Protobuf)),
+            (Some(&format!("{pb}, application/json")), Some(Protobuf)),
+            (Some(&format!("application/json, {pb}")), Some(Json)),
+            (
+                Some(&format!("application/json;q=0.5, {pb}")),
+                Some(Protobuf),
+            ),
+            (Some("application/json;q=0.1, */*"), Some(Json)),
+            // goautoneg's order: a concrete range moves ahead of a wildcard
+            // before it whatever their q.
+            (Some(&format!("*/*;q=0.9, {pb};q=0.1")), Some(Protobuf)),
+            (Some(&format!("*/*, {pb}")), Some(Protobuf)),
+            // Parameters do not matter, nor does a q of 0.
+            (
+                Some("application/json;g=apidiscovery.k8s.io;v=v2"),
+                Some(Json),
+            ),
+            (Some("application/json;q=0"), Some(Json)),
+            (Some("application/yaml"), None),
+            (
+                Some("text/plain, application/vnd.kubernetes.protobuf"),
+                None,
+            ),
+            (Some("application"), None),
+            (Some("Application/JSON"), None),
+        ] {
+            assert_eq!(negotiate_v2(accept), want, "{accept:?}");
+        }
+    }
+
+    #[test]
+    fn if_none_match_reads_lists_weak_tags_and_star() {
+        let etag = "\"ABC\"";
+        let h = |v: &str| {
+            let mut m = http::HeaderMap::new();
+            m.insert(http::header::IF_NONE_MATCH, v.parse().expect("value"));
+            m
+        };
+        assert!(if_none_match(&h("\"ABC\""), etag));
+        assert!(if_none_match(&h("W/\"ABC\""), etag));
+        assert!(if_none_match(&h("\"x\", \"ABC\""), etag));
+        assert!(if_none_match(&h("*"), etag));
+        assert!(!if_none_match(&h("\"ABD\""), etag));
+        assert!(!if_none_match(&h("ABC"), etag));
+        assert!(!if_none_match(&http::HeaderMap::new(), etag));
+    }
+
+    #[test]
+    fn int_or_string_is_unfolded_for_v3_and_bare_for_v2() {
+        let crd = json!({"type": "object", "properties": {
+            "port": {"x-kubernetes-int-or-string": true, "description": "p"},
+            "spelled": {"x-kubernetes-int-or-string": true, "anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "other": {"x-kubernetes-int-or-string": true, "anyOf": [{"pattern": "^a"}, {"pattern": "^b"}]},
+            "list": {"type": "array", "items": {"x-kubernetes-int-or-string": true}},
+        }});
+        let mut v3 = crd.clone();
+        unfold_int_or_string(&mut v3);
+        let int_or_string = json!([{"type": "integer"}, {"type": "string"}]);
+        assert_eq!(
+            v3["properties"]["port"],
+            json!({"x-kubernetes-int-or-string": true, "description": "p", "anyOf": int_or_string})
+        );
+        assert_eq!(v3["properties"]["spelled"], crd["properties"]["spelled"]);
+        assert_eq!(
+            v3["properties"]["other"]["allOf"],
+            json!([{"anyOf": int_or_string}])
+        );
+        assert_eq!(
+            v3["properties"]["other"]["anyOf"],
+            crd["properties"]["other"]["anyOf"]
+        );
+        assert_eq!(v3["properties"]["list"]["items"]["anyOf"], int_or_string);
+        let mut v2 = v3.clone();
+        if let Some(o) = v2.as_object_mut() {
+            to_openapi_v2(o);
+        }
+        assert_eq!(
+            v2["properties"]["port"],
+            json!({"x-kubernetes-int-or-string": true, "description": "p"})
+        );
+        assert_eq!(
+            v2["properties"]["other"],
+            json!({"x-kubernetes-int-or-string": true})
+        );
+    }
+
+    #[test]
+    fn v2_conversion_drops_what_v2_cannot_say() {
+        let mut s = json!({"type": "object", "required": ["a", "n"], "properties": {
+            "a": {"type": "string", "default": "x", "oneOf": [{"pattern": "a"}]},
+            "n": {"type": "object", "nullable": true, "properties": {"z": {"type": "string"}}},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true, "properties": {"q": {"type": "string"}}},
+            "arr": {"type": "array", "x-kubernetes-preserve-unknown-fields": true, "items": {"type": "string"}},
+        }});
+        if let Some(o) = s.as_object_mut() {
+            to_openapi_v2(o);
+        }
+        prune_defaults(&mut s);
+        assert_eq!(s["required"], json!(["a"]));
+        assert_eq!(s["properties"]["a"], json!({"type": "string"}));
+        assert_eq!(s["properties"]["n"], json!({}));
+        assert_eq!(
+            s["properties"]["free"],
+            json!({"x-kubernetes-preserve-unknown-fields": true})
+        );
+        assert_eq!(
+            s["properties"]["arr"],
+            json!({"x-kubernetes-preserve-unknown-fields": true})
+        );
+    }
+
+    #[test]
+    fn operation_ids_are_kubes() {
+        let mut c = Catalog::default();
+        c.add_manifests(
+            std::path::Path::new("w.yaml"),
+            include_str!("../../crds/examples/widgets.yaml"),
+        )
+        .expect("crd");
+        let doc = v2(&c);
+        let id = |path: &str, method: &str| doc["paths"][path][method]["operationId"].clone();
+        let ns = "/apis/demo.kshard.dev/v1/namespaces/{namespace}/widgets";
+        assert_eq!(id(ns, "get"), "listDemoKshardDevV1NamespacedWidget");
+        assert_eq!(
+            id(ns, "delete"),
+            "deleteDemoKshardDevV1CollectionNamespacedWidget"
+        );
+        assert_eq!(
+            id(&format!("{ns}/{{name}}/scale"), "patch"),
+            "patchDemoKshardDevV1NamespacedWidgetScale"
+        );
+        assert_eq!(
+            id(&format!("{ns}/{{name}}/status"), "get"),
+            "readDemoKshardDevV1NamespacedWidgetStatus"
+        );
+        assert_eq!(
+            id("/apis/demo.kshard.dev/v1/widgets", "get"),
+            "listDemoKshardDevV1WidgetForAllNamespaces"
+        );
+        assert_eq!(
+            doc["paths"][ns]["post"]["tags"],
+            json!(["demoKshardDev_v1"])
+        );
+        assert_eq!(valid_operation_id("apps.k8s-io", true), "AppsK8sIo");
+    }
 
     #[test]
     fn definition_names_reverse_the_group() {
