@@ -88,10 +88,32 @@ pub async fn handle(state: &ApiState, call: Call<'_>) -> Response {
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    match dispatch(state, call).await {
+    let deprecation = deprecation_warning(state, &call.req);
+    let mut resp = match dispatch(state, call).await {
         Ok(r) => r,
         Err(e) => response::error_for(accept.as_deref(), &e),
+    };
+    if let Some(text) = deprecation {
+        response::warn_first(&mut resp, &text);
     }
+    resp
+}
+
+/// The warning of the deprecated version a request addresses. kube adds it
+/// once the CRD, its served version and the request's scope are resolved,
+/// before the handler runs, so every answer carries it, errors included.
+fn deprecation_warning(state: &ApiState, req: &ResourceRequest) -> Option<String> {
+    let rt = state
+        .registry
+        .catalog()
+        .find(&req.group, &req.version, &req.resource)?;
+    let across_namespaces = matches!(req.verb, Some(Verb::List | Verb::Watch));
+    match (rt.namespaced, req.namespace.is_some()) {
+        (false, true) => return None,
+        (true, false) if !across_namespaces => return None,
+        _ => {}
+    }
+    rt.version(&req.version)?.deprecation_warning.clone()
 }
 
 async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError> {
@@ -371,10 +393,7 @@ fn merge_warnings(mut first: Vec<String>, rest: &[String]) -> Vec<String> {
 /// Adds one `Warning: 299 - "..."` header per warning, as kube does.
 fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
     for w in warnings {
-        let value = format!("299 - {}", crate::status::quote(w));
-        if let Ok(v) = http::HeaderValue::from_str(&value) {
-            resp.headers_mut().append(header::WARNING, v);
-        }
+        response::warn(&mut resp, w);
     }
     resp
 }

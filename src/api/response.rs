@@ -34,6 +34,56 @@ pub fn bytes_response(code: StatusCode, content_type: &str, body: impl Into<Body
     r
 }
 
+/// kube's `Warning` header for a warning text: `299 - "<text>"` with `"` and
+/// `\` backslashed and anything else, UTF-8 included, as is. `None` where
+/// kube sends nothing (empty text, control characters).
+pub fn warning_header(text: &str) -> Option<HeaderValue> {
+    if text.is_empty() || text.chars().any(char::is_control) {
+        return None;
+    }
+    let mut v = String::with_capacity(text.len() + 8);
+    v.push_str("299 - \"");
+    for c in text.chars() {
+        if c == '"' || c == '\\' {
+            v.push('\\');
+        }
+        v.push(c);
+    }
+    v.push('"');
+    HeaderValue::from_bytes(v.as_bytes()).ok()
+}
+
+/// Adds a warning after those already there, unless it is one of them
+/// (kube's recorder sends each text once).
+pub fn warn(resp: &mut Response, text: &str) {
+    let Some(value) = warning_header(text) else {
+        return;
+    };
+    let headers = resp.headers_mut();
+    if !headers.get_all(header::WARNING).iter().any(|v| *v == value) {
+        headers.append(header::WARNING, value);
+    }
+}
+
+/// Puts a warning before those already there (kube records a deprecated
+/// version's warning before the handler adds its own), once.
+pub fn warn_first(resp: &mut Response, text: &str) {
+    let Some(value) = warning_header(text) else {
+        return;
+    };
+    let headers = resp.headers_mut();
+    let rest: Vec<HeaderValue> = headers
+        .get_all(header::WARNING)
+        .iter()
+        .filter(|v| **v != value)
+        .cloned()
+        .collect();
+    headers.insert(header::WARNING, value);
+    for v in rest {
+        headers.append(header::WARNING, v);
+    }
+}
+
 pub fn json_response(code: StatusCode, value: &Value) -> Response {
     let body = serde_json::to_vec(value).unwrap_or_default();
     bytes_response(code, JSON, body)
@@ -301,5 +351,24 @@ impl futures::Stream for ListChunks {
             buf.extend_from_slice(&json);
         }
         std::task::Poll::Ready(Some(Ok(Bytes::from(buf))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warning_headers_are_quoted_as_kube_quotes_them() {
+        let v = warning_header(r#"say "hi" \ → ok"#).map(|v| v.as_bytes().to_vec());
+        assert_eq!(
+            v.as_deref(),
+            Some(r#"299 - "say \"hi\" \\ → ok""#.as_bytes())
+        );
+        assert!(warning_header("").is_none());
+        assert!(
+            warning_header("a\nb").is_none(),
+            "kube sends no header for control characters"
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, CustomResourceDefinitionVersion,
+    CustomResourceDefinition, CustomResourceDefinitionSpec, CustomResourceDefinitionVersion,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -62,6 +62,9 @@ pub struct Version {
     pub validation: Option<Arc<crate::schema::Schema>>,
     /// The merge view of the schema for server-side apply and managedFields.
     pub merge: Arc<crate::apply::MergeSchema>,
+    /// For a deprecated version, the warning every request to it carries:
+    /// the CRD's `deprecationWarning`, else kube's default text.
+    pub deprecation_warning: Option<String>,
 }
 
 /// One served resource type (one CRD).
@@ -321,11 +324,19 @@ fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<Res
             ));
         }
     }
-    let versions = spec
+    let mut versions = spec
         .versions
         .iter()
         .map(version_from_crd)
         .collect::<Result<Vec<_>, String>>()?;
+    for (v, crd_v) in versions.iter_mut().zip(&spec.versions) {
+        if crd_v.deprecated == Some(true) {
+            v.deprecation_warning = Some(match &crd_v.deprecation_warning {
+                Some(w) => w.clone(),
+                None => default_deprecation_warning(&crd_v.name, spec),
+            });
+        }
+    }
     Ok(ResourceType {
         group: spec.group.clone(),
         plural: names.plural.clone(),
@@ -347,7 +358,57 @@ fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<Res
     })
 }
 
+/// kube's `defaultDeprecationWarning`: `<group>/<version> <Kind> is
+/// deprecated`, naming the highest-priority served, non-deprecated version
+/// that ranks above it, if there is one.
+fn default_deprecation_warning(version: &str, spec: &CustomResourceDefinitionSpec) -> String {
+    let (group, kind) = (&spec.group, &spec.names.kind);
+    let mut msg = format!("{group}/{version} {kind} is deprecated");
+    let newer = spec
+        .versions
+        .iter()
+        .filter(|v| v.served && v.deprecated != Some(true))
+        .map(|v| v.name.as_str())
+        .filter(|v| compare_versions(version, v) == std::cmp::Ordering::Less)
+        .max_by(|a, b| compare_versions(a, b));
+    if let Some(v) = newer {
+        msg.push_str(&format!("; use {group}/{v} {kind}"));
+    }
+    msg
+}
+
+/// kube's validation of `deprecationWarning`: only on deprecated versions,
+/// 1 to 256 bytes, printable characters only (so it fits a header).
+fn check_deprecation_warning(v: &CustomResourceDefinitionVersion) -> Result<(), String> {
+    let Some(w) = &v.deprecation_warning else {
+        return Ok(());
+    };
+    let field = format!("spec.versions[{}].deprecationWarning", v.name);
+    if v.deprecated != Some(true) {
+        return Err(format!("{field}: can only be set for deprecated versions"));
+    }
+    if w.is_empty() || w.len() > 256 {
+        return Err(format!("{field}: must be 1 to 256 characters long"));
+    }
+    if let Some((i, _)) = w.char_indices().find(|&(_, c)| !is_printable(c)) {
+        return Err(format!(
+            "{field}: must only contain printable UTF-8 characters; non-printable character found at index {i}"
+        ));
+    }
+    Ok(())
+}
+
+/// Go's `unicode.IsPrint`, closely enough: no control or format characters,
+/// no space but the ASCII one.
+fn is_printable(c: char) -> bool {
+    c == ' '
+        || !(c.is_control()
+            || c.is_whitespace()
+            || matches!(c, '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{e000}'..='\u{f8ff}'))
+}
+
 fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, String> {
+    check_deprecation_warning(v)?;
     let sub = v.subresources.as_ref();
     let scale = sub.and_then(|s| s.scale.as_ref()).map(|s| ScaleSpec {
         spec_replicas_path: s.spec_replicas_path.clone(),
@@ -406,6 +467,7 @@ fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, Stri
         schema,
         validation,
         merge,
+        deprecation_warning: None,
     })
 }
 
@@ -512,5 +574,68 @@ spec:
         let mut v = vec!["v1alpha1", "v1", "v2beta1", "v1beta2", "v2", "foo"];
         v.sort_by(|a, b| compare_versions(b, a));
         assert_eq!(v, ["v2", "v1", "v2beta1", "v1beta2", "v1alpha1", "foo"]);
+    }
+
+    fn crd_with_versions(versions: &str) -> String {
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: deps.tests.example.com}}\nspec:\n  group: tests.example.com\n  scope: Cluster\n  names: {{plural: deps, kind: Dep}}\n  versions:\n{versions}"
+        )
+    }
+
+    #[test]
+    fn deprecation_warnings_are_kubes() {
+        // kube's test/integration/deprecation_test.go fixture.
+        let text = crd_with_versions(
+            "  - {name: v1alpha1, served: true, deprecated: true}\n  - {name: v1alpha2, served: true, deprecated: true, deprecationWarning: custom deprecation warning}\n  - {name: v1beta3, served: true}\n  - {name: v1beta2, served: true}\n  - {name: v1, served: false, storage: true}\n",
+        );
+        let mut c = Catalog::default();
+        c.add_manifests(Path::new("d.yaml"), &text).expect("load");
+        let rt = &c.resources[0];
+        let warning = |v: &str| rt.version(v).and_then(|v| v.deprecation_warning.clone());
+        assert_eq!(
+            warning("v1alpha1").as_deref(),
+            Some("tests.example.com/v1alpha1 Dep is deprecated; use tests.example.com/v1beta3 Dep")
+        );
+        assert_eq!(
+            warning("v1alpha2").as_deref(),
+            Some("custom deprecation warning")
+        );
+        assert_eq!(warning("v1beta2"), None);
+        assert_eq!(warning("v1beta3"), None);
+        // No served, non-deprecated version ranks above: no replacement named.
+        let text = crd_with_versions(
+            "  - {name: v2, served: true, storage: true, deprecated: true}\n  - {name: v1, served: true}\n",
+        );
+        let mut c = Catalog::default();
+        c.add_manifests(Path::new("d.yaml"), &text).expect("load");
+        assert_eq!(
+            c.resources[0]
+                .version("v2")
+                .and_then(|v| v.deprecation_warning.clone())
+                .as_deref(),
+            Some("tests.example.com/v2 Dep is deprecated")
+        );
+    }
+
+    #[test]
+    fn invalid_deprecation_warnings_are_refused() {
+        for (version, why) in [
+            ("{name: v1, served: true, storage: true, deprecationWarning: x}", "can only be set for deprecated versions"),
+            ("{name: v1, served: true, storage: true, deprecated: true, deprecationWarning: ''}", "1 to 256"),
+            ("{name: v1, served: true, storage: true, deprecated: true, deprecationWarning: \"a\\tb\"}", "non-printable character found at index 1"),
+        ] {
+            let text = crd_with_versions(&format!("  - {version}\n"));
+            let err = Catalog::default()
+                .add_manifests(Path::new("d.yaml"), &text)
+                .expect_err(version);
+            assert!(err.to_string().contains(why), "{version}: {err}");
+        }
+        let long = "x".repeat(257);
+        let text = crd_with_versions(&format!(
+            "  - {{name: v1, served: true, storage: true, deprecated: true, deprecationWarning: {long}}}\n"
+        ));
+        assert!(Catalog::default()
+            .add_manifests(Path::new("d.yaml"), &text)
+            .is_err());
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::guaranteed::Plan;
+use super::guaranteed::{Current, Plan};
 use super::object::{finalizers, generation, is_deleting, meta_mut, meta_str, set_finalizers};
 use super::read::Item;
 use super::{now_rfc3339, ReadAt, Registry, Selectors, Target};
@@ -51,7 +51,7 @@ impl Registry {
             .guaranteed_update(t, name, None, |current| {
                 let current =
                     current.ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
-                self.plan_delete(t, name, &current.value, opts)
+                self.plan_delete(t, name, current, opts)
             })
             .await?;
         Ok(answer(item))
@@ -63,9 +63,10 @@ impl Registry {
         &self,
         t: &Target,
         name: &str,
-        current: &Value,
+        stored: &Current,
         opts: &DeleteOptions,
     ) -> Result<(Plan, Answer), ApiError> {
+        let current = &stored.value;
         let gk = format!("{}.{}", t.rt.kind, t.rt.group);
         if let Some(uid) = &opts.precondition_uid {
             let actual = meta_str(current, "uid");
@@ -121,7 +122,7 @@ impl Registry {
                 }
             }
         }
-        let plan = if new == *current {
+        let plan = if stored.unchanged_by(&new) {
             let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
             Plan::Done(Item {
                 json,

@@ -14,10 +14,22 @@ use crate::storage::{Revision, StorageError, Write};
 /// Attempts before a write that keeps losing races gives up with 409.
 const MAX_RETRIES: usize = 16;
 
-/// The object as stored: its revision and value (in the request's version).
+/// The object as stored: its revision and value (in the request's version,
+/// with the defaults kube adds when decoding it).
 pub(super) struct Current {
     pub rev: Revision,
     pub value: Value,
+    /// The value without those defaults, when reading added any.
+    stored: Option<Value>,
+}
+
+impl Current {
+    /// Whether writing `new` would store what is stored already. kube compares
+    /// the encoded object with the stored bytes, so a write that only keeps
+    /// the defaults added on read still writes (and persists them).
+    pub fn unchanged_by(&self, new: &Value) -> bool {
+        new == self.stored.as_ref().unwrap_or(&self.value)
+    }
 }
 
 /// What one attempt decided, from the object as read.
@@ -128,9 +140,12 @@ impl Registry {
             return Ok(None);
         };
         let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+        let api_version = t.api_version();
+        let defaulted = super::read_defaults(&t.rt, &value);
         Ok(Some(Current {
             rev,
-            value: convert_value(&value, &t.api_version()),
+            value: convert_value(defaulted.as_ref().unwrap_or(&value), &api_version),
+            stored: defaulted.map(|_| convert_value(&value, &api_version)),
         }))
     }
 

@@ -194,22 +194,51 @@ impl Registry {
     }
 }
 
-/// Fills in the defaults of a resource's storage-version schema (kube defaults
-/// objects when reading them from storage too, so defaults added to a CRD
-/// later show up without a write). Returns whether anything changed.
-pub fn default_on_read(catalog: &Catalog, resource: &str, obj: &mut Value) -> bool {
-    let Some(schema) = catalog
+/// An object as kube decodes it from storage: with the defaults of the
+/// schema of the version it is stored at (apiextensions' storage codec runs
+/// its `unstructuredDefaulter` before converting to the requested version,
+/// whose own defaults apply to request bodies only). Never persisted.
+/// `None` when that adds nothing, the usual case: objects are defaulted when
+/// written, so only defaults another version's schema lacks show up here.
+pub fn read_defaults(rt: &ResourceType, stored: &Value) -> Option<Value> {
+    let version = stored
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .and_then(|av| av.strip_prefix(rt.group.as_str())?.strip_prefix('/'))
+        .unwrap_or(&rt.storage_version);
+    let schema = rt
+        .versions
+        .iter()
+        .find(|v| v.name == version)?
+        .validation
+        .as_ref()?;
+    if !schema.has_defaults() || !schema.defaults_needed(stored) {
+        return None;
+    }
+    let mut value = stored.clone();
+    schema.apply_defaults(&mut value);
+    Some(value)
+}
+
+/// [`read_defaults`] for the watch cache, which sees resources by id
+/// (`group/plural`): a lookup that misses for resources whose schemas have
+/// no defaults at all, so their objects cost nothing more.
+pub fn read_defaulter(catalog: &Catalog) -> crate::watch::OnLoad {
+    let defaulted: std::collections::HashMap<String, Arc<ResourceType>> = catalog
         .resources
         .iter()
-        .find(|r| r.id() == resource)
-        .and_then(|rt| rt.version(&rt.storage_version))
-        .and_then(|v| v.validation.clone())
-    else {
-        return false;
-    };
-    let before = obj.clone();
-    schema.apply_defaults(obj);
-    *obj != before
+        .filter(|rt| {
+            rt.versions
+                .iter()
+                .any(|v| v.validation.as_ref().is_some_and(|s| s.has_defaults()))
+        })
+        .map(|rt| (rt.id(), rt.clone()))
+        .collect();
+    Arc::new(move |resource: &str, obj: &Value| {
+        defaulted
+            .get(resource)
+            .and_then(|rt| read_defaults(rt, obj))
+    })
 }
 
 /// Renders a stored object for the version a client asked for (conversion

@@ -35,7 +35,7 @@ impl Registry {
                     .await
                     .map_err(storage_error)?
                     .ok_or_else(not_found)?;
-                self.stored_item(&t.rt.id(), json)
+                stored_item(t, json)
             }
             ReadAt::Any | ReadAt::NotOlderThan(_) => {
                 if let ReadAt::NotOlderThan(rev) = at {
@@ -80,20 +80,6 @@ impl Registry {
                     .map_err(|e| continue_error(e, token))
             }
         }
-    }
-
-    /// An object read from the store, with the defaults its schema adds on read.
-    fn stored_item(&self, resource: &str, json: Bytes) -> Result<Item, ApiError> {
-        let mut value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
-        let json = if super::default_on_read(&self.catalog, resource, &mut value) {
-            Bytes::from(serde_json::to_vec(&value).map_err(ApiError::internal)?)
-        } else {
-            json
-        };
-        Ok(Item {
-            json,
-            value: Arc::new(value),
-        })
     }
 
     fn list_cached(&self, t: &Target, sel: &Selectors, limit: Option<usize>) -> ListResult {
@@ -141,9 +127,8 @@ impl Registry {
             .map_err(list_error)?;
         let resource_prefix = format!("{}/", t.rt.id());
         let mut items = Vec::with_capacity(page.items.len());
-        let resource = t.rt.id();
         for (_, json) in page.items {
-            items.push(self.stored_item(&resource, json)?);
+            items.push(stored_item(t, json)?);
         }
         Ok(ListResult {
             revision: page.revision,
@@ -154,4 +139,19 @@ impl Registry {
             items,
         })
     }
+}
+
+/// An object read from the store, with the defaults kube adds on read.
+fn stored_item(t: &Target, json: Bytes) -> Result<Item, ApiError> {
+    let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+    Ok(match super::read_defaults(&t.rt, &value) {
+        Some(v) => Item {
+            json: Bytes::from(serde_json::to_vec(&v).map_err(ApiError::internal)?),
+            value: Arc::new(v),
+        },
+        None => Item {
+            json,
+            value: Arc::new(value),
+        },
+    })
 }

@@ -299,24 +299,36 @@ impl Registry {
         convert_value(obj, &format!("{}/{}", t.rt.group, t.rt.storage_version))
     }
 
+    /// A written object as the answer shows it: decoded back from storage
+    /// (with the defaults kube adds on read), in the request's version.
     pub(super) fn item(&self, t: &Target, object: &Arc<Value>, json: &Bytes) -> Item {
+        let (object, json) = match super::read_defaults(&t.rt, object) {
+            Some(v) => {
+                let json = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+                (Arc::new(v), json)
+            }
+            None => (object.clone(), json.clone()),
+        };
         let api_version = t.api_version();
         if object.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
             Item {
-                json: json.clone(),
-                value: object.clone(),
+                json,
+                value: object,
             }
         } else {
-            let v = convert_value(object, &api_version);
             Item {
-                json: convert_json(json, object, &api_version),
-                value: Arc::new(v),
+                json: convert_json(&json, &object, &api_version),
+                value: Arc::new(convert_value(&object, &api_version)),
             }
         }
     }
 
+    /// A dry run's answer, as if written: kube encodes it for storage and
+    /// decodes it back, so the storage version's defaults show.
     pub(super) fn dry_run_item(&self, t: &Target, obj: Value) -> Item {
-        let v = convert_value(&obj, &t.api_version());
+        let stored = self.to_storage(t, &obj);
+        let defaulted = super::read_defaults(&t.rt, &stored);
+        let v = convert_value(defaulted.as_ref().unwrap_or(&stored), &t.api_version());
         Item {
             json: Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
             value: Arc::new(v),
@@ -679,7 +691,7 @@ impl Registry {
         self.validate_meta(t, &new)?;
         self.validate_schema(t, &new, Some(current))?;
 
-        if new == *current {
+        if stored.unchanged_by(&new) {
             // Nothing changed: no write, no new revision (as kube does).
             let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
             return Ok(Plan::Done(Item {

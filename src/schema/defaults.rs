@@ -11,6 +11,38 @@ pub fn apply(n: &Node, v: &mut Value) {
     drop_nulls(n, v);
 }
 
+/// Whether any node of the schema has a `default`, where [`apply`] looks.
+pub fn any(n: &Node) -> bool {
+    n.default.is_some()
+        || n.properties.iter().any(|(_, p)| any(p))
+        || n.additional_schema().is_some_and(any)
+        || n.items.as_deref().is_some_and(any)
+}
+
+/// Whether [`apply`] would change `v`: a defaulted property missing (or a
+/// non-nullable null), or a non-nullable null it would replace or drop.
+pub fn needed(n: &Node, v: &Value) -> bool {
+    match v {
+        Value::Object(m) => {
+            let missing = n.properties.iter().any(|(k, p)| {
+                p.default.is_some() && m.get(k).is_none_or(|x| non_nullable_null(x, p))
+            });
+            missing
+                || m.iter().any(|(k, x)| {
+                    n.property(k)
+                        .or_else(|| n.additional_schema())
+                        .is_some_and(|s| non_nullable_null(x, s) || needed(s, x))
+                })
+        }
+        Value::Array(a) => n.items.as_deref().is_some_and(|items| {
+            a.iter().any(|x| {
+                (non_nullable_null(x, items) && items.default.is_some()) || needed(items, x)
+            })
+        }),
+        _ => false,
+    }
+}
+
 fn non_nullable_null(v: &Value, n: &Node) -> bool {
     v.is_null() && !n.nullable
 }
@@ -136,5 +168,45 @@ mod tests {
             ),
             json!({"a":"d","c":null,"d":null,"m":{"k":"z"},"l":[null]})
         );
+    }
+
+    #[test]
+    fn needed_is_exactly_whether_apply_changes_anything() {
+        let schema = json!({"type":"object","properties":{
+            "a":{"type":"string","default":"d"},
+            "b":{"type":"string"},
+            "c":{"type":"string","nullable":true},
+            "m":{"type":"object","additionalProperties":{"type":"string","default":"z"}},
+            "l":{"type":"array","items":{"type":"object","properties":{
+                "p":{"type":"integer","default":1},"q":{"type":"string"}}}},
+            "s":{"type":"array","items":{"type":"string","default":"i"}}}});
+        let n = Node::parse(&schema, "").unwrap();
+        assert!(any(&n));
+        for v in [
+            json!({}),
+            json!({"a":"x"}),
+            json!({"a":null}),
+            json!({"a":"x","b":null}),
+            json!({"a":"x","c":null}),
+            json!({"a":"x","m":{"k":"v"}}),
+            json!({"a":"x","m":{"k":null}}),
+            json!({"a":"x","l":[{"p":2}]}),
+            json!({"a":"x","l":[{"q":"y"}]}),
+            json!({"a":"x","l":[{"p":2,"q":null}]}),
+            json!({"a":"x","l":[null]}),
+            json!({"a":"x","s":["v"]}),
+            json!({"a":"x","s":[null]}),
+            json!({"a":"x","unknown":null}),
+        ] {
+            let mut applied = v.clone();
+            apply(&n, &mut applied);
+            assert_eq!(needed(&n, &v), applied != v, "{v} -> {applied}");
+        }
+        let plain = Node::parse(
+            &json!({"type":"object","properties":{"b":{"type":"string"}}}),
+            "",
+        )
+        .unwrap();
+        assert!(!any(&plain));
     }
 }

@@ -5,6 +5,7 @@
 //! Schema::compile(&openAPIV3Schema)?            // once per CRD version
 //! schema.prune(&mut obj) -> Vec<String>         // write path: unknown fields (sorted)
 //! schema.apply_defaults(&mut obj)               // after pruning on write, and on read
+//! schema.defaults_needed(&obj) -> bool           // on read: would defaulting change it?
 //! schema.validate(&obj, old) -> Vec<FieldError> // old = Some(..) on update
 //! ```
 //!
@@ -35,6 +36,8 @@ pub use structural::SchemaError;
 pub struct Schema {
     root: Node,
     rules: Option<cel::Rules>,
+    /// Whether any node has a `default` (reads skip defaulting when none does).
+    has_defaults: bool,
 }
 
 impl Schema {
@@ -42,7 +45,12 @@ impl Schema {
     pub fn compile(open_api_v3_schema: &Value) -> Result<Schema, String> {
         let root = Node::parse(open_api_v3_schema, "openAPIV3Schema").map_err(|e| e.to_string())?;
         let rules = cel::Rules::compile(&root, "")?;
-        Ok(Schema { root, rules })
+        let has_defaults = defaults::any(&root);
+        Ok(Schema {
+            root,
+            rules,
+            has_defaults,
+        })
     }
 
     /// Removes fields the schema does not declare; returns their paths, sorted
@@ -54,6 +62,18 @@ impl Schema {
     /// Applies `default`s and drops nulls that are neither nullable nor defaulted.
     pub fn apply_defaults(&self, obj: &mut Value) {
         defaults::apply(&self.root, obj);
+    }
+
+    /// Whether the schema declares any `default`.
+    pub fn has_defaults(&self) -> bool {
+        self.has_defaults
+    }
+
+    /// Whether [`Schema::apply_defaults`] would change `obj`; reads nothing
+    /// but `obj`, so a read path can skip copying objects that already carry
+    /// every default (the usual case: they were defaulted when written).
+    pub fn defaults_needed(&self, obj: &Value) -> bool {
+        defaults::needed(&self.root, obj)
     }
 
     /// Validates `obj` (already pruned and defaulted); `old` is the stored object on

@@ -165,11 +165,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     } else {
         (Store::open(engine)?, None, None)
     };
-    let defaults_catalog = catalog.clone();
-    let on_load: crate::watch::OnLoad =
-        Arc::new(move |resource: &str, obj: &mut serde_json::Value| {
-            crate::registry::default_on_read(&defaults_catalog, resource, obj)
-        });
+    let on_load = crate::registry::read_defaulter(&catalog);
     let ring = crate::watch::RingLimits {
         events: cfg.watch_history,
         bytes: cfg.watch_cache_history_bytes,

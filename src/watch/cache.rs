@@ -6,12 +6,13 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use crate::storage::{Batch, EventType, Revision, StorageError, Store};
+use crate::storage::{Batch, Event, EventType, Revision, StorageError, Store};
 
 use super::split_key;
 
-/// Rewrites an object of a resource (`group/resource`) on load; true if changed.
-pub type OnLoad = Arc<dyn Fn(&str, &mut Value) -> bool + Send + Sync>;
+/// How an object of a resource (`group/resource`) reads, as it enters the
+/// cache (loaded or from a write): `Some` rewritten value, `None` unchanged.
+pub type OnLoad = Arc<dyn Fn(&str, &Value) -> Option<Value> + Send + Sync>;
 
 /// Events kept per resource before trimming (older than 75 s) may begin.
 pub const DEFAULT_RING_CAPACITY: usize = 10_000;
@@ -205,6 +206,8 @@ pub struct Cache {
     /// The revision the cache loaded its objects at. A resource with no state
     /// yet has had no event since, so its history is complete from here.
     loaded_at: Revision,
+    /// Applied to every object entering the cache, loaded or written.
+    on_load: Option<OnLoad>,
 }
 
 impl Cache {
@@ -216,9 +219,10 @@ impl Cache {
         Self::start_with(store, ring, None).await
     }
 
-    /// Like [`Cache::start`]; `on_load` may rewrite stored objects as they are
-    /// first read (the registry fills in schema defaults added since they were
-    /// written) and returns whether it changed anything.
+    /// Like [`Cache::start`]; `on_load` may rewrite stored objects as they
+    /// enter the cache, at load and from the change feed (the registry fills
+    /// in the defaults kube applies when decoding from storage), so readers
+    /// and watchers all share the rewritten bytes.
     pub async fn start_with(
         store: Arc<Store>,
         ring: impl Into<RingLimits>,
@@ -235,10 +239,11 @@ impl Cache {
             let mut value: Value =
                 serde_json::from_slice(&json).map_err(|e| StorageError::Corrupt(e.to_string()))?;
             let mut json = json;
-            if on_load.as_ref().is_some_and(|f| f(resource, &mut value)) {
+            if let Some(v) = on_load.as_ref().and_then(|f| f(resource, &value)) {
                 json = Bytes::from(
-                    serde_json::to_vec(&value).map_err(|e| StorageError::Corrupt(e.to_string()))?,
+                    serde_json::to_vec(&v).map_err(|e| StorageError::Corrupt(e.to_string()))?,
                 );
+                value = v;
             }
             let revision = object_revision(&value);
             let state = resources
@@ -267,6 +272,7 @@ impl Cache {
             revision: tx,
             ring,
             loaded_at: rev,
+            on_load,
         });
         let weak = Arc::downgrade(&cache);
         tokio::spawn(async move {
@@ -307,13 +313,27 @@ impl Cache {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// An event's object as readers see it, when `on_load` rewrites it.
+    fn rewrite(&self, event: &Event) -> Option<(Arc<Value>, Bytes)> {
+        let (resource, _) = split_key(&event.key)?;
+        let on_load = self.on_load.as_ref()?;
+        let value = on_load(resource, &event.object)?;
+        // Encoding a Value cannot fail (string keys only); keep the stored bytes if it did.
+        let json = Bytes::from(serde_json::to_vec(&value).ok()?);
+        Some((Arc::new(value), json))
+    }
+
     fn apply(&self, batch: &Batch) {
         let now = Instant::now();
+        // Rewritten before taking the lock, which readers and writers wait on.
+        let rewritten: Vec<_> = batch.events.iter().map(|e| self.rewrite(e)).collect();
         let mut state = self.write();
-        for event in &batch.events {
+        for (event, rewritten) in batch.events.iter().zip(rewritten) {
             let Some((resource, sub)) = split_key(&event.key) else {
                 continue;
             };
+            let (value, json) =
+                rewritten.unwrap_or_else(|| (event.object.clone(), event.json.clone()));
             // First event of this resource since loading: nothing before it was missed.
             let complete_after = self.loaded_at;
             let res = state
@@ -326,8 +346,8 @@ impl Cache {
             let object = Arc::new(CachedObject {
                 key: sub.to_string(),
                 revision: event.revision,
-                value: event.object.clone(),
-                json: event.json.clone(),
+                value,
+                json,
             });
             let prev = if event.kind == EventType::Deleted {
                 res.objects.remove(sub)
