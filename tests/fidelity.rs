@@ -9,6 +9,26 @@ use serde_json::json;
 
 const APPLY: (&str, &str) = ("content-type", "application/apply-patch+yaml");
 
+/// Reads a watch stream until `done` holds for what arrived (10 s at most per
+/// frame) and returns the text.
+async fn read_watch(body: &mut kube::client::Body, done: impl Fn(&str) -> bool) -> String {
+    let mut text = String::new();
+    while !done(&text) {
+        let frame = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            http_body_util::BodyExt::frame(body),
+        )
+        .await
+        .expect("an event")
+        .expect("frame")
+        .expect("data");
+        if let Ok(d) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&d));
+        }
+    }
+    text
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_apply_that_creates_answers_201_then_200() {
     let s = common::start().await;
@@ -298,21 +318,7 @@ async fn removing_the_last_finalizer_answers_the_updated_object() {
     assert!(answered_rv > rv, "the update's own revision");
     assert_eq!(s.get(&format!("{WIDGETS}/f1")).await.status, 404);
     // Watchers see the update, then the deletion, as with kube.
-    let mut body = watch.into_body();
-    let mut text = String::new();
-    while text.matches('\n').count() < 2 {
-        let frame = tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            http_body_util::BodyExt::frame(&mut body),
-        )
-        .await
-        .expect("events")
-        .expect("frame")
-        .expect("data");
-        if let Ok(d) = frame.into_data() {
-            text.push_str(&String::from_utf8_lossy(&d));
-        }
-    }
+    let text = read_watch(&mut watch.into_body(), |t| t.matches('\n').count() >= 2).await;
     let kinds: Vec<String> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -353,21 +359,7 @@ async fn the_first_watch_of_a_never_written_resource_is_an_ordinary_watch() {
         let g = json!({"apiVersion": "test.kshard.dev/v1", "kind": "Gadget",
                        "metadata": {"name": name}});
         assert_eq!(s.post_json(gadgets, &g).await.status, 201);
-        let mut body = watch.into_body();
-        let mut text = String::new();
-        while !text.contains(&name) {
-            let frame = tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                http_body_util::BodyExt::frame(&mut body),
-            )
-            .await
-            .expect("an event")
-            .expect("frame")
-            .expect("data");
-            if let Ok(d) = frame.into_data() {
-                text.push_str(&String::from_utf8_lossy(&d));
-            }
-        }
+        let text = read_watch(&mut watch.into_body(), |t| t.contains(&name)).await;
         assert!(!text.contains("\"ERROR\""), "from {from}: {text}");
         assert!(text.contains("\"ADDED\""), "from {from}: {text}");
     }
@@ -462,16 +454,7 @@ async fn applying_the_same_configuration_again_writes_nothing() {
     let r = s.raw("PATCH", &uri, &[APPLY], changed.into_bytes()).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_ne!(r.json()["metadata"]["resourceVersion"], rv);
-    let mut body = watch.into_body();
-    let frame = tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        http_body_util::BodyExt::frame(&mut body),
-    )
-    .await
-    .expect("an event")
-    .expect("frame")
-    .expect("data");
-    let text = String::from_utf8_lossy(frame.data_ref().map_or(&[][..], |d| &d[..])).to_string();
+    let text = read_watch(&mut watch.into_body(), |t| t.contains('\n')).await;
     let first_event: serde_json::Value =
         serde_json::from_str(text.lines().next().unwrap_or("")).expect("event json");
     assert_eq!(first_event["type"], "MODIFIED");

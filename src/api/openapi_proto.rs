@@ -529,54 +529,9 @@ pub struct PathParameterSubSchema {
     pub vendor_extension: Vec<NamedAny>,
 }
 
-/// Same fields and numbers as [`PathParameterSubSchema`].
-#[derive(Clone, PartialEq, Message)]
-pub struct HeaderParameterSubSchema {
-    #[prost(bool, tag = "1")]
-    pub required: bool,
-    #[prost(string, tag = "2")]
-    pub r#in: String,
-    #[prost(string, tag = "3")]
-    pub description: String,
-    #[prost(string, tag = "4")]
-    pub name: String,
-    #[prost(string, tag = "5")]
-    pub r#type: String,
-    #[prost(string, tag = "6")]
-    pub format: String,
-    #[prost(message, optional, tag = "7")]
-    pub items: Option<PrimitivesItems>,
-    #[prost(string, tag = "8")]
-    pub collection_format: String,
-    #[prost(message, optional, tag = "9")]
-    pub default: Option<Any>,
-    #[prost(double, tag = "10")]
-    pub maximum: f64,
-    #[prost(bool, tag = "11")]
-    pub exclusive_maximum: bool,
-    #[prost(double, tag = "12")]
-    pub minimum: f64,
-    #[prost(bool, tag = "13")]
-    pub exclusive_minimum: bool,
-    #[prost(int64, tag = "14")]
-    pub max_length: i64,
-    #[prost(int64, tag = "15")]
-    pub min_length: i64,
-    #[prost(string, tag = "16")]
-    pub pattern: String,
-    #[prost(int64, tag = "17")]
-    pub max_items: i64,
-    #[prost(int64, tag = "18")]
-    pub min_items: i64,
-    #[prost(bool, tag = "19")]
-    pub unique_items: bool,
-    #[prost(message, repeated, tag = "20")]
-    pub r#enum: Vec<Any>,
-    #[prost(double, tag = "21")]
-    pub multiple_of: f64,
-    #[prost(message, repeated, tag = "22")]
-    pub vendor_extension: Vec<NamedAny>,
-}
+/// gnostic's header parameter message has the same fields and numbers as
+/// the path one: one Rust type encodes both.
+pub type HeaderParameterSubSchema = PathParameterSubSchema;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct PrimitivesItems {
@@ -1335,7 +1290,7 @@ fn parameter(o: &Map<String, Value>) -> Parameter {
         };
     }
     let non_body = match in_.as_str() {
-        "header" => N::HeaderParameterSubSchema(sub!(HeaderParameterSubSchema)),
+        "header" => N::HeaderParameterSubSchema(sub!(PathParameterSubSchema)),
         "formData" => {
             N::FormDataParameterSubSchema(sub!(FormDataParameterSubSchema, allow_empty_value))
         }
