@@ -187,3 +187,55 @@ async fn accept_errors_back_off_instead_of_spinning() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Sends raw HTTP/1.1 bytes over TLS and returns the first line of the answer.
+async fn raw_status_line(s: &common::TestServer, request: &[u8]) -> String {
+    let connector = common::tls_connector(s, &[b"http/1.1"]);
+    let tcp = TcpStream::connect(s.running.addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    // The server may answer (and close) before it has read everything.
+    let _ = tls.write_all(request).await;
+    let _ = tls.flush().await;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&answer).to_string();
+    text.lines().next().unwrap_or_default().to_string()
+}
+
+/// A request line longer than the URI limit (64 KiB, hyper's) and headers
+/// beyond `--max-request-header-bytes` are refused before anything parses
+/// them: label and field selectors and continue tokens live in the URI, so
+/// this bounds them too.
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_request_lines_and_headers_are_refused() {
+    let s = common::start_with(|c| {
+        c.connections.max_request_header_bytes = 256 * 1024;
+    })
+    .await;
+    let selector = "app=x,".repeat(40_000);
+    let long_uri = format!(
+        "GET {}?labelSelector={selector} HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        common::WIDGETS
+    );
+    let line = raw_status_line(&s, long_uri.as_bytes()).await;
+    assert!(line.starts_with("HTTP/1.1 414"), "{line}");
+
+    let big_header = format!(
+        "GET /readyz HTTP/1.1\r\nHost: localhost\r\nX-Padding: {}\r\n\r\n",
+        "a".repeat(300 * 1024)
+    );
+    let line = raw_status_line(&s, big_header.as_bytes()).await;
+    assert!(line.starts_with("HTTP/1.1 431"), "{line}");
+
+    // Within the limits the same connection type is served.
+    let ok = raw_status_line(&s, b"GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+    assert!(ok.starts_with("HTTP/1.1 "), "{ok}");
+    assert_eq!(s.get(common::WIDGETS).await.status, 200);
+}
