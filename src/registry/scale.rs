@@ -165,6 +165,129 @@ pub fn apply_scale(
     Ok(out)
 }
 
+/// kube's checks of the replica counts and selector a CRD's scale paths
+/// point at, on every write (`ValidateScaleSpec`/`ValidateScaleStatus` of the
+/// CR validator; a `/status` write skips the spec). Field paths keep the
+/// CRD's leading dot, as kube's `field.NewPath(scale.SpecReplicasPath)` does.
+pub fn validate(spec: &ScaleSpec, obj: &Value, check_spec: bool) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    if check_spec {
+        replicas_errors(&spec.spec_replicas_path, obj, &mut errs);
+    }
+    replicas_errors(&spec.status_replicas_path, obj, &mut errs);
+    if let Some(path) = &spec.label_selector_path {
+        if let Err(e) = nested(path, obj, "string", |v| v.is_string()) {
+            errs.push(FieldError::new(
+                crate::status::FieldErrorKind::Invalid,
+                path.clone(),
+                Some("\"\"".into()),
+                e,
+            ));
+        }
+    }
+    errs
+}
+
+fn replicas_errors(path: &str, obj: &Value, errs: &mut Vec<FieldError>) {
+    let invalid = |value: i64, detail: String| {
+        FieldError::new(
+            crate::status::FieldErrorKind::Invalid,
+            path,
+            Some(value.to_string()),
+            detail,
+        )
+    };
+    // Unstructured JSON holds int64 for integral numbers that fit, else float64.
+    match nested(path, obj, "int64", |v| v.is_i64()) {
+        Err(e) => errs.push(invalid(0, e)),
+        Ok(Some(v)) => {
+            let n = v.as_i64().unwrap_or(0);
+            if n < 0 {
+                errs.push(invalid(n, "should be a non-negative integer".into()));
+            } else if n > i64::from(i32::MAX) {
+                errs.push(invalid(
+                    n,
+                    format!("should be less than or equal to {}", i32::MAX),
+                ));
+            }
+        }
+        Ok(None) => {}
+    }
+}
+
+/// `unstructured.NestedFieldNoCopy` plus the type check of `NestedInt64` /
+/// `NestedString`, with their error texts.
+fn nested<'a>(
+    path: &str,
+    obj: &'a Value,
+    want: &str,
+    is_want: impl Fn(&Value) -> bool,
+) -> Result<Option<&'a Value>, String> {
+    let fields: Vec<&str> = path.trim_start_matches('.').split('.').collect();
+    let mut cur = obj;
+    for (i, f) in fields.iter().enumerate() {
+        match cur {
+            // A null on the way means "not found", as in kube.
+            Value::Null => return Ok(None),
+            Value::Object(m) => match m.get(*f) {
+                Some(v) => cur = v,
+                None => return Ok(None),
+            },
+            other => {
+                return Err(format!(
+                    ".{} accessor error: {} is of the type {}, expected map[string]interface{{}}",
+                    fields[..=i].join("."),
+                    go_v(other),
+                    go_type(other)
+                ))
+            }
+        }
+    }
+    if is_want(cur) {
+        Ok(Some(cur))
+    } else {
+        Err(format!(
+            ".{} accessor error: {} is of the type {}, expected {want}",
+            fields.join("."),
+            go_v(cur),
+            go_type(cur)
+        ))
+    }
+}
+
+/// Go's `%T` of an unstructured value.
+fn go_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "<nil>",
+        Value::Bool(_) => "bool",
+        Value::Number(n) if n.is_i64() => "int64",
+        Value::Number(_) => "float64",
+        Value::String(_) => "string",
+        Value::Array(_) => "[]interface {}",
+        Value::Object(_) => "map[string]interface {}",
+    }
+}
+
+/// Go's `%v` of an unstructured value.
+fn go_v(v: &Value) -> String {
+    match v {
+        Value::Null => "<nil>".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => crate::schema::render::go_number(n),
+        Value::String(s) => s.clone(),
+        Value::Array(a) => format!("[{}]", a.iter().map(go_v).collect::<Vec<_>>().join(" ")),
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let parts: Vec<String> = keys
+                .iter()
+                .map(|k| format!("{k}:{}", go_v(&m[k.as_str()])))
+                .collect();
+            format!("map[{}]", parts.join(" "))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

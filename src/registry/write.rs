@@ -162,24 +162,54 @@ impl Registry {
         Ok(())
     }
 
-    /// The schema's value validations and CEL rules (`old` for transition rules).
-    fn validate_schema(
+    /// Every check of kube's CR strategy, in its order, answered as one 422:
+    /// metadata (of `meta_view`: on create, the object before a name is
+    /// generated), the OpenAPI schema, the scale paths (a `/status` write
+    /// skips the spec's), embedded resources, list types, then CEL unless an
+    /// earlier error blocks it. On update, schema errors on values the update
+    /// did not change are not held against it (ratcheting, kube 1.30+), so
+    /// objects stored under older rules stay updatable.
+    fn validate(
         &self,
         t: &Target,
         obj: &Value,
+        meta_view: &Value,
         old: Option<&Value>,
+        sub: Subresource,
     ) -> Result<(), ApiError> {
-        let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) else {
-            return Ok(());
+        let meta = meta_view
+            .get("metadata")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let mut errs = validate_object_meta(&meta, t.rt.namespaced);
+        let version = t.version_info();
+        let schema = version.and_then(|v| v.validation.clone());
+        let ratchet = |errs: &mut Vec<FieldError>, from: usize| {
+            if let Some(old) = old {
+                let added = errs.split_off(from);
+                errs.extend(added.into_iter().filter(|e| {
+                    let (new_v, old_v) = (value_at(obj, &e.field), value_at(old, &e.field));
+                    new_v.is_none() || new_v != old_v
+                }));
+            }
         };
-        let mut errs = schema.validate(obj, old);
-        if let Some(old) = old {
-            // Ratcheting (kube 1.30+): a value the update did not change is not held
-            // against it, so objects stored under older rules stay updatable.
-            errs.retain(|e| {
-                let (new_v, old_v) = (value_at(obj, &e.field), value_at(old, &e.field));
-                new_v.is_none() || new_v != old_v
-            });
+        if let Some(schema) = &schema {
+            let from = errs.len();
+            errs.extend(schema.validate_openapi(obj));
+            ratchet(&mut errs, from);
+        }
+        if let Some(scale) = version.and_then(|v| v.scale.as_ref()) {
+            errs.extend(super::scale::validate(
+                scale,
+                obj,
+                sub != Subresource::Status,
+            ));
+        }
+        if let Some(schema) = &schema {
+            let from = errs.len();
+            schema.validate_structure(obj, old, &mut errs);
+            ratchet(&mut errs, from);
         }
         invalid_unless_empty(t, obj, &errs)
     }
@@ -283,16 +313,6 @@ impl Registry {
             warnings,
             created: created.load(std::sync::atomic::Ordering::Acquire),
         })
-    }
-
-    fn validate_meta(&self, t: &Target, obj: &Value) -> Result<(), ApiError> {
-        let meta = obj
-            .get("metadata")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let errs = validate_object_meta(&meta, t.rt.namespaced);
-        invalid_unless_empty(t, obj, &errs)
     }
 
     pub(super) fn to_storage(&self, t: &Target, obj: &Value) -> Value {
@@ -415,9 +435,8 @@ impl Registry {
                     m.remove("name");
                 }
             }
-            self.validate_meta(t, &probe)?;
+            self.validate(t, &obj, &probe, None, Subresource::Main)?;
         }
-        self.validate_schema(t, &obj, None)?;
         let attempts = if explicit_name.is_empty() {
             GENERATE_NAME_ATTEMPTS
         } else {
@@ -688,8 +707,7 @@ impl Registry {
                 m.insert("generation".into(), json!(g));
             }
         }
-        self.validate_meta(t, &new)?;
-        self.validate_schema(t, &new, Some(current))?;
+        self.validate(t, &new, &new, Some(current), sub)?;
 
         if stored.unchanged_by(&new) {
             // Nothing changed: no write, no new revision (as kube does).

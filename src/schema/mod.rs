@@ -80,9 +80,23 @@ impl Schema {
     /// updates. Order and gating follow the CR strategy: OpenAPI checks, embedded
     /// resources, list-type uniqueness, then CEL unless an earlier error blocks it.
     pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
+        let mut errs = self.validate_openapi(obj);
+        self.validate_structure(obj, old, &mut errs);
+        errs
+    }
+
+    /// The OpenAPI value checks alone (kube's `ValidateCustomResource`).
+    pub fn validate_openapi(&self, obj: &Value) -> Vec<FieldError> {
         let mut errs = Vec::new();
         validate::value(&self.root, obj, "", &mut errs);
-        embedded::validate(&self.root, obj, "", &mut errs);
+        errs
+    }
+
+    /// What the CR strategy checks after the validator: embedded resources,
+    /// list-type uniqueness, then CEL unless an error so far (`errs` holds
+    /// every earlier one, metadata and scale included) blocks it.
+    pub fn validate_structure(&self, obj: &Value, old: Option<&Value>, errs: &mut Vec<FieldError>) {
+        embedded::validate(&self.root, obj, "", errs);
         // On update kube skips list-type checks when the old object already broke them.
         let old_lists_ok = old.is_none_or(|o| {
             let mut e = Vec::new();
@@ -90,7 +104,7 @@ impl Schema {
             e.is_empty()
         });
         if old_lists_ok {
-            listtype::validate(&self.root, obj, "", &mut errs);
+            listtype::validate(&self.root, obj, "", errs);
         }
         if let Some(rules) = &self.rules {
             if errs.iter().any(|e| is_blocking(e.kind)) {
@@ -101,10 +115,9 @@ impl Schema {
                     "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
                 ));
             } else {
-                rules.validate(obj, old, "", &mut errs);
+                rules.validate(obj, old, "", errs);
             }
         }
-        errs
     }
 }
 
