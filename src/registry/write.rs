@@ -397,6 +397,20 @@ impl Registry {
         let Some(meta) = meta_mut(&mut obj) else {
             return Err(ApiError::bad_request("metadata must be an object"));
         };
+        // kube's storage refuses a create that names a version (one that
+        // parses as a number other than 0; a dry run never reaches storage).
+        // kube answers 500 for it; bad input here is never a 500, so 400
+        // with kube's message.
+        let named_version = meta
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .is_some_and(|rv| rv != 0);
+        if named_version && !dry_run {
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
+        }
         for field in [
             "uid",
             "creationTimestamp",
