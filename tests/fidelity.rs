@@ -777,3 +777,97 @@ async fn a_create_that_names_a_resource_version_is_refused() {
         assert_ne!(r.json()["metadata"]["resourceVersion"], json!(rv));
     }
 }
+
+/// Finalizer and label causes list every message of kube's qualified-name
+/// check (prefix part, then name part) on the list's own path; a bad
+/// generateName is reported for itself and for the name generated from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn metadata_causes_are_kubes_for_finalizers_and_generate_name() {
+    let s = common::start().await;
+    let mut w = common::widget("w1", 1);
+    w["metadata"]["finalizers"] = json!(["Bad_Prefix!/x y", "ok.example.com/fine"]);
+    let r = s.post_json(WIDGETS, &w).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let got = causes(&r);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        got.iter().all(|(f, _)| f == "metadata.finalizers"),
+        "{got:?}"
+    );
+    assert!(
+        got[0].1.starts_with(
+            "Invalid value: \"Bad_Prefix!/x y\": prefix part a lowercase RFC 1123 subdomain"
+        ),
+        "{got:?}"
+    );
+    assert!(
+        got[1].1.starts_with(
+            "Invalid value: \"Bad_Prefix!/x y\": name part must consist of alphanumeric characters"
+        ),
+        "{got:?}"
+    );
+    // Upper case and '_' are fine in a finalizer's name part; a name with
+    // no domain-qualified path is warned about, once, when it is added.
+    let mut w = common::widget("w2", 1);
+    w["metadata"]["finalizers"] = json!(["Bad_Finalizer", "example.com/ok"]);
+    let r = s.post_json(WIDGETS, &w).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let warnings = |r: &common::Reply| -> Vec<String> {
+        r.headers
+            .get_all("warning")
+            .iter()
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(
+        warnings(&r),
+        vec![
+            r#"299 - "metadata.finalizers: \"Bad_Finalizer\": prefer a domain-qualified finalizer name to avoid accidental conflicts with other finalizer writers""#
+        ]
+    );
+    let mut live = r.json();
+    live["metadata"]["finalizers"] =
+        json!(["Bad_Finalizer", "example.com/ok", "cleanup.example.com"]);
+    let r = s.put_json(&format!("{WIDGETS}/w2"), &live).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        warnings(&r),
+        vec![
+            r#"299 - "metadata.finalizers: \"cleanup.example.com\": prefer a domain-qualified finalizer name including a path (/) to avoid accidental conflicts with other finalizer writers""#
+        ]
+    );
+
+    let mut g = common::widget("", 1);
+    g["metadata"].as_object_mut().map(|m| m.remove("name"));
+    g["metadata"]["generateName"] = json!("Bad_Prefix-");
+    let r = s.post_json(WIDGETS, &g).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let got = causes(&r);
+    let fields: Vec<&str> = got.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(
+        fields,
+        vec!["metadata.generateName", "metadata.name"],
+        "{got:?}"
+    );
+    let generated = r.json()["details"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        generated.starts_with("Bad_Prefix-") && generated.len() == "Bad_Prefix-".len() + 5,
+        "{generated}"
+    );
+    assert!(got[0]
+        .1
+        .starts_with("Invalid value: \"Bad_Prefix-\": a lowercase RFC 1123"));
+    assert!(got[1].1.starts_with(&format!(
+        "Invalid value: \"{generated}\": a lowercase RFC 1123"
+    )));
+    // A good prefix still generates.
+    g["metadata"]["generateName"] = json!("good-");
+    let r = s.post_json(WIDGETS, &g).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert!(r.json()["metadata"]["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("good-")));
+}

@@ -60,42 +60,87 @@ fn is_qualified_name_part(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
-/// Validates a label key (qualified name); `Err` carries kube's message.
+/// Validates a label key (qualified name); `Err` carries kube's messages
+/// joined with "; ", as its label selector parser reports them.
 pub fn validate_label_key(key: &str) -> Result<(), String> {
+    let errs = label_key_errors(key);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
+    }
+}
+
+/// kube's `IsQualifiedName`: every message, prefix part before name part
+/// (an empty or over-long name part also fails the pattern).
+pub fn label_key_errors(key: &str) -> Vec<String> {
+    let mut errs = Vec::new();
     let parts: Vec<&str> = key.split('/').collect();
-    let (prefix, name) = match parts.as_slice() {
-        [name] => (None, *name),
-        [prefix, name] => (Some(*prefix), *name),
-        _ => return Err(LABEL_KEY_SLASHES_MSG.into()),
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                errs.push("prefix part must be non-empty".to_string());
+            } else {
+                errs.extend(
+                    dns_subdomain_errors(prefix)
+                        .into_iter()
+                        .map(|m| format!("prefix part {m}")),
+                );
+            }
+            name
+        }
+        _ => return vec![LABEL_KEY_SLASHES_MSG.into()],
     };
-    if let Some(prefix) = prefix {
-        if prefix.is_empty() {
-            return Err("prefix part must be non-empty".into());
-        }
-        if let Some(m) = dns_subdomain_errors(prefix).first() {
-            return Err(format!("prefix part {m}"));
-        }
-    }
     if name.is_empty() {
-        return Err("name part must be non-empty".into());
-    }
-    if name.len() > 63 {
-        return Err("name part must be no more than 63 bytes".into());
+        errs.push("name part must be non-empty".into());
+    } else if name.len() > 63 {
+        errs.push("name part must be no more than 63 bytes".into());
     }
     if !is_qualified_name_part(name) {
-        return Err(QUALIFIED_NAME_MSG.into());
+        errs.push(QUALIFIED_NAME_MSG.into());
     }
-    Ok(())
+    errs
 }
 
 pub fn validate_label_value(v: &str) -> Result<(), String> {
+    let errs = label_value_errors(v);
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs.join("; "))
+    }
+}
+
+/// kube's `IsValidLabelValue`: every message.
+pub fn label_value_errors(v: &str) -> Vec<String> {
+    let mut errs = Vec::new();
     if v.len() > 63 {
-        return Err("must be no more than 63 bytes".into());
+        errs.push("must be no more than 63 bytes".into());
     }
     if !v.is_empty() && !is_qualified_name_part(v) {
-        return Err(LABEL_VALUE_MSG.into());
+        errs.push(LABEL_VALUE_MSG.into());
     }
-    Ok(())
+    errs
+}
+
+/// kube's warnings for one added finalizer name (`validateKubeFinalizerName`).
+pub fn finalizer_name_warnings(name: &str) -> Vec<String> {
+    let quoted = crate::apply::fieldpath::go_quote(name);
+    let mut out: Vec<String> = label_key_errors(name)
+        .into_iter()
+        .map(|m| format!("metadata.finalizers: {quoted}: {m}"))
+        .collect();
+    let standard = ["orphan", "foregroundDeletion", "kubernetes"];
+    if !name.contains('/') && !standard.contains(&name) {
+        let advice = if name.contains('.') {
+            "prefer a domain-qualified finalizer name including a path (/) to avoid accidental conflicts with other finalizer writers"
+        } else {
+            "prefer a domain-qualified finalizer name to avoid accidental conflicts with other finalizer writers"
+        };
+        out.push(format!("metadata.finalizers: {quoted}: {advice}"));
+    }
+    out
 }
 
 /// Path segment rules every name must meet (URL names included).
@@ -124,6 +169,24 @@ pub fn validate_object_meta(
         .get("generateName")
         .and_then(Value::as_str)
         .unwrap_or("");
+    if !generate.is_empty() {
+        // kube's maskTrailingDash: a prefix may end in '-'.
+        let masked = match generate.strip_suffix('-') {
+            Some(_) if generate.len() > 1 => {
+                // Not a char boundary: non-ASCII, which fails the pattern anyway.
+                let mut m = generate
+                    .get(..generate.len() - 2)
+                    .unwrap_or(generate)
+                    .to_string();
+                m.push('a');
+                m
+            }
+            _ => generate.to_string(),
+        };
+        for m in dns_subdomain_errors(&masked) {
+            errs.push(FieldError::invalid("metadata.generateName", generate, m));
+        }
+    }
     if name.is_empty() {
         if generate.is_empty() {
             errs.push(FieldError::required(
@@ -134,17 +197,6 @@ pub fn validate_object_meta(
     } else {
         for m in dns_subdomain_errors(name) {
             errs.push(FieldError::invalid("metadata.name", name, m));
-        }
-    }
-    if !generate.is_empty() {
-        // A trailing '-' is normal for a prefix: mask it before checking.
-        let mut masked: String = generate.to_string();
-        if masked.len() >= 2 {
-            masked.truncate(masked.len() - 2);
-            masked.push_str("aa");
-        }
-        for m in dns_subdomain_errors(&masked) {
-            errs.push(FieldError::invalid("metadata.generateName", generate, m));
         }
     }
     let ns = meta.get("namespace").and_then(Value::as_str).unwrap_or("");
@@ -166,12 +218,12 @@ pub fn validate_object_meta(
         None | Some(Value::Null) => {}
         Some(Value::Object(labels)) => {
             for (k, v) in labels {
-                if let Err(m) = validate_label_key(k) {
+                for m in label_key_errors(k) {
                     errs.push(FieldError::invalid("metadata.labels", k, m));
                 }
                 match v {
                     Value::String(v) => {
-                        if let Err(m) = validate_label_value(v) {
+                        for m in label_value_errors(v) {
                             errs.push(FieldError::invalid("metadata.labels", v, m));
                         }
                     }
@@ -196,7 +248,7 @@ pub fn validate_object_meta(
         Some(Value::Object(ann)) => {
             let mut total = 0usize;
             for (k, v) in ann {
-                if let Err(m) = validate_label_key(&k.to_lowercase()) {
+                for m in label_key_errors(&k.to_lowercase()) {
                     errs.push(FieldError::invalid("metadata.annotations", k, m));
                 }
                 total += k.len() + v.as_str().map_or(0, str::len);
@@ -229,13 +281,10 @@ pub fn validate_object_meta(
         match f.as_array() {
             Some(list) => {
                 let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
-                for (i, n) in names.iter().enumerate() {
-                    if let Err(m) = validate_label_key(n) {
-                        errs.push(FieldError::invalid(
-                            format!("metadata.finalizers[{i}]"),
-                            n,
-                            m,
-                        ));
+                // kube names the list, not the item, in each cause.
+                for n in &names {
+                    for m in label_key_errors(n) {
+                        errs.push(FieldError::invalid("metadata.finalizers", n, m));
                     }
                 }
                 if names.contains(&"orphan") && names.contains(&"foregroundDeletion") {

@@ -292,6 +292,7 @@ impl Registry {
                     if sub != Subresource::Main {
                         return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
                     }
+                    warnings.extend(finalizer_warnings(&merged, None));
                     let plan = Plan::Create {
                         object: merged,
                         dry_run: opts.dry_run,
@@ -304,7 +305,8 @@ impl Registry {
                         Value::String(current.rev.to_string()),
                     );
                 }
-                let plan = self.plan_update(t, name, current, merged, sub, opts, false)?;
+                let plan =
+                    self.plan_update(t, name, current, merged, sub, opts, false, &mut warnings)?;
                 Ok((plan, warnings))
             })
             .await?;
@@ -365,7 +367,9 @@ impl Registry {
         let mut warnings = Vec::new();
         self.decode_schema(t, &mut obj, opts, &mut warnings)?;
         self.track(t, None, &mut obj, Subresource::Main, &opts.manager)?;
+        let notes = finalizer_warnings(&obj, None);
         let item = self.create_tracked(t, obj, opts.dry_run).await?;
+        warnings.extend(notes);
         Ok(Outcome {
             item,
             warnings,
@@ -432,38 +436,38 @@ impl Registry {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        if explicit_name.is_empty() && !generate.is_empty() {
-            meta.insert("name".into(), Value::String(String::new()));
-        }
         meta.insert(
             "uid".into(),
             Value::String(uuid::Uuid::new_v4().to_string()),
         );
         meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
 
-        // Validate with the name the client chose (an empty name with generateName passes).
-        {
-            let mut probe = obj.clone();
-            if explicit_name.is_empty() {
-                if let Some(m) = meta_mut(&mut probe) {
-                    m.remove("name");
-                }
-            }
-            self.validate(t, &obj, &probe, None, Subresource::Main)?;
-        }
-        let attempts = if explicit_name.is_empty() {
-            GENERATE_NAME_ATTEMPTS
-        } else {
-            1
-        };
-        let mut last_name = explicit_name.clone();
-        for _ in 0..attempts {
-            let name = if explicit_name.is_empty() {
+        let generated = explicit_name.is_empty() && !generate.is_empty();
+        let next_name = || {
+            if generated {
                 let prefix: String = generate.chars().take(58).collect();
                 format!("{prefix}{}", random_suffix())
             } else {
                 explicit_name.clone()
-            };
+            }
+        };
+        // kube generates the name before validating, so a bad generateName
+        // is reported on both fields and the 422 names the generated name.
+        let mut name = next_name();
+        if let Some(m) = meta_mut(&mut obj) {
+            if name.is_empty() {
+                m.remove("name");
+            } else {
+                m.insert("name".into(), Value::String(name.clone()));
+            }
+        }
+        self.validate(t, &obj, &obj, None, Subresource::Main)?;
+        let attempts = if generated { GENERATE_NAME_ATTEMPTS } else { 1 };
+        let mut last_name = name.clone();
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                name = next_name();
+            }
             last_name = name.clone();
             if let Some(m) = meta_mut(&mut obj) {
                 m.insert("name".into(), Value::String(name.clone()));
@@ -548,7 +552,7 @@ impl Registry {
             Some(parse_object_revision("metadata.resourceVersion", &rv)?)
         };
         let uid = meta_str(&obj, "uid").to_string();
-        let (item, ()) = self
+        let (item, finalizer_notes) = self
             .guaranteed_update(t, name, None, |current| {
                 // kube's order: the UID precondition, then existence (custom
                 // resources are never created by PUT), then the resourceVersion.
@@ -575,10 +579,13 @@ impl Registry {
                 if expected != current.rev {
                     return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
                 }
-                let plan = self.plan_update(t, name, current, obj.clone(), sub, opts, true)?;
-                Ok((plan, ()))
+                let mut notes = Vec::new();
+                let plan =
+                    self.plan_update(t, name, current, obj.clone(), sub, opts, true, &mut notes)?;
+                Ok((plan, notes))
             })
             .await?;
+        warnings.extend(finalizer_notes);
         Ok(Outcome {
             item,
             warnings,
@@ -620,7 +627,8 @@ impl Registry {
                     // A precondition the client set in the patch: 409, not retried.
                     return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
                 }
-                let plan = self.plan_update(t, name, current, obj, sub, opts, true)?;
+                let plan =
+                    self.plan_update(t, name, current, obj, sub, opts, true, &mut warnings)?;
                 Ok((plan, warnings))
             })
             .await?;
@@ -643,6 +651,7 @@ impl Registry {
         sub: Subresource,
         opts: &WriteOptions,
         track: bool,
+        warnings: &mut Vec<String>,
     ) -> Result<Plan, ApiError> {
         let (current_rev, current) = (stored.rev, &stored.value);
         let dry_run = opts.dry_run;
@@ -722,6 +731,9 @@ impl Registry {
             }
         }
         self.validate(t, &new, &new, Some(current), sub)?;
+        if sub != Subresource::Status {
+            warnings.extend(finalizer_warnings(&new, Some(current)));
+        }
 
         if stored.unchanged_by(&new) {
             // Nothing changed: no write, no new revision (as kube does).
@@ -757,6 +769,23 @@ impl Registry {
 }
 
 /// 422 listing `errs`, if there are any.
+/// kube's warnings for finalizers a write adds (sorted, as its set lists
+/// them): a finalizer without a domain-qualified path may collide with
+/// other writers'.
+fn finalizer_warnings(new: &Value, old: Option<&Value>) -> Vec<String> {
+    let before = old.map(finalizers).unwrap_or_default();
+    let mut added: Vec<String> = finalizers(new)
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    added.sort();
+    added.dedup();
+    added
+        .iter()
+        .flat_map(|f| super::meta::finalizer_name_warnings(f))
+        .collect()
+}
+
 fn invalid_unless_empty(t: &Target, obj: &Value, errs: &[FieldError]) -> Result<(), ApiError> {
     if errs.is_empty() {
         return Ok(());

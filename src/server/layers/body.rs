@@ -146,7 +146,17 @@ pub async fn layer(State(limits): State<Arc<BodyLimits>>, req: Request, next: Ne
                 close_after(refused)
             }
         }
-        Err(Refused::Budget) => close_after(budget_exhausted()),
+        Err(Refused::Budget) => {
+            // Read the rest without keeping it (it is within the body limit
+            // and the deadline bounds the wait), so a client still sending
+            // reads the 429 instead of a broken pipe.
+            drop(held);
+            if discard(http_body_util::Limited::new(body, limits.max_bytes)).await {
+                budget_exhausted()
+            } else {
+                close_after(budget_exhausted())
+            }
+        }
         Err(Refused::Read(e)) => {
             tracing::debug!(error = %e, "reading the request body failed");
             close_after(super::status_response(&ApiError::bad_request(format!(
