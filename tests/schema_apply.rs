@@ -462,3 +462,36 @@ async fn defaults_apply_on_read_too() {
     let r = s.get(&format!("/apis/test.kshard.dev/v1/namespaces/default/things?resourceVersion={}&resourceVersionMatch=Exact", w.revision)).await;
     assert_eq!(r.json()["items"][0]["spec"]["size"], "M");
 }
+
+/// Set lists after applies by two managers keep structured-merge-diff's
+/// order (config items in order, live-only items where they were), and an
+/// applier dropping an item removes it only if nobody else owns it.
+#[tokio::test(flavor = "multi_thread")]
+async fn set_lists_keep_smds_order_across_appliers() {
+    let s = common::start().await;
+    let api = things(&s.client);
+    let thing = |tags: &[&str]| {
+        json!({"apiVersion": "test.kshard.dev/v1", "kind": "Thing",
+               "metadata": {"name": "t1"}, "spec": {"id": "a1", "tags": tags}})
+    };
+    let tags = |o: &DynamicObject| o.data["spec"]["tags"].clone();
+    let one = PatchParams::apply("one");
+    let two = PatchParams::apply("two");
+    let got = api
+        .patch("t1", &one, &Patch::Apply(&thing(&["a", "b", "c"])))
+        .await
+        .expect("one");
+    assert_eq!(tags(&got), json!(["a", "b", "c"]));
+    let got = api
+        .patch("t1", &two, &Patch::Apply(&thing(&["d", "a"])))
+        .await
+        .expect("two");
+    // smd walks both lists: "d" (config only) comes before the shared "a".
+    assert_eq!(tags(&got), json!(["d", "a", "b", "c"]));
+    let got = api
+        .patch("t1", &one, &Patch::Apply(&thing(&["c"])))
+        .await
+        .expect("one again");
+    // b is gone (only "one" owned it); a stays (two owns it).
+    assert_eq!(tags(&got), json!(["d", "a", "c"]));
+}

@@ -706,6 +706,71 @@ mod tests {
         assert_eq!(out["spec"]["items"][1]["v"], json!("1"));
     }
 
+    /// structured-merge-diff's own merge cases (typed/merge_test.go): config
+    /// items in their order, live-only items kept where they were.
+    #[test]
+    fn set_list_merge_order_is_smds() {
+        let s = schema();
+        let cases: &[(&[&str], &[&str], &[&str])] = &[
+            (
+                &["a", "b", "c"],
+                &["c", "d", "e", "f"],
+                &["a", "b", "c", "d", "e", "f"],
+            ),
+            (
+                &["a", "b", "c", "g", "f"],
+                &["c", "d", "e", "f"],
+                &["a", "b", "c", "g", "d", "e", "f"],
+            ),
+            (
+                &["a", "b", "c", "d"],
+                &["d", "e", "f", "a"],
+                &["b", "c", "d", "e", "f", "a"],
+            ),
+            (
+                &["c", "d", "e", "f"],
+                &["a", "c", "e"],
+                &["a", "c", "d", "e", "f"],
+            ),
+            (&["a", "b", "c"], &["c", "d"], &["a", "b", "c", "d"]),
+        ];
+        for (live, cfg, want) in cases {
+            let out = merge(
+                &s.root,
+                Some(&json!({"spec": {"tags": live}})),
+                Some(&json!({"spec": {"tags": cfg}})),
+            )
+            .expect("merged");
+            assert_eq!(out["spec"]["tags"], json!(want), "{live:?} + {cfg:?}");
+        }
+        // Map lists follow the same order: [a,b,c] + [c,a] is [b,c,a].
+        let names = |v: &Value| -> Vec<String> {
+            v["spec"]["items"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|i| i["name"].as_str().unwrap_or("").to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let live = json!({"spec": {"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}});
+        let out = merge(
+            &s.root,
+            Some(&live),
+            Some(&json!({"spec": {"items": [{"name": "c"}, {"name": "a"}]}})),
+        )
+        .expect("merged");
+        assert_eq!(names(&out), vec!["b", "c", "a"]);
+        let out = merge(
+            &s.root,
+            Some(&live),
+            Some(&json!({"spec": {"items": [{"name": "c"}, {"name": "b"}]}})),
+        )
+        .expect("merged");
+        assert_eq!(names(&out), vec!["a", "c", "b"]);
+    }
+
     #[test]
     fn validation_messages() {
         let s = schema();
