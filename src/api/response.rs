@@ -170,20 +170,20 @@ pub fn object(
         Output::Json => bytes_response(
             code,
             JSON,
-            convert_json(&item.json, &item.value, &api_version),
+            convert_json(&t.rt, &item.json, &item.value, &api_version),
         ),
         Output::Yaml => yaml_response(
             code,
-            &crate::registry::convert_value(&item.value, &api_version),
+            &crate::registry::convert_value(&t.rt, &item.value, &api_version),
         ),
         Output::Cbor => cbor_response(
             code,
-            &crate::registry::convert_value(&item.value, &api_version),
+            &crate::registry::convert_value(&t.rt, &item.value, &api_version),
         ),
         Output::ProtoMeta(v) => proto_meta_response(code, v, &item.value, false),
         Output::Table(v) => {
             let cols = Columns::for_target(t);
-            let obj = crate::registry::convert_value(&item.value, &api_version);
+            let obj = crate::registry::convert_value(&t.rt, &item.value, &api_version);
             let mut doc = table(
                 Some(&cols),
                 vec![cols.row(&obj, include)],
@@ -249,6 +249,7 @@ pub fn list(
             let body = Body::from_stream(ListChunks {
                 prefix: Some(Bytes::from(prefix)),
                 items: items.into_iter(),
+                rt: t.rt.clone(),
                 api_version,
                 first: true,
                 done: false,
@@ -260,7 +261,7 @@ pub fn list(
         Output::Yaml | Output::Cbor => {
             let values: Vec<Value> = items
                 .iter()
-                .map(|i| crate::registry::convert_value(&i.value, &api_version))
+                .map(|i| crate::registry::convert_value(&t.rt, &i.value, &api_version))
                 .collect();
             let doc = json!({"apiVersion": api_version, "kind": t.rt.list_kind, "metadata": meta.to_json(), "items": values});
             if *out == Output::Cbor {
@@ -284,7 +285,7 @@ pub fn list(
                 .iter()
                 .map(|i| {
                     cols.row(
-                        &crate::registry::convert_value(&i.value, &api_version),
+                        &crate::registry::convert_value(&t.rt, &i.value, &api_version),
                         include,
                     )
                 })
@@ -318,6 +319,7 @@ const CHUNK: usize = 64 * 1024;
 struct ListChunks {
     prefix: Option<Bytes>,
     items: std::vec::IntoIter<Item>,
+    rt: std::sync::Arc<crate::registry::ResourceType>,
     api_version: String,
     first: bool,
     done: bool,
@@ -347,7 +349,7 @@ impl futures::Stream for ListChunks {
                 buf.push(b',');
             }
             self.first = false;
-            let json = convert_json(&item.json, &item.value, &self.api_version);
+            let json = convert_json(&self.rt, &item.json, &item.value, &self.api_version);
             buf.extend_from_slice(&json);
         }
         std::task::Poll::Ready(Some(Ok(Bytes::from(buf))))

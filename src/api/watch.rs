@@ -254,12 +254,15 @@ impl Stream {
                 if same_version && kind == ev.kind.as_str() {
                     Some(ev.json_frame())
                 } else {
-                    Some(frame(kind, &convert_json(&obj_json, &value, &api_version)))
+                    Some(frame(
+                        kind,
+                        &convert_json(&self.t.rt, &obj_json, &value, &api_version),
+                    ))
                 }
             }
             Output::Table(v) => {
                 let cols = Columns::for_target(&self.t);
-                let obj = crate::registry::convert_value(&value, &api_version);
+                let obj = crate::registry::convert_value(&self.t.rt, &value, &api_version);
                 let headers = (!self.headers_sent).then_some(&cols);
                 self.headers_sent = true;
                 let mut doc = table(
@@ -278,7 +281,7 @@ impl Stream {
                 Some(frame(kind, &serde_json::to_vec(&m).ok()?))
             }
             Output::Cbor => {
-                let obj = crate::registry::convert_value(&value, &api_version);
+                let obj = crate::registry::convert_value(&self.t.rt, &value, &api_version);
                 Some(Bytes::from(cbor::cbor_seq_frame(
                     &json!({"type": kind, "object": obj}),
                 )))

@@ -65,6 +65,9 @@ pub struct Version {
     /// For a deprecated version, the warning every request to it carries:
     /// the CRD's `deprecationWarning`, else kube's default text.
     pub deprecation_warning: Option<String>,
+    /// Index of the first version with the same schema: converting between
+    /// versions of one class needs no pruning.
+    pub schema_class: usize,
 }
 
 /// One served resource type (one CRD).
@@ -94,6 +97,21 @@ impl ResourceType {
     }
     pub fn version(&self, name: &str) -> Option<&Version> {
         self.versions.iter().find(|v| v.name == name && v.served)
+    }
+    /// The schema that prunes an object converted from `from` to `to`
+    /// (`group/version` strings), when the two versions' schemas differ.
+    pub fn pruning_between(&self, from: &str, to: &str) -> Option<&Arc<crate::schema::Schema>> {
+        let named = |av: &str| {
+            let name = av.strip_prefix(self.group.as_str())?.strip_prefix('/')?;
+            self.versions.iter().find(|v| v.name == name)
+        };
+        let target = named(to)?;
+        let same = named(from).is_some_and(|f| f.schema_class == target.schema_class);
+        if same {
+            None
+        } else {
+            target.validation.as_ref()
+        }
     }
     pub fn served_versions(&self) -> impl Iterator<Item = &Version> {
         self.versions.iter().filter(|v| v.served)
@@ -329,6 +347,10 @@ fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<Res
         .iter()
         .map(version_from_crd)
         .collect::<Result<Vec<_>, String>>()?;
+    let schemas: Vec<Option<Value>> = versions.iter().map(|v| v.schema.clone()).collect();
+    for (i, v) in versions.iter_mut().enumerate() {
+        v.schema_class = schemas.iter().position(|s| *s == schemas[i]).unwrap_or(i);
+    }
     for (v, crd_v) in versions.iter_mut().zip(&spec.versions) {
         if crd_v.deprecated == Some(true) {
             v.deprecation_warning = Some(match &crd_v.deprecation_warning {
@@ -468,6 +490,7 @@ fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, Stri
         validation,
         merge,
         deprecation_warning: None,
+        schema_class: 0,
     })
 }
 

@@ -144,8 +144,8 @@ impl Registry {
         let defaulted = super::read_defaults(&t.rt, &value);
         Ok(Some(Current {
             rev,
-            value: convert_value(defaulted.as_ref().unwrap_or(&value), &api_version),
-            stored: defaulted.map(|_| convert_value(&value, &api_version)),
+            value: convert_value(&t.rt, defaulted.as_ref().unwrap_or(&value), &api_version),
+            stored: defaulted.map(|_| convert_value(&t.rt, &value, &api_version)),
         }))
     }
 

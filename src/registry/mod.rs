@@ -241,23 +241,31 @@ pub fn read_defaulter(catalog: &Catalog) -> crate::watch::OnLoad {
     })
 }
 
-/// Renders a stored object for the version a client asked for (conversion
-/// strategy None: only `apiVersion` changes).
-pub fn convert_json(json: &Bytes, value: &Value, api_version: &str) -> Bytes {
+/// Renders an object in the version a client asked for. Conversion strategy
+/// None changes only `apiVersion`; as kube's schema-coercing converter does,
+/// an object moved to a version whose schema differs is pruned by it.
+pub fn convert_json(rt: &ResourceType, json: &Bytes, value: &Value, api_version: &str) -> Bytes {
     if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
         return json.clone();
     }
+    Bytes::from(serde_json::to_vec(&convert_value(rt, value, api_version)).unwrap_or_default())
+}
+
+/// [`convert_json`] for a value.
+pub fn convert_value(rt: &ResourceType, value: &Value, api_version: &str) -> Value {
     let mut v = value.clone();
+    let from = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let prune = (from != api_version)
+        .then(|| rt.pruning_between(from, api_version))
+        .flatten();
     if let Some(o) = v.as_object_mut() {
         o.insert("apiVersion".into(), Value::String(api_version.to_string()));
     }
-    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
-}
-
-pub fn convert_value(value: &Value, api_version: &str) -> Value {
-    let mut v = value.clone();
-    if let Some(o) = v.as_object_mut() {
-        o.insert("apiVersion".into(), Value::String(api_version.to_string()));
+    if let Some(schema) = prune {
+        schema.prune(&mut v);
     }
     v
 }

@@ -318,7 +318,11 @@ impl Registry {
     }
 
     pub(super) fn to_storage(&self, t: &Target, obj: &Value) -> Value {
-        convert_value(obj, &format!("{}/{}", t.rt.group, t.rt.storage_version))
+        convert_value(
+            &t.rt,
+            obj,
+            &format!("{}/{}", t.rt.group, t.rt.storage_version),
+        )
     }
 
     /// A written object as the answer shows it: decoded back from storage
@@ -339,8 +343,8 @@ impl Registry {
             }
         } else {
             Item {
-                json: convert_json(&json, &object, &api_version),
-                value: Arc::new(convert_value(&object, &api_version)),
+                json: convert_json(&t.rt, &json, &object, &api_version),
+                value: Arc::new(convert_value(&t.rt, &object, &api_version)),
             }
         }
     }
@@ -350,7 +354,11 @@ impl Registry {
     pub(super) fn dry_run_item(&self, t: &Target, obj: Value) -> Item {
         let stored = self.to_storage(t, &obj);
         let defaulted = super::read_defaults(&t.rt, &stored);
-        let v = convert_value(defaulted.as_ref().unwrap_or(&stored), &t.api_version());
+        let v = convert_value(
+            &t.rt,
+            defaulted.as_ref().unwrap_or(&stored),
+            &t.api_version(),
+        );
         Item {
             json: Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
             value: Arc::new(v),
