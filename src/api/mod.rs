@@ -68,7 +68,7 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let catalog = state.registry.catalog();
+    let catalog = &*state.registry.catalog();
     match info.route {
         Route::Resource(r) => {
             resource::handle(

@@ -106,7 +106,8 @@ fn deprecation_warning(state: &ApiState, req: &ResourceRequest) -> Option<String
     let rt = state
         .registry
         .catalog()
-        .find(&req.group, &req.version, &req.resource)?;
+        .find(&req.group, &req.version, &req.resource)?
+        .clone();
     let across_namespaces = matches!(req.verb, Some(Verb::List | Verb::Watch));
     match (rt.namespaced, req.namespace.is_some()) {
         (false, true) => return None,

@@ -195,8 +195,15 @@ impl Stream {
             tokio::time::Instant::now() + self.bookmark_every,
             self.bookmark_every,
         );
+        let mut definitions = self.registry.live_catalog().subscribe();
         loop {
             tokio::select! {
+                // The resource's definition went away (or stopped serving this
+                // version): the stream ends cleanly, as kube ends watches of a
+                // removed CRD, and a client's re-list then gets 404.
+                changed = definitions.changed() => {
+                    if changed.is_err() || !self.still_served() { return; }
+                }
                 ev = sub.rx.recv() => {
                     let Some(ev) = ev else { return };
                     last_sent = last_sent.max(ev.revision);
@@ -222,6 +229,13 @@ impl Stream {
                 _ = self.stop.cancelled() => return,
             }
         }
+    }
+
+    fn still_served(&self) -> bool {
+        self.registry
+            .catalog()
+            .find(&self.t.rt.group, &self.t.version, &self.t.rt.plural)
+            .is_some()
     }
 
     /// The frame for one event as this watcher sees it (selector transitions applied).

@@ -84,6 +84,8 @@ pub struct ResourceType {
     pub versions: Vec<Version>,
     pub storage_version: String,
     pub source: String,
+    /// Whether any version's schema declares a default (reads default then).
+    pub has_defaults: bool,
 }
 
 impl ResourceType {
@@ -264,6 +266,14 @@ impl Catalog {
     }
 }
 
+/// Whether a file in a definitions directory is read (by its extension).
+pub fn is_manifest(p: &Path) -> bool {
+    matches!(
+        p.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
+}
+
 fn collect_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), CatalogError> {
     let meta = std::fs::metadata(path).map_err(|e| CatalogError::File {
         file: path.to_path_buf(),
@@ -286,10 +296,11 @@ fn collect_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), CatalogError
         }
         if p.is_dir() {
             collect_files(&p, out)?;
-        } else if matches!(
-            p.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml" | "json")
-        ) {
+        } else if is_manifest(&p) && !p.exists() {
+            // A dangling link: a mounted ConfigMap briefly has them while a
+            // key is removed (kubelet swaps `..data`, then drops the link).
+            tracing::debug!(file = %p.display(), "skipping a dangling link");
+        } else if is_manifest(&p) {
             out.push(p);
         }
     }
@@ -375,6 +386,9 @@ fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<Res
         categories: names.categories.clone().unwrap_or_default(),
         namespaced,
         storage_version: storage[0].name.clone(),
+        has_defaults: versions
+            .iter()
+            .any(|v| v.validation.as_ref().is_some_and(|s| s.has_defaults())),
         versions,
         source: source.to_string(),
     })

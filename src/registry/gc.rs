@@ -159,6 +159,7 @@ fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Opti
         .pointer("/metadata/uid")
         .and_then(Value::as_str)?
         .to_string();
+    let catalog = registry.catalog();
     let owners = v
         .pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
@@ -168,7 +169,7 @@ fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Opti
                     let api_version = r.get("apiVersion").and_then(Value::as_str).unwrap_or("");
                     let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
                     let kind = r.get("kind").and_then(Value::as_str).unwrap_or("");
-                    registry.catalog.find_by_kind(group, kind).is_some()
+                    catalog.find_by_kind(group, kind).is_some()
                 })
                 .filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string))
                 .collect()
@@ -233,7 +234,7 @@ fn plan(graph: &Graph, dirty: HashSet<String>) -> Vec<Action> {
 
 fn target_of(registry: &Registry, node: &Node) -> Option<(Target, String)> {
     let rt = registry
-        .catalog
+        .catalog()
         .resources
         .iter()
         .find(|r| r.id() == node.resource)?

@@ -221,7 +221,15 @@ mod tests {
             version: "v1".into(),
             namespace: "default".into(),
         };
-        (Registry::new(Arc::new(catalog), store, cache, None), t)
+        (
+            Registry::new(
+                crate::registry::definitions::LiveCatalog::new(catalog),
+                store,
+                cache,
+                None,
+            ),
+            t,
+        )
     }
 
     fn widget() -> serde_json::Value {

@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod catalog;
 mod continuation;
+pub mod definitions;
 mod delete;
 pub mod gc;
 mod guaranteed;
@@ -130,7 +131,7 @@ impl Selectors {
 }
 
 pub struct Registry {
-    catalog: Arc<Catalog>,
+    catalog: Arc<definitions::LiveCatalog>,
     store: Arc<Store>,
     cache: Arc<Cache>,
     /// Checks every create passes (namespace lifecycle against a host).
@@ -139,7 +140,7 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(
-        catalog: Arc<Catalog>,
+        catalog: Arc<definitions::LiveCatalog>,
         store: Arc<Store>,
         cache: Arc<Cache>,
         admission: Option<Arc<dyn admission::CreateAdmission>>,
@@ -152,8 +153,14 @@ impl Registry {
         })
     }
 
-    /// The served types.
-    pub fn catalog(&self) -> &Arc<Catalog> {
+    /// The served types, as they are now (definitions can change at any time;
+    /// a request keeps the catalog it started with).
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.get()
+    }
+
+    /// The live catalog, to replace or to follow changes.
+    pub fn live_catalog(&self) -> &Arc<definitions::LiveCatalog> {
         &self.catalog
     }
 
@@ -223,21 +230,13 @@ pub fn read_defaults(rt: &ResourceType, stored: &Value) -> Option<Value> {
 /// [`read_defaults`] for the watch cache, which sees resources by id
 /// (`group/plural`): a lookup that misses for resources whose schemas have
 /// no defaults at all, so their objects cost nothing more.
-pub fn read_defaulter(catalog: &Catalog) -> crate::watch::OnLoad {
-    let defaulted: std::collections::HashMap<String, Arc<ResourceType>> = catalog
-        .resources
-        .iter()
-        .filter(|rt| {
-            rt.versions
-                .iter()
-                .any(|v| v.validation.as_ref().is_some_and(|s| s.has_defaults()))
-        })
-        .map(|rt| (rt.id(), rt.clone()))
-        .collect();
+pub fn read_defaulter(live: Arc<definitions::LiveCatalog>) -> crate::watch::OnLoad {
     Arc::new(move |resource: &str, obj: &Value| {
-        defaulted
-            .get(resource)
-            .and_then(|rt| read_defaults(rt, obj))
+        let catalog = live.get();
+        let rt = catalog.resources.iter().find(|rt| {
+            rt.has_defaults && resource.split_once('/') == Some((&rt.group, &rt.plural))
+        })?;
+        read_defaults(rt, obj)
     })
 }
 

@@ -127,6 +127,10 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // Only the ring provider is compiled in; installing it again is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut sources = crate::registry::definitions::Sources {
+        paths: cfg.crds.clone(),
+        builtin: Vec::new(),
+    };
     let mut catalog = Catalog::load(&cfg.crds)?;
     // Behind a host, flow-control objects live in the host like any other
     // configuration; standalone, kshard serves them itself.
@@ -137,13 +141,15 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             .is_none()
     {
         // Standalone, flow control is configured through kshard's own API.
-        catalog.add_manifests(
-            std::path::Path::new("<built-in flowcontrol.kshard.dev CRDs>"),
-            &crate::controller::crd::manifests_yaml(),
-        )?;
+        let builtin = (
+            std::path::PathBuf::from("<built-in flowcontrol.kshard.dev CRDs>"),
+            crate::controller::crd::manifests_yaml(),
+        );
+        catalog.add_manifests(&builtin.0, &builtin.1)?;
+        sources.builtin.push(builtin);
     }
-    let catalog = Arc::new(catalog);
     tracing::info!(resources = catalog.resources.len(), "catalog loaded");
+    let live_catalog = crate::registry::definitions::LiveCatalog::new(catalog);
     pki::private_dir(&cfg.data_dir)?;
 
     let engine = open_engine_retrying(&cfg).await?;
@@ -165,7 +171,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     } else {
         (Store::open(engine)?, None, None)
     };
-    let on_load = crate::registry::read_defaulter(&catalog);
+    let on_load = crate::registry::read_defaulter(live_catalog.clone());
     let ring = crate::watch::RingLimits {
         events: cfg.watch_history,
         bytes: cfg.watch_cache_history_bytes,
@@ -186,7 +192,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             }
             None => None,
         };
-    let registry = Registry::new(catalog, store.clone(), cache, admission);
+    let registry = Registry::new(live_catalog.clone(), store.clone(), cache, admission);
     tasks.push(gc::spawn(registry.clone()));
     tasks.push(store.spawn_compactor(cfg.compaction_interval));
     // A real read through the engine, for liveness and readiness alike (kube's
@@ -209,6 +215,16 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         !stopping.load(std::sync::atomic::Ordering::Acquire)
     });
     let connections = conn::Connections::default();
+    // Definitions change without a restart: the files are followed, and
+    // discovery, OpenAPI and every request use the catalog of the moment.
+    if !cfg.crds.is_empty() {
+        tasks.push(crate::registry::definitions::spawn_watcher(
+            sources,
+            live_catalog.clone(),
+            std::time::Duration::from_millis(500),
+            connections.stop.clone(),
+        ));
+    }
     let state = Arc::new(ApiState {
         registry: registry.clone(),
         readiness: readiness.clone(),

@@ -1,0 +1,224 @@
+//! Definitions that change while the server runs (issue 17): a definitions
+//! directory laid out like a mounted ConfigMap (files reached through a
+//! `..data` symlink that is swapped) is followed, and discovery, OpenAPI,
+//! `kubectl explain`/`api-resources`, writes and watches follow it, with no
+//! restart, while a kube-rs watcher of another resource keeps running.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher;
+use serde_json::json;
+
+const GADGETS: &str = "/apis/gadgets.kshard.dev/v1/namespaces/default/gadgets";
+
+/// The gadgets CRD: `size` bounded by `max`, an optional `color`, and an
+/// optional second served version.
+fn gadget_crd(max: i64, with_color: bool, with_v2: bool) -> String {
+    let color = if with_color {
+        "\n              color: {type: string}"
+    } else {
+        ""
+    };
+    let version = |name: &str, storage: bool| {
+        format!(
+            r#"
+  - name: {name}
+    served: true
+    storage: {storage}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {{type: integer, maximum: {max}}}{color}"#
+        )
+    };
+    let mut versions = version("v1", true);
+    if with_v2 {
+        versions.push_str(&version("v2", false));
+    }
+    format!(
+        r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: gadgets.gadgets.kshard.dev}}
+spec:
+  group: gadgets.kshard.dev
+  scope: Namespaced
+  names: {{plural: gadgets, singular: gadget, kind: Gadget}}
+  versions:{versions}
+"#
+    )
+}
+
+/// A ConfigMap-style mount: `<dir>/<file>` → `..data/<file>`, `..data` →
+/// `..<n>`, replaced by an atomic rename of a new `..data` link.
+struct ConfigMapDir {
+    dir: PathBuf,
+    generation: usize,
+}
+
+impl ConfigMapDir {
+    fn new(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("dir");
+        let mut d = Self {
+            dir: dir.to_path_buf(),
+            generation: 0,
+        };
+        d.publish(&[]);
+        d
+    }
+
+    fn publish(&mut self, files: &[(&str, &str)]) {
+        self.generation += 1;
+        let data = self.dir.join(format!("..gen{}", self.generation));
+        std::fs::create_dir(&data).expect("data dir");
+        for (name, text) in files {
+            std::fs::write(data.join(name), text).expect("write");
+            let visible = self.dir.join(name);
+            if std::fs::symlink_metadata(&visible).is_err() {
+                std::os::unix::fs::symlink(Path::new("..data").join(name), &visible)
+                    .expect("symlink");
+            }
+        }
+        let tmp = self.dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(format!("..gen{}", self.generation), &tmp).expect("link");
+        std::fs::rename(&tmp, self.dir.join("..data")).expect("swap");
+        // Then, as kubelet does, the links of keys that are gone.
+        for e in std::fs::read_dir(&self.dir).expect("read dir").flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if !name.starts_with('.') && !files.iter().any(|(f, _)| *f == name) {
+                std::fs::remove_file(e.path()).expect("remove link");
+            }
+        }
+    }
+}
+
+async fn until_status(s: &common::TestServer, uri: &str, status: u16) {
+    common::eventually(&format!("{uri} answers {status}"), || async {
+        s.get(uri).await.status == status
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn definitions_change_without_a_restart() {
+    let defs = tempfile::tempdir().expect("tempdir");
+    let mut mount = ConfigMapDir::new(&defs.path().join("mount"));
+    let mount_path = mount.dir.clone();
+    let s = common::start_with(|c| c.crds.push(mount_path)).await;
+
+    // A kube-rs watcher of widgets runs through every change below.
+    let gvk = GroupVersionKind::gvk("demo.kshard.dev", "v1", "Widget");
+    let widgets: Api<DynamicObject> =
+        Api::namespaced_with(s.client.clone(), "default", &ApiResource::from_gvk(&gvk));
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen_by_watcher = seen.clone();
+    let watching = tokio::spawn(async move {
+        let mut events = watcher(widgets, watcher::Config::default()).boxed();
+        while let Some(ev) = events.next().await {
+            if let Ok(watcher::Event::Apply(o)) = ev {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                seen_by_watcher.lock().expect("lock").push(name);
+            }
+        }
+    });
+    assert_eq!(s.get(GADGETS).await.status, 404);
+
+    // Added: served, in discovery, explained, listed by api-resources.
+    mount.publish(&[("gadgets.yaml", &gadget_crd(10, false, false))]);
+    until_status(&s, GADGETS, 200).await;
+    assert_eq!(s.get("/apis/gadgets.kshard.dev/v1").await.status, 200);
+    let g1 = json!({"apiVersion": "gadgets.kshard.dev/v1", "kind": "Gadget",
+                    "metadata": {"name": "g1"}, "spec": {"size": 8}});
+    let r = s.post_json(GADGETS, &g1).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let resources = s.kubectl_ok(&["api-resources", "--api-group=gadgets.kshard.dev"]);
+    assert!(resources.contains("gadgets"), "{resources}");
+    let explained = s.kubectl_ok(&["explain", "gadgets.spec"]);
+    assert!(explained.contains("size"), "{explained}");
+
+    // Changed: a new field, a tighter bound (ratcheting keeps g1 updatable),
+    // a second version.
+    let mut watch = s
+        .client
+        .send(
+            http::Request::get(format!("{GADGETS}?watch=1"))
+                .body(kube::client::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("watch");
+    assert_eq!(watch.status(), 200);
+    mount.publish(&[("gadgets.yaml", &gadget_crd(5, true, true))]);
+    until_status(
+        &s,
+        "/apis/gadgets.kshard.dev/v2/namespaces/default/gadgets",
+        200,
+    )
+    .await;
+    let mut g2 = g1.clone();
+    g2["metadata"]["name"] = json!("g2");
+    let r = s.post_json(GADGETS, &g2).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    let mut live = s.get(&format!("{GADGETS}/g1")).await.json();
+    live["spec"]["color"] = json!("red");
+    let r = s.put_json(&format!("{GADGETS}/g1"), &live).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["spec"]["color"], "red");
+    let explained = s.kubectl_ok(&["explain", "gadgets.spec"]);
+    assert!(explained.contains("color"), "{explained}");
+
+    // A definition that does not load leaves the current one serving.
+    mount.publish(&[(
+        "gadgets.yaml",
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nspec: [",
+    )]);
+    common::eventually("the broken definition is tried and refused", || async {
+        s.get("/metrics")
+            .await
+            .text()
+            .contains("kshard_definitions_reloads_total{result=\"error\"} 1")
+    })
+    .await;
+    assert_eq!(s.get(&format!("{GADGETS}/g1")).await.status, 200);
+    // Then removed: 404, gone from discovery, and the open watch ends cleanly.
+    mount.publish(&[]);
+    until_status(&s, GADGETS, 404).await;
+    assert_eq!(s.get("/apis/gadgets.kshard.dev/v1").await.status, 404);
+    let body = watch.body_mut();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(frame) = http_body_util::BodyExt::frame(body).await {
+            if frame.is_err() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert_eq!(
+        ended,
+        Ok(true),
+        "the watch of a removed resource ends cleanly"
+    );
+
+    // The widget watcher never stopped.
+    let r = s
+        .post_json(common::WIDGETS, &common::widget("after", 1))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    common::eventually(
+        "the widget watcher sees a widget created at the end",
+        || async { seen.lock().expect("lock").iter().any(|n| n == "after") },
+    )
+    .await;
+    watching.abort();
+}
