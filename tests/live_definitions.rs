@@ -222,3 +222,152 @@ async fn definitions_change_without_a_restart() {
     .await;
     watching.abort();
 }
+
+/// Standalone, definitions are API objects: `kubectl apply -f crd.yaml`
+/// serves the new resource within a second, the definition's status says so
+/// (kube's conditions, accepted names, stored versions), an invalid one is
+/// refused, and deleting it deletes its objects first.
+#[tokio::test(flavor = "multi_thread")]
+async fn definitions_applied_with_kubectl_are_served_and_deleted_with_their_objects() {
+    let s = common::start().await;
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], &gadget_crd(10, false, false));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until_status(&s, GADGETS, 200).await;
+    let r = s
+        .post_json(
+            GADGETS,
+            &json!({"apiVersion": "gadgets.kshard.dev/v1", "kind": "Gadget",
+                    "metadata": {"name": "g1"}, "spec": {"size": 3}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gadgets.gadgets.kshard.dev";
+    common::eventually("the definition is Established", || async {
+        let d = s.get(crd).await.json();
+        d["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Established" && c["status"] == "True")
+        })
+    })
+    .await;
+    let d = s.get(crd).await.json();
+    let conditions = d["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names_accepted = conditions
+        .iter()
+        .find(|c| c["type"] == "NamesAccepted")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(names_accepted["status"], "True", "{d}");
+    assert_eq!(names_accepted["reason"], "NoConflicts");
+    assert_eq!(d["status"]["acceptedNames"]["kind"], "Gadget");
+    assert_eq!(d["status"]["acceptedNames"]["listKind"], "GadgetList");
+    assert_eq!(d["status"]["storedVersions"], json!(["v1"]));
+    let listed = s.kubectl_ok(&["get", "crds"]);
+    assert!(listed.contains("gadgets.gadgets.kshard.dev"), "{listed}");
+
+    // A second version that becomes the storage version is recorded.
+    let two = gadget_crd(10, false, true)
+        .replace("storage: true", "storage: STORAGE_V1")
+        .replace("storage: false", "storage: true")
+        .replace("storage: STORAGE_V1", "storage: false");
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], &two);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::eventually("storedVersions lists both versions", || async {
+        s.get(crd).await.json()["status"]["storedVersions"] == json!(["v1", "v2"])
+    })
+    .await;
+
+    // A definition the catalog cannot take is refused when written.
+    let bad = gadget_crd(10, false, false)
+        .replace("group: gadgets.kshard.dev", "group: nodots")
+        .replace("gadgets.gadgets.kshard.dev", "gadgets.nodots");
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], &bad);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("is invalid") && err.contains("nodots"),
+        "{err}"
+    );
+    // One that clashes with a served definition is stored, not accepted.
+    let clash = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.demo.kshard.dev}\nspec:\n  group: demo.kshard.dev\n  scope: Namespaced\n  names: {plural: widgets, kind: Widget}\n  versions:\n  - {name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}\n";
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], clash);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let clash_uri =
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.demo.kshard.dev";
+    common::eventually(
+        "the clashing definition's names are not accepted",
+        || async {
+            s.get(clash_uri).await.json()["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "NamesAccepted" && c["status"] == "False")
+                })
+        },
+    )
+    .await;
+    assert_eq!(s.get(common::WIDGETS).await.status, 200);
+
+    // Deleted: its objects go first, then the definition, then the API.
+    let mut watch = s
+        .client
+        .send(
+            http::Request::get(format!("{GADGETS}?watch=1"))
+                .body(kube::client::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("watch");
+    let out = s.kubectl(&[
+        "delete",
+        "crd",
+        "gadgets.gadgets.kshard.dev",
+        "--timeout=30s",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until_status(&s, GADGETS, 404).await;
+    assert_eq!(s.get(crd).await.status, 404);
+    let mut events = String::new();
+    let body = watch.body_mut();
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(frame)) = http_body_util::BodyExt::frame(body).await {
+            if let Ok(d) = frame.into_data() {
+                events.push_str(&String::from_utf8_lossy(&d));
+            }
+        }
+    })
+    .await;
+    assert!(
+        events.contains("\"type\":\"DELETED\""),
+        "g1 was deleted first: {events}"
+    );
+    // A new definition of the same name starts empty.
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], &gadget_crd(10, false, false));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until_status(&s, GADGETS, 200).await;
+    let list = s.get(GADGETS).await.json();
+    assert_eq!(list["items"], json!([]), "{list}");
+}

@@ -299,6 +299,7 @@ async fn discovery_health_version_openapi() {
     assert_eq!(
         groups,
         [
+            "apiextensions.k8s.io",
             "demo.kshard.dev",
             "flowcontrol.kshard.dev",
             "test.kshard.dev"
@@ -351,7 +352,15 @@ async fn discovery_health_version_openapi() {
     );
     let d = r.json();
     assert_eq!(d["kind"], "APIGroupDiscoveryList");
-    let widgets = &d["items"][0]["versions"][0]["resources"][0];
+    let demo = d["items"]
+        .as_array()
+        .and_then(|gs| {
+            gs.iter()
+                .find(|g| g["metadata"]["name"] == "demo.kshard.dev")
+        })
+        .cloned()
+        .unwrap_or_default();
+    let widgets = &demo["versions"][0]["resources"][0];
     assert_eq!(widgets["resource"], "widgets");
     assert_eq!(widgets["scope"], "Namespaced");
     assert_eq!(widgets["subresources"][1]["responseKind"]["kind"], "Scale");

@@ -207,6 +207,11 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let out = negotiate_for(accept, Shape::Object)?;
             Ok(response::object(StatusCode::OK, &t, &item, &out, include))
         }
+        Verb::Create if rt.terminating => {
+            let mut e = ApiError::method_not_supported(&rt.group, &rt.plural, "create");
+            e.message = "create not allowed while custom resource definition is terminating".into();
+            Err(e)
+        }
         Verb::Create => {
             let out = negotiate(accept, true)?;
             let wo = write_options(&q, call.headers, false, "CreateOptions")?;

@@ -86,6 +86,10 @@ pub struct ResourceType {
     pub source: String,
     /// Whether any version's schema declares a default (reads default then).
     pub has_defaults: bool,
+    /// Its definition is being deleted: no new objects (kube's 405).
+    pub terminating: bool,
+    /// The definition's spec, as read (to tell a changed definition apart).
+    pub definition: Value,
 }
 
 impl ResourceType {
@@ -203,23 +207,58 @@ impl Catalog {
                     "expected apiextensions.k8s.io/v1 CustomResourceDefinition, found {api_version:?} {kind:?}"
                 )));
             }
-            let crd: CustomResourceDefinition =
-                serde_json::from_value(doc).map_err(|e| doc_err(e.to_string()))?;
-            let rt = resource_from_crd(&crd, &file.display().to_string()).map_err(doc_err)?;
-            if let Some(other) = self
-                .resources
-                .iter()
-                .find(|r| r.group == rt.group && r.plural == rt.plural)
-            {
-                return Err(CatalogError::Duplicate {
-                    file: file.to_path_buf(),
-                    index,
-                    name: rt.qualified_name(),
-                    other: other.source.clone(),
-                });
-            }
-            self.resources.push(Arc::new(rt));
+            self.add_definition(&file.display().to_string(), doc)
+                .map_err(|e| match e {
+                    DefinitionError::Invalid(reason) => doc_err(reason),
+                    DefinitionError::Duplicate { name, other } => CatalogError::Duplicate {
+                        file: file.to_path_buf(),
+                        index,
+                        name,
+                        other,
+                    },
+                })?;
         }
+        Ok(())
+    }
+
+    /// Whether two catalogs serve the same definitions (a status write to a
+    /// stored definition changes its resourceVersion, not what is served).
+    pub fn same_resources(&self, other: &Catalog) -> bool {
+        self.resources.len() == other.resources.len()
+            && self.resources.iter().zip(&other.resources).all(|(a, b)| {
+                a.source == b.source
+                    && a.terminating == b.terminating
+                    && a.definition == b.definition
+            })
+    }
+
+    /// Marks the resource defined by `source` as terminating.
+    pub fn mark_terminating(&mut self, source: &str) {
+        for r in &mut self.resources {
+            if r.source == source {
+                let mut rt = (**r).clone();
+                rt.terminating = true;
+                *r = Arc::new(rt);
+            }
+        }
+    }
+
+    /// Adds one CustomResourceDefinition document, from `source`.
+    pub fn add_definition(&mut self, source: &str, doc: Value) -> Result<(), DefinitionError> {
+        let crd: CustomResourceDefinition =
+            serde_json::from_value(doc).map_err(|e| DefinitionError::Invalid(e.to_string()))?;
+        let rt = resource_from_crd(&crd, source).map_err(DefinitionError::Invalid)?;
+        if let Some(other) = self
+            .resources
+            .iter()
+            .find(|r| r.group == rt.group && r.plural == rt.plural)
+        {
+            return Err(DefinitionError::Duplicate {
+                name: rt.qualified_name(),
+                other: other.source.clone(),
+            });
+        }
+        self.resources.push(Arc::new(rt));
         Ok(())
     }
 
@@ -264,6 +303,22 @@ impl Catalog {
         v.sort_by(|a, b| a.plural.cmp(&b.plural));
         v
     }
+}
+
+/// Why one definition cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum DefinitionError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{name} is already defined by {other}")]
+    Duplicate { name: String, other: String },
+}
+
+/// Checks a CustomResourceDefinition object the way the catalog reads it.
+pub fn check_definition(doc: &Value) -> Result<(), String> {
+    let crd: CustomResourceDefinition =
+        serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
+    resource_from_crd(&crd, "").map(|_| ())
 }
 
 /// Whether a file in a definitions directory is read (by its extension).
@@ -391,6 +446,8 @@ fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<Res
             .any(|v| v.validation.as_ref().is_some_and(|s| s.has_defaults())),
         versions,
         source: source.to_string(),
+        terminating: false,
+        definition: serde_json::to_value(&crd.spec).unwrap_or_default(),
     })
 }
 

@@ -9,6 +9,7 @@
 //! definition) leaves the current catalog serving: half a catalog is never
 //! served.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -51,11 +52,13 @@ impl LiveCatalog {
     }
 }
 
-/// Where the catalog comes from: definition files, plus built-in manifests.
+/// Where the catalog comes from: definition files, built-in manifests and,
+/// when kshard serves the CustomResourceDefinition API, stored definitions.
 #[derive(Clone)]
 pub struct Sources {
     pub paths: Vec<PathBuf>,
     pub builtin: Vec<(PathBuf, String)>,
+    pub serve_definitions: bool,
 }
 
 impl Sources {
@@ -65,6 +68,17 @@ impl Sources {
             catalog.add_manifests(name, text)?;
         }
         Ok(catalog)
+    }
+
+    /// [`Sources::load`] plus stored definitions; those the catalog cannot
+    /// take are returned by name with the reason.
+    pub fn load_with(
+        &self,
+        stored: &[serde_json::Value],
+    ) -> Result<(Catalog, HashMap<String, String>), CatalogError> {
+        let mut catalog = self.load()?;
+        let rejected = super::crds::add_stored(&mut catalog, stored);
+        Ok((catalog, rejected))
     }
 }
 
@@ -104,49 +118,75 @@ fn collect(p: &Path, top: bool, out: &mut Vec<(PathBuf, u64, Option<SystemTime>)
     }
 }
 
-/// Polls the definition files and replaces the catalog when they change.
+/// Follows the definition files (polled) and the stored definitions (read
+/// from the watch cache), replaces the catalog when either changes, and keeps
+/// the stored definitions' status and cleanup.
 pub fn spawn_watcher(
     sources: Sources,
-    live: Arc<LiveCatalog>,
+    registry: Arc<super::Registry>,
     every: Duration,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let paths = sources.paths.clone();
-        let mut seen = tokio::task::spawn_blocking(move || fingerprint(&paths))
+        let mut seen_files = tokio::task::spawn_blocking(move || fingerprint(&paths))
             .await
             .unwrap_or_default();
+        let mut seen_stored: Option<Vec<(String, String)>> = None;
+        let mut rejected = HashMap::new();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
             }
             let paths = sources.paths.clone();
-            let Ok(now) = tokio::task::spawn_blocking(move || fingerprint(&paths)).await else {
+            let Ok(files) = tokio::task::spawn_blocking(move || fingerprint(&paths)).await else {
                 continue;
             };
-            if now == seen {
-                continue;
+            let stored = if sources.serve_definitions {
+                super::crds::stored(&registry).await
+            } else {
+                Vec::new()
+            };
+            let stored_now: Vec<(String, String)> = stored
+                .iter()
+                .map(|d| {
+                    let at = |p: &str| d.pointer(p).and_then(|v| v.as_str()).unwrap_or_default();
+                    (
+                        at("/metadata/name").to_string(),
+                        at("/metadata/resourceVersion").to_string(),
+                    )
+                })
+                .collect();
+            if files != seen_files || seen_stored.as_ref() != Some(&stored_now) {
+                let s = sources.clone();
+                match tokio::task::spawn_blocking(move || s.load_with(&stored)).await {
+                    Ok(Ok((catalog, refused))) => {
+                        let same = registry.catalog().same_resources(&catalog);
+                        if !same {
+                            tracing::info!(
+                                resources = catalog.resources.len(),
+                                "definitions changed; now serving the new catalog"
+                            );
+                            registry.live_catalog().replace(catalog);
+                            metrics::counter!("kshard_definitions_reloads_total", "result" => "ok")
+                                .increment(1);
+                        }
+                        rejected = refused;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "definitions changed but do not load; still serving the previous ones");
+                        metrics::counter!("kshard_definitions_reloads_total", "result" => "error")
+                            .increment(1);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "loading definitions failed"),
+                }
+                seen_files = files;
+                seen_stored = Some(stored_now);
             }
-            let s = sources.clone();
-            match tokio::task::spawn_blocking(move || s.load()).await {
-                Ok(Ok(catalog)) => {
-                    tracing::info!(
-                        resources = catalog.resources.len(),
-                        "definitions changed; now serving the new catalog"
-                    );
-                    live.replace(catalog);
-                    metrics::counter!("kshard_definitions_reloads_total", "result" => "ok")
-                        .increment(1);
-                    seen = now;
-                }
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, "definitions changed but do not load; still serving the previous ones");
-                    metrics::counter!("kshard_definitions_reloads_total", "result" => "error")
-                        .increment(1);
-                    seen = now;
-                }
-                Err(e) => tracing::warn!(error = %e, "loading definitions failed"),
+            if sources.serve_definitions {
+                let catalog = registry.catalog();
+                super::crds::reconcile(&registry, &catalog, &rejected).await;
             }
         }
     })

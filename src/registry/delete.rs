@@ -85,6 +85,15 @@ impl Registry {
             }
         }
         let mut fins = finalizers(current);
+        let mut terminating = false;
+        if super::crds::is_definition(t) && !is_deleting(current) {
+            // A definition's objects go first: kube's CRD delete adds the
+            // cleanup finalizer and marks the definition Terminating.
+            if !fins.iter().any(|f| f == super::crds::CLEANUP_FINALIZER) {
+                fins.push(super::crds::CLEANUP_FINALIZER.into());
+            }
+            terminating = true;
+        }
         match opts.propagation {
             Some(Propagation::Orphan) => {
                 fins.retain(|f| f != FINALIZER_FOREGROUND);
@@ -112,6 +121,9 @@ impl Registry {
         }
         let mut new = current.clone();
         set_finalizers(&mut new, &fins);
+        if terminating {
+            super::crds::mark_terminating(&mut new);
+        }
         if !is_deleting(current) {
             let g = generation(current);
             if let Some(m) = meta_mut(&mut new) {

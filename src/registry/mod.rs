@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod catalog;
 mod continuation;
+pub mod crds;
 pub mod definitions;
 mod delete;
 pub mod gc;

@@ -206,6 +206,9 @@ impl Registry {
                 sub != Subresource::Status,
             ));
         }
+        if super::crds::is_definition(t) {
+            errs.extend(super::crds::check(obj));
+        }
         if let Some(schema) = &schema {
             let from = errs.len();
             schema.validate_structure(obj, old, &mut errs);

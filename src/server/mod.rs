@@ -130,8 +130,28 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let mut sources = crate::registry::definitions::Sources {
         paths: cfg.crds.clone(),
         builtin: Vec::new(),
+        serve_definitions: false,
     };
     let mut catalog = Catalog::load(&cfg.crds)?;
+    // Standalone, definitions are API objects too (`kubectl apply -f
+    // crd.yaml`); behind a host, the host serves apiextensions.k8s.io.
+    if cfg.host_for(&None).is_none()
+        && catalog
+            .find(
+                crate::registry::crds::GROUP,
+                "v1",
+                crate::registry::crds::PLURAL,
+            )
+            .is_none()
+    {
+        let builtin = (
+            std::path::PathBuf::from("<built-in apiextensions.k8s.io CRD>"),
+            crate::registry::crds::api_manifest(),
+        );
+        catalog.add_manifests(&builtin.0, &builtin.1)?;
+        sources.builtin.push(builtin);
+        sources.serve_definitions = true;
+    }
     // Behind a host, flow-control objects live in the host like any other
     // configuration; standalone, kshard serves them itself.
     let flowcontrol_host = cfg.host_for(&cfg.flowcontrol_kubeconfig.clone());
@@ -148,8 +168,6 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         catalog.add_manifests(&builtin.0, &builtin.1)?;
         sources.builtin.push(builtin);
     }
-    tracing::info!(resources = catalog.resources.len(), "catalog loaded");
-    let live_catalog = crate::registry::definitions::LiveCatalog::new(catalog);
     pki::private_dir(&cfg.data_dir)?;
 
     let engine = open_engine_retrying(&cfg).await?;
@@ -171,6 +189,16 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     } else {
         (Store::open(engine)?, None, None)
     };
+    if sources.serve_definitions {
+        // Before the watch cache loads the objects the stored definitions define.
+        let stored = crate::registry::crds::stored_in(&store).await;
+        let refused = crate::registry::crds::add_stored(&mut catalog, &stored);
+        for (name, reason) in refused {
+            tracing::warn!(definition = %name, %reason, "a stored definition is not served");
+        }
+    }
+    tracing::info!(resources = catalog.resources.len(), "catalog loaded");
+    let live_catalog = crate::registry::definitions::LiveCatalog::new(catalog);
     let on_load = crate::registry::read_defaulter(live_catalog.clone());
     let ring = crate::watch::RingLimits {
         events: cfg.watch_history,
@@ -217,10 +245,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let connections = conn::Connections::default();
     // Definitions change without a restart: the files are followed, and
     // discovery, OpenAPI and every request use the catalog of the moment.
-    if !cfg.crds.is_empty() {
+    if !cfg.crds.is_empty() || sources.serve_definitions {
         tasks.push(crate::registry::definitions::spawn_watcher(
             sources,
-            live_catalog.clone(),
+            registry.clone(),
             std::time::Duration::from_millis(500),
             connections.stop.clone(),
         ));
