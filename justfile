@@ -11,3 +11,7 @@ test:
 # Benchmarks through the HTTP API (numbers, and a plot in target/bench/).
 bench:
     cargo bench --bench api
+
+# kshard against etcd (installs Debian's etcd-server if missing): ratios, memory, fan-out.
+bench-etcd:
+    cargo bench --bench etcd

@@ -1,0 +1,650 @@
+//! kshard against the etcd it replaces, on this machine, in one run.
+//!
+//! Starts etcd (Debian's `etcd-server` is installed when `etcd` is missing
+//! and this runs as root) and kshard (the release binary, embedded store),
+//! then, rounds interleaved:
+//! - creates/s of 1 KiB objects through kshard's HTTPS API (every write
+//!   validated, managedFields tracked, fsync'd before the answer) against
+//!   1 KiB puts/s to etcd over its own gRPC (fsync on, one member), closed
+//!   loop at 1, 16 and 64 concurrent clients;
+//! - resident memory of kshard per stored object against the objects' JSON;
+//! - fan-out: W watchers of one resource, one write every 10 ms, the
+//!   latency from the write's acknowledgement to its receipt by the last
+//!   watcher, and kshard's CPU per delivered event.
+//!
+//! `cargo bench --bench etcd`; writes `target/bench/etcd.{json,svg}`.
+//! Env: `KSHARD_ETCD_SECS` (per round, 10), `KSHARD_ETCD_OBJECTS` (40000),
+//! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run).
+//!
+//! The etcd client is written here (a gRPC unary `KV/Put` over one HTTP/2
+//! connection per worker, the protobuf message encoded by hand): the etcd
+//! crates build their protos with `protoc`, which these machines lack.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+
+const WIDGETS: &str = "/apis/demo.kshard.dev/v1/namespaces/bench/widgets";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn smoke() -> bool {
+    std::env::var("KSHARD_ETCD_SMOKE").is_ok_and(|v| v == "1")
+}
+
+fn progress(msg: &str) {
+    eprintln!("[etcd bench] {msg}");
+}
+
+/// A widget of about 1 KiB as stored (the filler is an annotation: the
+/// schema would prune an unknown spec field).
+fn widget_1k(name: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+        "metadata": {"name": name, "labels": {"bench": "true"},
+                     "annotations": {"bench.kshard.dev/payload": "x".repeat(640)}},
+        "spec": {"replicas": 1, "color": "blue"},
+    }))
+    .expect("json")
+}
+
+// ------------------------------------------------------------------ etcd
+
+fn etcd_binary() -> Option<String> {
+    let found = |name: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {name}")])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    if let Some(p) = found("etcd") {
+        return Some(p);
+    }
+    progress("etcd not found: installing Debian's etcd-server (apt-get)…");
+    let ok = Command::new("sh")
+        .args([
+            "-c",
+            "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        progress("could not install etcd-server; the etcd side is skipped");
+        return None;
+    }
+    found("etcd")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn start_etcd(bin: &str, dir: &Path) -> (common::KillOnDrop, u16) {
+    let (client, peer) = (free_port(), free_port());
+    let child = Command::new(bin)
+        .arg("--data-dir")
+        .arg(dir.join("etcd"))
+        .args([
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{client}"),
+        ])
+        .args([
+            "--advertise-client-urls",
+            &format!("http://127.0.0.1:{client}"),
+        ])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args([
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer}"),
+        ])
+        .args([
+            "--initial-cluster",
+            &format!("default=http://127.0.0.1:{peer}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn etcd");
+    (common::KillOnDrop(child), client)
+}
+
+/// One HTTP/2 (h2c) connection to etcd, for unary gRPC calls.
+struct Etcd {
+    send: hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>>,
+}
+
+impl Etcd {
+    async fn connect(port: u16) -> Option<Self> {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        tcp.set_nodelay(true).ok()?;
+        let (send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .ok()?;
+        tokio::spawn(conn);
+        Some(Self { send })
+    }
+
+    /// `etcdserverpb.KV/Put` of `key` = `value`; true when etcd says OK.
+    async fn put(&mut self, key: &[u8], value: &[u8]) -> bool {
+        // PutRequest{key = 1, value = 2}, both length-delimited.
+        let mut msg = BytesMut::new();
+        for (tag, field) in [(0x0a_u8, key), (0x12, value)] {
+            msg.put_u8(tag);
+            let mut n = field.len() as u64;
+            while n >= 0x80 {
+                msg.put_u8((n as u8) | 0x80);
+                n >>= 7;
+            }
+            msg.put_u8(n as u8);
+            msg.put_slice(field);
+        }
+        let mut frame = BytesMut::with_capacity(msg.len() + 5);
+        frame.put_u8(0);
+        frame.put_u32(msg.len() as u32);
+        frame.put_slice(&msg);
+        let req = http::Request::post("http://127.0.0.1/etcdserverpb.KV/Put")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(http_body_util::Full::new(frame.freeze()))
+            .expect("request");
+        if self.send.ready().await.is_err() {
+            return false;
+        }
+        let Ok(resp) = self.send.send_request(req).await else {
+            return false;
+        };
+        let Ok(body) = resp.into_body().collect().await else {
+            return false;
+        };
+        // grpc-status 0 in the trailers.
+        body.trailers()
+            .and_then(|t| t.get("grpc-status"))
+            .is_some_and(|s| s == "0")
+    }
+}
+
+// ------------------------------------------------------------------ load
+
+struct Round {
+    ops_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
+    lat.sort();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    Round {
+        ops_per_sec: count as f64 / elapsed.as_secs_f64(),
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    }
+}
+
+async fn kshard_creates(kubeconfig: &Path, clients: usize, secs: f64, round: usize) -> Round {
+    let mut handles = Vec::new();
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(secs);
+    for w in 0..clients {
+        let client = common::client_for(kubeconfig).await;
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0usize;
+            while Instant::now() < until {
+                let name = format!("r{round}-c{clients}-w{w}-{i}");
+                i += 1;
+                let req = http::Request::post(WIDGETS)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(widget_1k(&name)))
+                    .expect("request");
+                let t = Instant::now();
+                let Ok(resp) = client.send(req).await else {
+                    continue;
+                };
+                let ok = resp.status().as_u16() == 201;
+                let _ = resp.into_body().collect_bytes().await;
+                if ok {
+                    lat.push(t.elapsed());
+                }
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for h in handles {
+        lat.extend(h.await.unwrap_or_default());
+    }
+    summarize(lat.len(), start.elapsed(), lat)
+}
+
+async fn etcd_puts(port: u16, clients: usize, secs: f64, round: usize) -> Round {
+    let value = vec![b'x'; 1024];
+    let mut handles = Vec::new();
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(secs);
+    for w in 0..clients {
+        let value = value.clone();
+        let Some(mut etcd) = Etcd::connect(port).await else {
+            continue;
+        };
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0usize;
+            while Instant::now() < until {
+                let key = format!("/bench/r{round}-c{clients}-w{w}-{i}");
+                i += 1;
+                let t = Instant::now();
+                if etcd.put(key.as_bytes(), &value).await {
+                    lat.push(t.elapsed());
+                }
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for h in handles {
+        lat.extend(h.await.unwrap_or_default());
+    }
+    summarize(lat.len(), start.elapsed(), lat)
+}
+
+// ------------------------------------------------------------------ memory
+
+/// Fills kshard up to `objects` widgets, then reads its resident memory and
+/// the JSON size of what it stores.
+async fn memory(kubeconfig: &Path, pid: u32, objects: usize) -> (usize, u64, u64) {
+    let client = common::client_for(kubeconfig).await;
+    let list = |c: kube::Client| async move {
+        let req = http::Request::get(WIDGETS)
+            .body(kube::client::Body::empty())
+            .expect("request");
+        let resp = c.send(req).await.expect("list");
+        let body = resp.into_body().collect_bytes().await.expect("body");
+        serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null)
+    };
+    let have = list(client.clone()).await["items"]
+        .as_array()
+        .map_or(0, Vec::len);
+    let missing = objects.saturating_sub(have);
+    progress(&format!(
+        "memory: loading {missing} more objects up to {objects}…"
+    ));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..32 {
+        let (client, next) = (client.clone(), next.clone());
+        handles.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= missing {
+                    return;
+                }
+                if i % 10_000 == 0 && i > 0 {
+                    progress(&format!("memory: {i}/{missing}"));
+                }
+                let req = http::Request::post(WIDGETS)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(widget_1k(&format!("m-{i}"))))
+                    .expect("request");
+                if let Ok(r) = client.send(req).await {
+                    let _ = r.into_body().collect_bytes().await;
+                }
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    let all = list(client).await;
+    let items = all["items"].as_array().cloned().unwrap_or_default();
+    let json_bytes: u64 = items
+        .iter()
+        .map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() as u64))
+        .sum();
+    drop(all);
+    // Let the allocator settle after the big list before reading RSS.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (items.len(), json_bytes, common::rss_bytes(pid))
+}
+
+// ------------------------------------------------------------------ fan-out
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = [11usize, 12]
+        .iter()
+        .filter_map(|i| f.get(*i).and_then(|v| v.parse::<f64>().ok()))
+        .sum();
+    ticks / 100.0
+}
+
+struct FanOut {
+    watchers: usize,
+    events: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    cpu_us_per_delivery: f64,
+}
+
+async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) -> FanOut {
+    const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/fanout/widgets";
+    // Several connections: HTTP/2 allows 1000 streams on one.
+    let conns = watchers.div_ceil(250).max(1);
+    let mut clients = Vec::new();
+    for _ in 0..conns {
+        clients.push(common::client_for(kubeconfig).await);
+    }
+    let received: Arc<Mutex<HashMap<String, (usize, Instant)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(watchers);
+    for w in 0..watchers {
+        let client = clients[w % conns].clone();
+        let received = received.clone();
+        let ready = ready_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = http::Request::get(format!("{NS}?watch=1&timeoutSeconds=600"))
+                .body(kube::client::Body::empty())
+                .expect("request");
+            let Ok(resp) = client.send(req).await else {
+                return;
+            };
+            let _ = ready.send(()).await;
+            let mut body = resp.into_body();
+            let mut buf = Vec::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                buf.extend_from_slice(&data);
+                while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=i).collect();
+                    let Ok(ev) = serde_json::from_slice::<Value>(&line) else {
+                        continue;
+                    };
+                    let name = ev["object"]["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    let now = Instant::now();
+                    let mut r = received.lock().expect("lock");
+                    let e = r.entry(name).or_insert((0, now));
+                    e.0 += 1;
+                    e.1 = now;
+                }
+            }
+        }));
+    }
+    drop(ready_tx);
+    for _ in 0..watchers {
+        if ready_rx.recv().await.is_none() {
+            break;
+        }
+    }
+    progress(&format!(
+        "fan-out: {watchers} watchers open; writing {writes} objects"
+    ));
+    let writer = clients[0].clone();
+    let cpu_before = cpu_seconds(pid);
+    let mut acked = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    for i in 0..writes {
+        tick.tick().await;
+        let name = format!("f-{i}");
+        let req = http::Request::post(NS)
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(widget_1k(&name)))
+            .expect("request");
+        if let Ok(r) = writer.send(req).await {
+            let ok = r.status().as_u16() == 201;
+            let _ = r.into_body().collect_bytes().await;
+            if ok {
+                acked.push((name, Instant::now()));
+            }
+        }
+    }
+    // Wait for the last deliveries (bounded).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let done = {
+            let r = received.lock().expect("lock");
+            acked
+                .iter()
+                .all(|(n, _)| r.get(n).is_some_and(|(c, _)| *c >= watchers))
+        };
+        if done || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cpu = cpu_seconds(pid) - cpu_before;
+    for t in tasks {
+        t.abort();
+    }
+    let r = received.lock().expect("lock");
+    let mut lat: Vec<Duration> = acked
+        .iter()
+        .filter_map(|(n, at)| {
+            r.get(n)
+                .map(|(_, last)| last.saturating_duration_since(*at))
+        })
+        .collect();
+    let deliveries: usize = acked
+        .iter()
+        .filter_map(|(n, _)| r.get(n).map(|(c, _)| *c))
+        .sum();
+    let events = lat.len();
+    lat.sort();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    FanOut {
+        watchers,
+        events,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+        cpu_us_per_delivery: cpu * 1e6 / deliveries.max(1) as f64,
+    }
+}
+
+// ------------------------------------------------------------------ plot
+
+fn plot(ratios: &[(usize, f64)], mem_ratio: f64, fan: &FanOut) -> String {
+    let (w, h, left, bottom) = (640.0, 320.0, 60.0, 260.0);
+    let max = ratios
+        .iter()
+        .map(|r| r.1)
+        .fold(1.2_f64, f64::max)
+        .max(mem_ratio / 2.0);
+    let bar_w = 70.0;
+    let mut bars = String::new();
+    for (i, (c, r)) in ratios.iter().enumerate() {
+        let x = left + 30.0 + i as f64 * 110.0;
+        let bh = (r / max) * 200.0;
+        let color = if *r >= 1.0 { "seagreen" } else { "indianred" };
+        bars.push_str(&format!(
+            "<rect x=\"{x}\" y=\"{}\" width=\"{bar_w}\" height=\"{bh}\" fill=\"{color}\"/>\
+<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">{r:.2}×</text>\
+<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">c={c}</text>",
+            bottom - bh,
+            x + bar_w / 2.0,
+            bottom - bh - 4.0,
+            x + bar_w / 2.0,
+            bottom + 16.0
+        ));
+    }
+    let one = bottom - (1.0 / max) * 200.0;
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\
+<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
+<text x=\"{left}\" y=\"24\" font-size=\"14\">kshard creates/s ÷ etcd puts/s (1 KiB, fsync'd)</text>\
+<line x1=\"{left}\" y1=\"{one}\" x2=\"{}\" y2=\"{one}\" stroke=\"gray\" stroke-dasharray=\"4\"/>\
+<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"gray\">1.0 = etcd</text>{bars}\
+<text x=\"400\" y=\"80\" font-size=\"13\">memory above base: {mem_ratio:.2}× the JSON</text>\
+<text x=\"400\" y=\"104\" font-size=\"13\">fan-out to {} watchers:</text>\
+<text x=\"400\" y=\"124\" font-size=\"13\">p50 {:.1} ms, p99 {:.1} ms</text>\
+<text x=\"400\" y=\"144\" font-size=\"13\">{:.2} µs CPU per delivered event</text></svg>",
+        left + 340.0,
+        left + 290.0,
+        one - 4.0,
+        fan.watchers,
+        fan.p50_ms,
+        fan.p99_ms,
+        fan.cpu_us_per_delivery
+    )
+}
+
+// ------------------------------------------------------------------ main
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run());
+}
+
+async fn run() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let secs = if smoke() {
+        1.0
+    } else {
+        env_usize("KSHARD_ETCD_SECS", 10) as f64
+    };
+    let objects = if smoke() {
+        500
+    } else {
+        env_usize("KSHARD_ETCD_OBJECTS", 40_000)
+    };
+    let watchers = if smoke() {
+        20
+    } else {
+        env_usize("KSHARD_ETCD_WATCHERS", 1000)
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let etcd = etcd_binary().map(|bin| start_etcd(&bin, dir.path()));
+    let data = dir.path().join("kshard");
+    let kshard = common::spawn_kshard(&data, &[]);
+    let pid = kshard.id();
+    let kubeconfig = data.join("kubeconfig");
+    // The fixed base: an idle server with nothing stored.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let base_rss = common::rss_bytes(pid);
+    if let Some((_, port)) = &etcd {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Etcd::connect(*port).await.is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    let mut rounds = Vec::new();
+    for (r, clients) in [1usize, 16, 64].into_iter().enumerate() {
+        progress(&format!("round c={clients}: kshard creates for {secs} s…"));
+        let k = kshard_creates(&kubeconfig, clients, secs, r).await;
+        let e = match &etcd {
+            Some((_, port)) => {
+                progress(&format!("round c={clients}: etcd puts for {secs} s…"));
+                Some(etcd_puts(*port, clients, secs, r).await)
+            }
+            None => None,
+        };
+        println!(
+            "c={clients:>3}  kshard {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms)  etcd {}",
+            k.ops_per_sec,
+            k.p50_ms,
+            k.p99_ms,
+            e.as_ref().map_or("skipped".to_string(), |e| format!(
+                "{:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms)  ratio {:.2}",
+                e.ops_per_sec,
+                e.p50_ms,
+                e.p99_ms,
+                k.ops_per_sec / e.ops_per_sec.max(1e-9)
+            ))
+        );
+        rounds.push((clients, k, e));
+    }
+
+    let (count, json_bytes, rss) = memory(&kubeconfig, pid, objects).await;
+    // Memory above the idle base, against the data it holds.
+    let mem_ratio = rss.saturating_sub(base_rss) as f64 / json_bytes.max(1) as f64;
+    println!(
+        "memory: {count} objects, {:.1} MB of JSON, RSS {:.1} MB over a {:.1} MB base ({mem_ratio:.2}× the JSON, {:.0} B/object)",
+        json_bytes as f64 / 1e6,
+        rss as f64 / 1e6,
+        base_rss as f64 / 1e6,
+        rss.saturating_sub(base_rss) as f64 / count.max(1) as f64
+    );
+
+    let fan = fan_out(&kubeconfig, pid, watchers, if smoke() { 20 } else { 500 }).await;
+    println!(
+        "fan-out: {} watchers, {} events, last receipt p50 {:.1} ms p99 {:.1} ms, {:.2} µs CPU per delivery",
+        fan.watchers, fan.events, fan.p50_ms, fan.p99_ms, fan.cpu_us_per_delivery
+    );
+
+    let ratios: Vec<(usize, f64)> = rounds
+        .iter()
+        .filter_map(|(c, k, e)| {
+            e.as_ref()
+                .map(|e| (*c, k.ops_per_sec / e.ops_per_sec.max(1e-9)))
+        })
+        .collect();
+    let out = json!({
+        "machine": {"cores": std::thread::available_parallelism().map_or(0, |n| n.get())},
+        "seconds_per_round": secs,
+        "creates": rounds.iter().map(|(c, k, e)| json!({
+            "clients": c,
+            "kshard_per_sec": k.ops_per_sec, "kshard_p50_ms": k.p50_ms, "kshard_p99_ms": k.p99_ms,
+            "etcd_per_sec": e.as_ref().map(|e| e.ops_per_sec),
+            "etcd_p50_ms": e.as_ref().map(|e| e.p50_ms),
+            "etcd_p99_ms": e.as_ref().map(|e| e.p99_ms),
+            "ratio": e.as_ref().map(|e| k.ops_per_sec / e.ops_per_sec.max(1e-9)),
+        })).collect::<Vec<_>>(),
+        "memory": {"objects": count, "json_bytes": json_bytes, "rss_bytes": rss,
+                   "base_rss_bytes": base_rss, "ratio_above_base": mem_ratio},
+        "fan_out": {"watchers": fan.watchers, "events": fan.events, "p50_ms": fan.p50_ms,
+                    "p99_ms": fan.p99_ms, "cpu_us_per_delivery": fan.cpu_us_per_delivery},
+    });
+    let target = common::repo_path("target/bench");
+    std::fs::create_dir_all(&target).expect("target/bench");
+    std::fs::write(
+        target.join("etcd.json"),
+        serde_json::to_vec_pretty(&out).expect("json"),
+    )
+    .expect("write json");
+    std::fs::write(target.join("etcd.svg"), plot(&ratios, mem_ratio, &fan)).expect("write svg");
+    progress(&format!(
+        "wrote {}",
+        target.join("etcd.{json,svg}").display()
+    ));
+    drop(kshard);
+    drop(etcd);
+}
