@@ -11,7 +11,7 @@ use super::encoding::{cbor, protobuf};
 use super::negotiate::Output;
 use crate::registry::table::{partial_metadata, table, Columns, IncludeObject};
 use crate::registry::Item;
-use crate::registry::{convert_json, Target};
+use crate::registry::Target;
 use crate::status::ApiError;
 
 pub const JSON: &str = "application/json";
@@ -157,6 +157,21 @@ fn yaml_response(code: StatusCode, value: &Value) -> Response {
     }
 }
 
+/// An object in the target's version (converted, and pruned by that
+/// version's schema, when it is stored in another).
+pub fn in_version(t: &Target, item: &Item) -> Result<Item, ApiError> {
+    let api_version = t.api_version();
+    if item.value.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
+        return Ok(item.clone());
+    }
+    let value = crate::registry::convert_value(&t.rt, &item.value, &api_version)?;
+    let json = serde_json::to_vec(&value).map_err(ApiError::internal)?;
+    Ok(Item {
+        json: Bytes::from(json),
+        value: std::sync::Arc::new(value),
+    })
+}
+
 /// One object in the negotiated form.
 pub fn object(
     code: StatusCode,
@@ -165,28 +180,21 @@ pub fn object(
     out: &Output,
     include: IncludeObject,
 ) -> Response {
-    let api_version = t.api_version();
+    let item = match in_version(t, item) {
+        Ok(i) => i,
+        Err(e) => return error_response(&e),
+    };
+    let item = &item;
     match out {
-        Output::Json => bytes_response(
-            code,
-            JSON,
-            convert_json(&t.rt, &item.json, &item.value, &api_version),
-        ),
-        Output::Yaml => yaml_response(
-            code,
-            &crate::registry::convert_value(&t.rt, &item.value, &api_version),
-        ),
-        Output::Cbor => cbor_response(
-            code,
-            &crate::registry::convert_value(&t.rt, &item.value, &api_version),
-        ),
+        Output::Json => bytes_response(code, JSON, item.json.clone()),
+        Output::Yaml => yaml_response(code, &item.value),
+        Output::Cbor => cbor_response(code, &item.value),
         Output::ProtoMeta(v) => proto_meta_response(code, v, &item.value, false),
         Output::Table(v) => {
             let cols = Columns::for_target(t);
-            let obj = crate::registry::convert_value(&t.rt, &item.value, &api_version);
             let mut doc = table(
                 Some(&cols),
-                vec![cols.row(&obj, include)],
+                vec![cols.row(&item.value, include)],
                 json!({
                     "resourceVersion": item.value.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)
                 }),
@@ -231,6 +239,16 @@ pub fn list(
     include: IncludeObject,
 ) -> Response {
     let api_version = t.api_version();
+    // Metadata-only views need no conversion (kube converts them without
+    // the webhook too); everything else is shown in the target's version.
+    let items = if matches!(out, Output::ProtoMeta(_) | Output::PartialMeta(_)) {
+        items
+    } else {
+        match items.iter().map(|i| in_version(t, i)).collect::<Result<Vec<_>, _>>() {
+            Ok(items) => items,
+            Err(e) => return error_response(&e),
+        }
+    };
     match out {
         Output::Json => {
             let head = serde_json::to_vec(&json!({
@@ -249,8 +267,6 @@ pub fn list(
             let body = Body::from_stream(ListChunks {
                 prefix: Some(Bytes::from(prefix)),
                 items: items.into_iter(),
-                rt: t.rt.clone(),
-                api_version,
                 first: true,
                 done: false,
             });
@@ -259,10 +275,7 @@ pub fn list(
             r
         }
         Output::Yaml | Output::Cbor => {
-            let values: Vec<Value> = items
-                .iter()
-                .map(|i| crate::registry::convert_value(&t.rt, &i.value, &api_version))
-                .collect();
+            let values: Vec<Value> = items.iter().map(|i| (*i.value).clone()).collect();
             let doc = json!({"apiVersion": api_version, "kind": t.rt.list_kind, "metadata": meta.to_json(), "items": values});
             if *out == Output::Cbor {
                 cbor_response(StatusCode::OK, &doc)
@@ -283,12 +296,7 @@ pub fn list(
             let cols = Columns::for_target(t);
             let rows: Vec<Value> = items
                 .iter()
-                .map(|i| {
-                    cols.row(
-                        &crate::registry::convert_value(&t.rt, &i.value, &api_version),
-                        include,
-                    )
-                })
+                .map(|i| cols.row(&i.value, include))
                 .collect();
             let mut doc = table(Some(&cols), rows, meta.to_json());
             doc["apiVersion"] = json!(v);
@@ -319,8 +327,6 @@ const CHUNK: usize = 64 * 1024;
 struct ListChunks {
     prefix: Option<Bytes>,
     items: std::vec::IntoIter<Item>,
-    rt: std::sync::Arc<crate::registry::ResourceType>,
-    api_version: String,
     first: bool,
     done: bool,
 }
@@ -349,8 +355,7 @@ impl futures::Stream for ListChunks {
                 buf.push(b',');
             }
             self.first = false;
-            let json = convert_json(&self.rt, &item.json, &item.value, &self.api_version);
-            buf.extend_from_slice(&json);
+            buf.extend_from_slice(&item.json);
         }
         std::task::Poll::Ready(Some(Ok(Bytes::from(buf))))
     }

@@ -268,15 +268,20 @@ impl Stream {
                 if same_version && kind == ev.kind.as_str() {
                     Some(ev.json_frame())
                 } else {
-                    Some(frame(
-                        kind,
-                        &convert_json(&self.t.rt, &obj_json, &value, &api_version),
-                    ))
+                    match convert_json(&self.t.rt, &obj_json, &value, &api_version) {
+                        Ok(json) => Some(frame(kind, &json)),
+                        // kube ends a watch whose object cannot be converted
+                        // with an ERROR event.
+                        Err(e) => Some(error_frame(&self.out, &e)),
+                    }
                 }
             }
             Output::Table(v) => {
                 let cols = Columns::for_target(&self.t);
-                let obj = crate::registry::convert_value(&self.t.rt, &value, &api_version);
+                let obj = match crate::registry::convert_value(&self.t.rt, &value, &api_version) {
+                    Ok(o) => o,
+                    Err(e) => return Some(error_frame(&self.out, &e)),
+                };
                 let headers = (!self.headers_sent).then_some(&cols);
                 self.headers_sent = true;
                 let mut doc = table(
@@ -295,7 +300,10 @@ impl Stream {
                 Some(frame(kind, &serde_json::to_vec(&m).ok()?))
             }
             Output::Cbor => {
-                let obj = crate::registry::convert_value(&self.t.rt, &value, &api_version);
+                let obj = match crate::registry::convert_value(&self.t.rt, &value, &api_version) {
+                    Ok(o) => o,
+                    Err(e) => return Some(error_frame(&self.out, &e)),
+                };
                 Some(Bytes::from(cbor::cbor_seq_frame(
                     &json!({"type": kind, "object": obj}),
                 )))

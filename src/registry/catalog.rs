@@ -90,6 +90,8 @@ pub struct ResourceType {
     pub terminating: bool,
     /// The definition's spec, as read (to tell a changed definition apart).
     pub definition: Value,
+    /// `spec.conversion.strategy: Webhook`: versions convert through it.
+    pub conversion: Option<Arc<super::conversion::Webhook>>,
 }
 
 impl ResourceType {
@@ -400,14 +402,18 @@ fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<Res
             storage.len()
         ));
     }
-    if let Some(conv) = &spec.conversion {
-        if conv.strategy != "None" {
+    let conversion = match &spec.conversion {
+        Some(conv) if conv.strategy == "Webhook" => Some(Arc::new(
+            super::conversion::Webhook::from_spec(conv)?,
+        )),
+        Some(conv) if conv.strategy != "None" => {
             return Err(format!(
-                "spec.conversion.strategy {:?} is not supported (only None)",
+                "spec.conversion.strategy: Unsupported value: {:?}: supported values: \"None\", \"Webhook\"",
                 conv.strategy
             ));
         }
-    }
+        _ => None,
+    };
     let mut versions = spec
         .versions
         .iter()
@@ -448,6 +454,7 @@ fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<Res
         source: source.to_string(),
         terminating: false,
         definition: serde_json::to_value(&crd.spec).unwrap_or_default(),
+        conversion,
     })
 }
 

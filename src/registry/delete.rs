@@ -114,7 +114,7 @@ impl Registry {
         }
         if fins.is_empty() {
             if opts.dry_run {
-                let item = self.dry_run_item(t, current.clone());
+                let item = self.dry_run_item(t, current.clone())?;
                 return Ok((Plan::Done(item), DeleteOutcome::Deleted));
             }
             return Ok((Plan::Delete, DeleteOutcome::Deleted));
@@ -141,7 +141,7 @@ impl Registry {
                 value: Arc::new(current.clone()),
             })
         } else if opts.dry_run {
-            Plan::Done(self.dry_run_item(t, new))
+            Plan::Done(self.dry_run_item(t, new)?)
         } else {
             Plan::Update(new)
         };
@@ -164,7 +164,7 @@ impl Registry {
                 target.namespace = meta_str(&item.value, "namespace").to_string();
             }
             match self.delete(&target, &name, opts).await {
-                Ok(_) => out.push(self.item(t, &item.value, &item.json)),
+                Ok(_) => out.push(self.item(t, &item.value, &item.json)?),
                 // Already gone: someone else deleted it meanwhile.
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(e),

@@ -89,7 +89,7 @@ impl Registry {
                 (Plan::Update(obj), Some(expected)) => Write::Update {
                     key,
                     expected,
-                    object: self.to_storage(t, &obj),
+                    object: self.to_storage(t, &obj)?,
                 },
                 (Plan::Delete, Some(expected)) => Write::Delete {
                     key,
@@ -99,10 +99,10 @@ impl Registry {
                     let update = Write::Update {
                         key: key.clone(),
                         expected,
-                        object: self.to_storage(t, &obj),
+                        object: self.to_storage(t, &obj)?,
                     };
                     let updated = match self.store.write(update).await {
-                        Ok(w) => self.item(t, &w.object, &w.json),
+                        Ok(w) => self.item(t, &w.object, &w.json)?,
                         Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
                         Err(e) => return Err(self.write_error(t, name, e)),
                     };
@@ -126,7 +126,7 @@ impl Registry {
                 }
             };
             match self.store.write(write).await {
-                Ok(w) => return Ok((self.item(t, &w.object, &w.json), note)),
+                Ok(w) => return Ok((self.item(t, &w.object, &w.json)?, note)),
                 Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
                 Err(e) => return Err(self.write_error(t, name, e)),
             }
@@ -144,8 +144,10 @@ impl Registry {
         let defaulted = super::read_defaults(&t.rt, &value);
         Ok(Some(Current {
             rev,
-            value: convert_value(&t.rt, defaulted.as_ref().unwrap_or(&value), &api_version),
-            stored: defaulted.map(|_| convert_value(&t.rt, &value, &api_version)),
+            value: convert_value(&t.rt, defaulted.as_ref().unwrap_or(&value), &api_version)?,
+            stored: defaulted
+                .map(|_| convert_value(&t.rt, &value, &api_version))
+                .transpose()?,
         }))
     }
 

@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod catalog;
 mod continuation;
+pub mod conversion;
 pub mod crds;
 pub mod definitions;
 mod delete;
@@ -242,32 +243,47 @@ pub fn read_defaulter(live: Arc<definitions::LiveCatalog>) -> crate::watch::OnLo
 }
 
 /// Renders an object in the version a client asked for. Conversion strategy
-/// None changes only `apiVersion`; as kube's schema-coercing converter does,
-/// an object moved to a version whose schema differs is pruned by it.
-pub fn convert_json(rt: &ResourceType, json: &Bytes, value: &Value, api_version: &str) -> Bytes {
+/// None changes only `apiVersion`; strategy Webhook asks the definition's
+/// webhook. As kube's schema-coercing converter does, an object moved to a
+/// version whose schema differs is then pruned by it.
+pub fn convert_json(
+    rt: &ResourceType,
+    json: &Bytes,
+    value: &Value,
+    api_version: &str,
+) -> Result<Bytes, ApiError> {
     if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
-        return json.clone();
+        return Ok(json.clone());
     }
-    Bytes::from(serde_json::to_vec(&convert_value(rt, value, api_version)).unwrap_or_default())
+    let v = convert_value(rt, value, api_version)?;
+    serde_json::to_vec(&v).map(Bytes::from).map_err(ApiError::internal)
 }
 
 /// [`convert_json`] for a value.
-pub fn convert_value(rt: &ResourceType, value: &Value, api_version: &str) -> Value {
-    let mut v = value.clone();
+pub fn convert_value(rt: &ResourceType, value: &Value, api_version: &str) -> Result<Value, ApiError> {
     let from = value
         .get("apiVersion")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let prune = (from != api_version)
-        .then(|| rt.pruning_between(from, api_version))
-        .flatten();
-    if let Some(o) = v.as_object_mut() {
-        o.insert("apiVersion".into(), Value::String(api_version.to_string()));
+    if from == api_version {
+        return Ok(value.clone());
     }
-    if let Some(schema) = prune {
+    let mut v = match &rt.conversion {
+        Some(webhook) => webhook
+            .convert_blocking(value, api_version)
+            .map_err(ApiError::internal)?,
+        None => {
+            let mut v = value.clone();
+            if let Some(o) = v.as_object_mut() {
+                o.insert("apiVersion".into(), Value::String(api_version.to_string()));
+            }
+            v
+        }
+    };
+    if let Some(schema) = rt.pruning_between(from, api_version) {
         schema.prune(&mut v);
     }
-    v
+    Ok(v)
 }
 
 /// Maps storage failures that are not the caller's fault.

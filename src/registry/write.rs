@@ -320,7 +320,7 @@ impl Registry {
         })
     }
 
-    pub(super) fn to_storage(&self, t: &Target, obj: &Value) -> Value {
+    pub(super) fn to_storage(&self, t: &Target, obj: &Value) -> Result<Value, ApiError> {
         convert_value(
             &t.rt,
             obj,
@@ -330,7 +330,12 @@ impl Registry {
 
     /// A written object as the answer shows it: decoded back from storage
     /// (with the defaults kube adds on read), in the request's version.
-    pub(super) fn item(&self, t: &Target, object: &Arc<Value>, json: &Bytes) -> Item {
+    pub(super) fn item(
+        &self,
+        t: &Target,
+        object: &Arc<Value>,
+        json: &Bytes,
+    ) -> Result<Item, ApiError> {
         let (object, json) = match super::read_defaults(&t.rt, object) {
             Some(v) => {
                 let json = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
@@ -340,32 +345,33 @@ impl Registry {
         };
         let api_version = t.api_version();
         if object.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
-            Item {
+            Ok(Item {
                 json,
                 value: object,
-            }
+            })
         } else {
-            Item {
-                json: convert_json(&t.rt, &json, &object, &api_version),
-                value: Arc::new(convert_value(&t.rt, &object, &api_version)),
-            }
+            let value = convert_value(&t.rt, &object, &api_version)?;
+            Ok(Item {
+                json: convert_json(&t.rt, &json, &object, &api_version)?,
+                value: Arc::new(value),
+            })
         }
     }
 
     /// A dry run's answer, as if written: kube encodes it for storage and
     /// decodes it back, so the storage version's defaults show.
-    pub(super) fn dry_run_item(&self, t: &Target, obj: Value) -> Item {
-        let stored = self.to_storage(t, &obj);
+    pub(super) fn dry_run_item(&self, t: &Target, obj: Value) -> Result<Item, ApiError> {
+        let stored = self.to_storage(t, &obj)?;
         let defaulted = super::read_defaults(&t.rt, &stored);
         let v = convert_value(
             &t.rt,
             defaulted.as_ref().unwrap_or(&stored),
             &t.api_version(),
-        );
-        Item {
+        )?;
+        Ok(Item {
             json: Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
             value: Arc::new(v),
-        }
+        })
     }
 
     pub async fn create(
@@ -496,14 +502,14 @@ impl Registry {
                     }
                     return Err(ApiError::already_exists(&t.rt.group, &t.rt.plural, &name));
                 }
-                return Ok(self.dry_run_item(t, obj));
+                return self.dry_run_item(t, obj);
             }
             let write = Write::Create {
                 key: t.key(&name),
-                object: self.to_storage(t, &obj),
+                object: self.to_storage(t, &obj)?,
             };
             match self.store.write(write).await {
-                Ok(w) => return Ok(self.item(t, &w.object, &w.json)),
+                Ok(w) => return self.item(t, &w.object, &w.json),
                 Err(StorageError::AlreadyExists) => {
                     if explicit_name.is_empty() {
                         continue;
@@ -755,7 +761,7 @@ impl Registry {
             }));
         }
         if dry_run {
-            return Ok(Plan::Done(self.dry_run_item(t, new)));
+            return Ok(Plan::Done(self.dry_run_item(t, new)?));
         }
         if is_deleting(&new) && finalizers(&new).is_empty() {
             // The last finalizer is gone: the object goes away.
