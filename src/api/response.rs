@@ -244,7 +244,11 @@ pub fn list(
     let items = if matches!(out, Output::ProtoMeta(_) | Output::PartialMeta(_)) {
         items
     } else {
-        match items.iter().map(|i| in_version(t, i)).collect::<Result<Vec<_>, _>>() {
+        match items
+            .iter()
+            .map(|i| in_version(t, i))
+            .collect::<Result<Vec<_>, _>>()
+        {
             Ok(items) => items,
             Err(e) => return error_response(&e),
         }
@@ -294,10 +298,7 @@ pub fn list(
         }
         Output::Table(v) => {
             let cols = Columns::for_target(t);
-            let rows: Vec<Value> = items
-                .iter()
-                .map(|i| cols.row(&i.value, include))
-                .collect();
+            let rows: Vec<Value> = items.iter().map(|i| cols.row(&i.value, include)).collect();
             let mut doc = table(Some(&cols), rows, meta.to_json());
             doc["apiVersion"] = json!(v);
             json_response(StatusCode::OK, &doc)

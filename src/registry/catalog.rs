@@ -403,9 +403,9 @@ fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<Res
         ));
     }
     let conversion = match &spec.conversion {
-        Some(conv) if conv.strategy == "Webhook" => Some(Arc::new(
-            super::conversion::Webhook::from_spec(conv)?,
-        )),
+        Some(conv) if conv.strategy == "Webhook" => {
+            Some(Arc::new(super::conversion::Webhook::from_spec(conv)?))
+        }
         Some(conv) if conv.strategy != "None" => {
             return Err(format!(
                 "spec.conversion.strategy: Unsupported value: {:?}: supported values: \"None\", \"Webhook\"",

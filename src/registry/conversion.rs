@@ -46,10 +46,9 @@ impl std::fmt::Debug for Webhook {
 impl Webhook {
     /// The webhook of a definition's `spec.conversion`, or why it cannot be used.
     pub fn from_spec(conv: &CustomResourceConversion) -> Result<Self, String> {
-        let hook = conv
-            .webhook
-            .as_ref()
-            .ok_or("spec.conversion.webhook: Required value: required when strategy is set to Webhook")?;
+        let hook = conv.webhook.as_ref().ok_or(
+            "spec.conversion.webhook: Required value: required when strategy is set to Webhook",
+        )?;
         let versions = &hook.conversion_review_versions;
         let review_version = if versions.iter().any(|v| v == "v1") {
             "v1"
@@ -195,7 +194,9 @@ impl Webhook {
         }
         let mut out = converted.into_iter().next().unwrap_or_default();
         let invalid = |e: String| {
-            format!("conversion webhook for {gvk} returned invalid converted object at index 0: {e}")
+            format!(
+                "conversion webhook for {gvk} returned invalid converted object at index 0: {e}"
+            )
         };
         let (got_av, got_kind) = (str_at(&out, "/apiVersion"), str_at(&out, "/kind"));
         if got_av != desired {
@@ -210,7 +211,9 @@ impl Webhook {
             )));
         }
         restore_metadata(obj, &mut out).map_err(|e| {
-            format!("conversion webhook for {gvk} returned invalid metadata in object at index 0: {e}")
+            format!(
+                "conversion webhook for {gvk} returned invalid metadata in object at index 0: {e}"
+            )
         })?;
         Ok(out)
     }

@@ -256,11 +256,17 @@ pub fn convert_json(
         return Ok(json.clone());
     }
     let v = convert_value(rt, value, api_version)?;
-    serde_json::to_vec(&v).map(Bytes::from).map_err(ApiError::internal)
+    serde_json::to_vec(&v)
+        .map(Bytes::from)
+        .map_err(ApiError::internal)
 }
 
 /// [`convert_json`] for a value.
-pub fn convert_value(rt: &ResourceType, value: &Value, api_version: &str) -> Result<Value, ApiError> {
+pub fn convert_value(
+    rt: &ResourceType,
+    value: &Value,
+    api_version: &str,
+) -> Result<Value, ApiError> {
     let from = value
         .get("apiVersion")
         .and_then(Value::as_str)

@@ -1,0 +1,263 @@
+//! Conversion webhooks (issue 17): a real HTTPS webhook started by the test
+//! converts gadgets between v1 (stored, `spec.color`) and v2 (`spec.colour`)
+//! for get, list, watch, create, update and apply through v2, and its failure
+//! gets kube's error while the storage version still reads.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::host::Ca;
+use serde_json::{json, Value};
+
+const V1: &str = "/apis/gadgets.kshard.dev/v1/namespaces/default/gadgets";
+const V2: &str = "/apis/gadgets.kshard.dev/v2/namespaces/default/gadgets";
+
+#[derive(Default)]
+struct Hook {
+    calls: AtomicUsize,
+    fail: AtomicBool,
+}
+
+/// The webhook's conversion: rename the colour field between versions.
+fn convert(obj: &Value, desired: &str) -> Value {
+    let mut out = obj.clone();
+    out["apiVersion"] = json!(desired);
+    let spec = out["spec"].as_object_mut().cloned().unwrap_or_default();
+    let mut spec = spec;
+    if desired.ends_with("/v2") {
+        if let Some(c) = spec.remove("color") {
+            spec.insert("colour".into(), c);
+        }
+    } else if let Some(c) = spec.remove("colour") {
+        spec.insert("color".into(), c);
+    }
+    out["spec"] = Value::Object(spec);
+    out
+}
+
+async fn review(
+    axum::extract::State(hook): axum::extract::State<Arc<Hook>>,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    let review: Value = serde_json::from_slice(&body).unwrap_or_default();
+    hook.calls.fetch_add(1, Ordering::SeqCst);
+    let req = &review["request"];
+    let desired = req["desiredAPIVersion"].as_str().unwrap_or_default();
+    let response = if hook.fail.load(Ordering::SeqCst) {
+        json!({"uid": req["uid"], "result": {"status": "Failure", "message": "colour wheel broken"}})
+    } else {
+        let objects: Vec<Value> = req["objects"]
+            .as_array()
+            .map(|os| os.iter().map(|o| convert(o, desired)).collect())
+            .unwrap_or_default();
+        json!({"uid": req["uid"], "convertedObjects": objects, "result": {"status": "Success"}})
+    };
+    let answer = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "response": response});
+    let mut r = axum::response::Response::new(axum::body::Body::from(answer.to_string()));
+    r.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Starts the webhook over HTTPS; returns its port and the CA's PEM.
+async fn start_webhook(hook: Arc<Hook>) -> (u16, String) {
+    let ca = Ca::new("webhook-ca");
+    let (cert, key) = ca.server(&["127.0.0.1"]);
+    use rustls::pki_types::pem::PemObject;
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("certs");
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+    let mut tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("tls");
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let app = axum::Router::new()
+        .route("/convert", axum::routing::post(review))
+        .with_state(hook);
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            });
+        }
+    });
+    (port, ca.pem)
+}
+
+fn crd(port: u16, ca_pem: &str) -> String {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let version = |name: &str, storage: bool, field: &str| {
+        format!(
+            r#"
+  - name: {name}
+    served: true
+    storage: {storage}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              size: {{type: integer}}
+              {field}: {{type: string}}"#
+        )
+    };
+    format!(
+        r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: gadgets.gadgets.kshard.dev}}
+spec:
+  group: gadgets.kshard.dev
+  scope: Namespaced
+  names: {{plural: gadgets, singular: gadget, kind: Gadget}}
+  conversion:
+    strategy: Webhook
+    webhook:
+      conversionReviewVersions: [v1]
+      clientConfig:
+        url: https://127.0.0.1:{port}/convert
+        caBundle: {ca}
+  versions:{}{}
+"#,
+        version("v1", true, "color"),
+        version("v2", false, "colour")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conversion_webhook_converts_every_path_and_its_failure_is_kubes() {
+    let hook = Arc::new(Hook::default());
+    let (port, ca) = start_webhook(hook.clone()).await;
+    let defs = tempfile::tempdir().expect("tempdir");
+    let file = defs.path().join("gadgets.yaml");
+    std::fs::write(&file, crd(port, &ca)).expect("write crd");
+    let s = common::start_with(|c| c.crds.push(file)).await;
+
+    // A watch through v2 from the start.
+    let mut watch = s
+        .client
+        .send(
+            http::Request::get(format!("{V2}?watch=1"))
+                .body(kube::client::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("watch");
+    assert_eq!(watch.status(), 200);
+
+    // Create through v2: stored as v1.
+    let g1 = json!({"apiVersion": "gadgets.kshard.dev/v2", "kind": "Gadget",
+                    "metadata": {"name": "g1"}, "spec": {"size": 1, "colour": "red"}});
+    let r = s.post_json(V2, &g1).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["apiVersion"], "gadgets.kshard.dev/v2");
+    assert_eq!(r.json()["spec"]["colour"], "red", "{}", r.text());
+    let stored = s.get(&format!("{V1}/g1")).await.json();
+    assert_eq!(stored["spec"]["color"], "red", "{stored}");
+    assert!(stored["spec"].get("colour").is_none(), "{stored}");
+    assert!(hook.calls.load(Ordering::SeqCst) >= 2);
+
+    // Get and list through v2.
+    let got = s.get(&format!("{V2}/g1")).await.json();
+    assert_eq!(got["spec"]["colour"], "red", "{got}");
+    let list = s.get(V2).await.json();
+    assert_eq!(list["items"][0]["spec"]["colour"], "red", "{list}");
+    assert_eq!(list["items"][0]["apiVersion"], "gadgets.kshard.dev/v2");
+
+    // Update through v2.
+    let mut live = got.clone();
+    live["spec"]["colour"] = json!("blue");
+    let r = s.put_json(&format!("{V2}/g1"), &live).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        s.get(&format!("{V1}/g1")).await.json()["spec"]["color"],
+        "blue"
+    );
+
+    // Server-side apply through v2.
+    let applied = s
+        .raw(
+            "PATCH",
+            &format!("{V2}/g1?fieldManager=tester&force=true"),
+            &[("content-type", "application/apply-patch+yaml")],
+            serde_json::to_vec(
+                &json!({"apiVersion": "gadgets.kshard.dev/v2", "kind": "Gadget",
+                "metadata": {"name": "g1"}, "spec": {"colour": "green"}}),
+            )
+            .expect("json"),
+        )
+        .await;
+    assert_eq!(applied.status, 200, "{}", applied.text());
+    assert_eq!(applied.json()["spec"]["colour"], "green");
+    assert_eq!(
+        s.get(&format!("{V1}/g1")).await.json()["spec"]["color"],
+        "green"
+    );
+
+    // The watch saw every change in v2's shape.
+    let mut seen = String::new();
+    let body = watch.body_mut();
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(frame)) = http_body_util::BodyExt::frame(body).await {
+            if let Ok(d) = frame.into_data() {
+                seen.push_str(&String::from_utf8_lossy(&d));
+            }
+            if seen.contains("\"colour\":\"green\"") {
+                return;
+            }
+        }
+    })
+    .await;
+    for colour in ["red", "blue", "green"] {
+        assert!(
+            seen.contains(&format!("\"colour\":\"{colour}\"")),
+            "{colour}: {seen}"
+        );
+    }
+    assert!(!seen.contains("\"color\""), "{seen}");
+
+    // A failing webhook: kube's error through v2, the storage version reads.
+    hook.fail.store(true, Ordering::SeqCst);
+    let mut g2 = g1.clone();
+    g2["metadata"]["name"] = json!("g2");
+    let r = s.post_json(V2, &g2).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(r.json()["reason"], "InternalError");
+    assert_eq!(
+        r.json()["message"],
+        "Internal error occurred: conversion webhook for gadgets.kshard.dev/v2, Kind=Gadget failed: colour wheel broken"
+    );
+    assert_eq!(
+        s.get(&format!("{V1}/g2")).await.status,
+        404,
+        "nothing stored"
+    );
+    let r = s.get(&format!("{V1}/g1")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
