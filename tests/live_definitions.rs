@@ -371,3 +371,88 @@ async fn definitions_applied_with_kubectl_are_served_and_deleted_with_their_obje
     let list = s.get(GADGETS).await.json();
     assert_eq!(list["items"], json!([]), "{list}");
 }
+
+#[cfg(feature = "tikv")]
+async fn status_of(
+    client: &kube::Client,
+    method: &str,
+    uri: &str,
+    body: Option<&serde_json::Value>,
+) -> u16 {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(
+            body.map(|b| serde_json::to_vec(b).expect("json"))
+                .unwrap_or_default(),
+        ))
+        .expect("request");
+    match client.send(req).await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+/// Two replicas of one shard (on the TiKV double): a definition applied
+/// through one is served by the other within moments, objects written
+/// through either are read through both, and its deletion reaches both.
+#[cfg(feature = "tikv")]
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_agree_on_definitions_applied_through_either() {
+    use common::replicas::{shared_store, spawn_replica, wait_ready};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_double, pd, prefix) = shared_store();
+    let a = spawn_replica(dir.path(), "a", &pd, &prefix);
+    let b = spawn_replica(dir.path(), "b", &pd, &prefix);
+    let (ca, cb) = (a.client().await, b.client().await);
+    wait_ready(&ca, Duration::from_secs(30)).await;
+    wait_ready(&cb, Duration::from_secs(30)).await;
+
+    let out = common::kubectl_with(
+        &a.kubeconfig(),
+        &["apply", "-f", "-"],
+        Some(&gadget_crd(10, false, false)),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::eventually("replica b serves gadgets", || async {
+        status_of(&cb, "GET", GADGETS, None).await == 200
+    })
+    .await;
+    let g1 = json!({"apiVersion": "gadgets.kshard.dev/v1", "kind": "Gadget",
+                    "metadata": {"name": "g1"}, "spec": {"size": 3}});
+    common::eventually("a create through replica b succeeds", || async {
+        matches!(status_of(&cb, "POST", GADGETS, Some(&g1)).await, 201 | 409)
+    })
+    .await;
+    common::eventually("replica a reads g1", || async {
+        status_of(&ca, "GET", &format!("{GADGETS}/g1"), None).await == 200
+    })
+    .await;
+
+    let out = common::kubectl_with(
+        &b.kubeconfig(),
+        &[
+            "delete",
+            "crd",
+            "gadgets.gadgets.kshard.dev",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for c in [&ca, &cb] {
+        common::eventually("both replicas stop serving gadgets", || async {
+            status_of(c, "GET", GADGETS, None).await == 404
+        })
+        .await;
+    }
+}
