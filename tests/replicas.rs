@@ -496,7 +496,7 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
     for a in &acked {
         assert!(present.contains(&a.name), "{} lost", a.name);
     }
-    let failures = failures.lock().expect("lock");
+    let failures = std::mem::take(&mut *failures.lock().expect("lock"));
     check_unavailable_not_applied(&failures, &l1.items);
 
     // Both survivors name the same new leader, in /readyz?verbose and in
@@ -770,7 +770,14 @@ async fn a_leader_stopped_with_sigterm_hands_over_without_waiting_for_its_lease(
     let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
     let failures: Arc<Mutex<Failures>> = Arc::default();
     let writing = Arc::new(AtomicBool::new(true));
-    let writers = start_writers(&[api.clone()], &alive, &acked, &failures, &writing, 4);
+    let writers = start_writers(
+        std::slice::from_ref(&api),
+        &alive,
+        &acked,
+        &failures,
+        &writing,
+        4,
+    );
     wait_acked(&acked, 40, Duration::from_secs(60)).await;
 
     let stopped = Instant::now();
@@ -824,4 +831,86 @@ async fn a_leader_stopped_with_sigterm_hands_over_without_waiting_for_its_lease(
     if std::env::var_os("KSHARD_KEEP_TEST_DIR").is_some() {
         eprintln!("logs kept in {}", dir.keep().display());
     }
+}
+
+/// A leader killed between a transaction's prewrite and its commit leaves
+/// TiKV locks on that write's keys (always the revision counter), which
+/// block every reader until their TTL (3 s) runs out. The replica taking
+/// over resolves them first, so writes resume after about one lease, not
+/// after the TTL; nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_killed_mid_commit_is_replaced_without_waiting_for_its_locks() {
+    let (double, pd, shard) = shared_store();
+    let Some(double) = double else {
+        return; // Needs the double's fault injection.
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut leader = spawn_replica(dir.path(), "k0", &pd, &shard);
+    let follower = spawn_replica(dir.path(), "k1", &pd, &shard);
+    let client = follower.client().await;
+    wait_ready(&client, Duration::from_secs(30)).await;
+    let api = widgets(client);
+    let alive: Arc<Vec<AtomicBool>> = Arc::new(vec![AtomicBool::new(true)]);
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let failures: Arc<Mutex<Failures>> = Arc::default();
+    let writing = Arc::new(AtomicBool::new(true));
+    let writers = start_writers(
+        std::slice::from_ref(&api),
+        &alive,
+        &acked,
+        &failures,
+        &writing,
+        4,
+    );
+    wait_acked(&acked, 20, Duration::from_secs(60)).await;
+
+    // Prewrites now take 300 ms at the store, and are applied even when
+    // their sender is gone by then: killed now, the leader (always
+    // prewriting a write or a renewal) leaves locks that nobody commits.
+    double.set_delay("KvPrewrite", Duration::from_millis(300));
+    let before = acked.lock().expect("lock").len();
+    wait_acked(&acked, before + 2, Duration::from_secs(30)).await;
+    let killed = Instant::now();
+    leader.kill();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while double.lock_count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the killed leader left no lock behind"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    double.clear_faults();
+    let before = acked.lock().expect("lock").len();
+    wait_acked(&acked, before + 40, Duration::from_secs(30)).await;
+    let resumed = Instant::now();
+    writing.store(false, Ordering::Release);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let gap = longest_gap(&acked.lock().expect("lock"), killed, resumed);
+    eprintln!("kill -9 of a leader mid-commit: longest time without an acknowledged write {gap:?}");
+    let log = std::fs::read_to_string(dir.path().join("k1.log")).unwrap_or_default();
+    let resolved = log
+        .lines()
+        .find(|l| l.contains("resolved transactions the previous leader left half committed"))
+        .unwrap_or_else(|| panic!("the new leader resolved no locks:\n{log}"));
+    eprintln!("{resolved}");
+    // Documented: about one lease, as without locks (waiting for them would
+    // add TiKV's 3 s TTL; tests/conformance/tikv_only.rs shows they are
+    // resolved at once). Generous here for a loaded CI machine.
+    assert!(
+        gap < Duration::from_secs(5),
+        "writes resumed only after {gap:?}"
+    );
+    let listed = api.list(&ListParams::default()).await.expect("list");
+    let present: HashSet<String> = listed
+        .items
+        .iter()
+        .filter_map(|o| o.metadata.name.clone())
+        .collect();
+    for a in acked.lock().expect("lock").iter() {
+        assert!(present.contains(&a.name), "{} lost", a.name);
+    }
+    check_unavailable_not_applied(&failures.lock().expect("lock"), &listed.items);
 }

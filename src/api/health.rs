@@ -248,4 +248,23 @@ mod tests {
             404
         );
     }
+
+    #[tokio::test]
+    async fn info_lines_follow_the_readyz_checks_only() {
+        let r = Readiness::default();
+        r.add("replica-caught-up", || true);
+        r.add_info(|| "replica r1: follower; leader r0 (epoch 3)".to_string());
+        let (code, body) = text(respond(&r, Health::Readyz, "/readyz", "verbose").await).await;
+        assert_eq!(code, 200);
+        assert_eq!(
+            body,
+            "[+]ping ok\n[+]replica-caught-up ok\ninfo: replica r1: follower; leader r0 (epoch 3)\nreadyz check passed\n"
+        );
+        assert_eq!(
+            text(respond(&r, Health::Readyz, "/readyz", "").await).await,
+            (200, "ok".into())
+        );
+        let (_, live) = text(respond(&r, Health::Livez, "/livez", "verbose").await).await;
+        assert!(!live.contains("info:"), "{live}");
+    }
 }

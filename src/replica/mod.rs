@@ -37,8 +37,8 @@ const SECRET_KEY: &[u8] = b"m/replica-secret";
 /// so the client gets its specific answer rather than the deadline layer's.
 const ANSWER_MARGIN: Duration = Duration::from_millis(100);
 /// How long a transaction a killed writer left half committed blocks its
-/// keys: tikv-client's lock TTL for small transactions (fixed, not
-/// configurable in tikv-client 0.4). Every write locks the revision counter.
+/// keys unless resolved: tikv-client's lock TTL for small transactions
+/// (fixed in tikv-client 0.4). Every write locks the revision counter.
 pub const STORE_LOCK_TTL: Duration = Duration::from_secs(3);
 /// Retrying the leader's stream (and backfilling) while it is unreachable.
 const FOLLOW_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
@@ -71,10 +71,10 @@ impl ReplicaConfig {
     }
 
     /// How long a forwarded write waits for a reachable leader: a takeover
-    /// takes a lease plus a few rounds, and, when the dead leader left a
-    /// transaction half committed, until the store resolves its locks (TiKV:
-    /// their TTL, [`STORE_LOCK_TTL`]). Past that something else is wrong
-    /// (the store) and the client is better told to retry.
+    /// takes a lease plus a few rounds, plus room for a store slow to
+    /// resolve what a dead leader left (at worst TiKV's lock TTL,
+    /// [`STORE_LOCK_TTL`]). Past that something else is wrong (the store)
+    /// and the client is better told to retry.
     pub fn leader_patience(&self) -> Duration {
         self.lease_duration * 3 + STORE_LOCK_TTL
     }
@@ -167,6 +167,9 @@ pub struct Replica {
     /// lease is given up.
     handing_over: AtomicBool,
     writes: InFlight,
+    /// The epoch of the last lapsed lease whose holder's locks this replica
+    /// resolved before taking over (once per lease).
+    abandoned: Arc<AtomicU64>,
     /// Cancelled on resignation: ends this replica's leader streams at once.
     resigned: CancellationToken,
     reported: Mutex<Reported>,
@@ -199,6 +202,8 @@ pub struct WriteInfo {
 enum Sent {
     /// The leader answered (anything but "not the leader").
     Answered(http::Response<hyper::body::Incoming>),
+    /// Could not be sent at all (this replica's fault): 503 at once.
+    Unsendable(String),
     /// Certainly not carried out: retry (elsewhere).
     NotLeader,
     Unreachable(String),
@@ -260,6 +265,7 @@ impl Replica {
             handing_over: AtomicBool::new(false),
             writes: InFlight::default(),
             resigned: CancellationToken::new(),
+            abandoned: Arc::new(AtomicU64::new(0)),
             reported: Mutex::new(Reported::default()),
         }))
     }
@@ -485,9 +491,24 @@ impl Replica {
         );
         let current = self.fence.epoch();
         let seen = observed.clone();
+        let abandoned = self.abandoned.clone();
         let started = Instant::now();
         let outcome = tokio::task::spawn_blocking(move || {
             let resigned = rounds.lock().unwrap_or_else(|e| e.into_inner());
+            // The holder stopped renewing a lease ago: it is dead, frozen or
+            // cut off, and a transaction it left half committed would block
+            // the takeover (which reads the revision counter) until its
+            // locks expire. Resolve them first, once per lease.
+            if let Some(o) = seen
+                .as_ref()
+                .filter(|o| !*resigned && !lease::released(&o.lease) && o.since.elapsed() >= ttl)
+            {
+                if abandoned.swap(o.lease.epoch, Ordering::AcqRel) != o.lease.epoch {
+                    if let Err(e) = engine.abandon_locks() {
+                        tracing::warn!(error = %e, "resolving the lapsed leader's locks failed");
+                    }
+                }
+            }
             let outcome = lease::elect(
                 &*engine,
                 &id,
@@ -787,6 +808,12 @@ impl Replica {
                             .record(started.elapsed().as_secs_f64());
                         return Routed::Remote(forward::relay(resp));
                     }
+                    Sent::Unsendable(e) => {
+                        record_forward_failure("unsendable");
+                        return Routed::Remote(forward::unavailable(&format!(
+                            "cannot forward the request: {e}"
+                        )));
+                    }
                     Sent::NotLeader => {
                         record_forward_failure("not_leader");
                         tracing::debug!(leader = %leader.address, "forward target no longer leads");
@@ -839,7 +866,7 @@ impl Replica {
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let out = match buffered.to_leader(&leader.address, &self.secret, identity, left) {
             Ok(r) => r,
-            Err(e) => return Sent::Unreachable(format!("cannot build the request: {e}")),
+            Err(e) => return Sent::Unsendable(e.to_string()),
         };
         let answer = self.client.request(out);
         tokio::pin!(answer);

@@ -124,6 +124,10 @@ pub enum StorageError {
     /// This replica does not hold the leader lease: nothing was written.
     #[error("not the leader: {0}")]
     NotLeader(String),
+    /// The transaction was rolled back by another writer before it
+    /// committed (verified): nothing was written.
+    #[error("transaction aborted, nothing written: {0}")]
+    Aborted(String),
     /// The engine cannot be reached (TiKV down at start); worth retrying.
     #[error("{0}")]
     Unavailable(String),
