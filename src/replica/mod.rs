@@ -315,7 +315,9 @@ impl Replica {
     /// stored revision, recently. So followers stay ready through a
     /// failover: they serve reads, and consistent reads check the store.
     pub fn caught_up(&self) -> bool {
-        if self.is_leader() {
+        // A leader (even one whose renewal is late: a slow store is the
+        // storage check's to report) holds every write it committed.
+        if self.view.borrow().leading {
             return true;
         }
         let at = self.synced_at.load(Ordering::Acquire);
