@@ -108,7 +108,8 @@ async fn failover_gap(
     clients: usize,
 ) -> (Duration, usize) {
     let (_double, pd, shard) = shared_store();
-    let tag = format!("{}{run}", how.name().replace([' ', '-'], ""));
+    // Object names: lowercase DNS labels.
+    let tag = format!("{}{run}", how.name().replace([' ', '-'], "")).to_lowercase();
     let mut three = Vec::new();
     for id in ["a", "b", "c"] {
         three.push(spawn_replica(dir, &format!("{tag}-{id}"), &pd, &shard));
@@ -146,7 +147,13 @@ async fn failover_gap(
             }
         }));
     }
+    let deadline = Instant::now() + Duration::from_secs(60);
     while acks.lock().expect("lock").len() < 100 {
+        assert!(
+            Instant::now() < deadline,
+            "{tag}: no writes before the disruption ({} failed)",
+            failed.load(Ordering::Relaxed)
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let failed_before = failed.load(Ordering::Relaxed);
