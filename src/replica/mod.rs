@@ -368,7 +368,8 @@ impl Replica {
     /// `grace`), then gives the lease up so a follower takes over at once.
     /// Election rounds go on reporting the leader until the server stops.
     pub async fn hand_over(&self, grace: Duration) {
-        let leading = self.is_leader();
+        // Holding an epoch (even with a renewal late): writes may be in flight.
+        let leading = self.fence.epoch() != 0;
         self.handing_over.store(true, Ordering::SeqCst);
         if leading {
             tracing::info!("handing the leader lease over");
