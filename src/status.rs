@@ -323,6 +323,27 @@ impl ApiError {
     pub fn timeout(message: impl Into<String>) -> Self {
         Self::new(504, "Timeout", message)
     }
+    /// 504 `Timeout` for a write whose outcome is unknown (sent to the
+    /// leader replica, which did not answer): kube's NewTimeoutError code
+    /// and reason ("the operation may still complete"), with NewServerTimeout's
+    /// message and details (the verb as `name`, the resource as `kind`).
+    pub fn write_outcome_unknown(verb: &str, group: &str, resource: &str) -> Self {
+        Self::new(
+            504,
+            "Timeout",
+            format!(
+                "The {verb} operation against {} could not be completed at this time, please try again.",
+                qualified(resource, group)
+            ),
+        )
+        .with_details(Details {
+            name: verb.to_string(),
+            group: group.to_string(),
+            kind: resource.to_string(),
+            retry_after_seconds: 1,
+            ..Default::default()
+        })
+    }
     /// 429 with `Retry-After: 1` (kube's NewTooManyRequests): try again later.
     pub fn too_many_requests(message: impl Into<String>) -> Self {
         Self::new(429, "TooManyRequests", message).with_details(Details {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::replicas::{shared_store, spawn_replica, spawn_replica_with_lease, wait_ready};
 use futures::{StreamExt, TryStreamExt};
+use http_body_util::BodyExt;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams, WatchEvent,
     WatchParams,
@@ -103,6 +104,40 @@ struct Acked {
     kind: &'static str,
     name: String,
     rv: u64,
+    at: Instant,
+}
+
+/// A write that was answered with an error status.
+#[derive(Debug, Clone)]
+struct Failed {
+    kind: &'static str,
+    name: String,
+    code: u16,
+}
+
+/// Whatever the writers did not get acknowledged, by answer.
+#[derive(Default)]
+struct Failures {
+    answered: Vec<Failed>,
+    /// No HTTP answer at all (the replica itself was killed or stopped).
+    no_answer: usize,
+}
+
+impl Failures {
+    fn record(&mut self, kind: &'static str, name: &str, e: &kube::Error) {
+        match e {
+            kube::Error::Api(s) => self.answered.push(Failed {
+                kind,
+                name: name.to_string(),
+                code: s.code,
+            }),
+            _ => self.no_answer += 1,
+        }
+    }
+
+    fn count(&self, code: u16) -> usize {
+        self.answered.iter().filter(|f| f.code == code).count()
+    }
 }
 
 /// `n` writers: create then update, each request to the next live replica.
@@ -110,13 +145,19 @@ fn start_writers(
     apis: &[Api<DynamicObject>],
     alive: &Arc<Vec<AtomicBool>>,
     acked: &Arc<Mutex<Vec<Acked>>>,
+    failures: &Arc<Mutex<Failures>>,
     writing: &Arc<AtomicBool>,
     n: usize,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut writers = Vec::new();
     for w in 0..n {
-        let (apis, alive, acked, writing) =
-            (apis.to_vec(), alive.clone(), acked.clone(), writing.clone());
+        let (apis, alive, acked, failures, writing) = (
+            apis.to_vec(),
+            alive.clone(),
+            acked.clone(),
+            failures.clone(),
+            writing.clone(),
+        );
         writers.push(tokio::spawn(async move {
             let count = apis.len();
             let mut turn = w;
@@ -132,26 +173,33 @@ fn start_writers(
                 let name = format!("w{w}-{i}");
                 let obj: DynamicObject =
                     serde_json::from_value(common::widget(&name, 1)).expect("obj");
-                let Ok(created) = next_api().create(&PostParams::default(), &obj).await else {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+                let created = match next_api().create(&PostParams::default(), &obj).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        failures.lock().expect("lock").record("create", &name, &e);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
                 };
                 acked.lock().expect("lock").push(Acked {
                     kind: "ADDED",
                     name: name.clone(),
                     rv: rv_of(&created),
+                    at: Instant::now(),
                 });
                 let mut changed = created.clone();
                 changed.data["spec"]["replicas"] = serde_json::json!(2);
-                if let Ok(updated) = next_api()
+                match next_api()
                     .replace(&name, &PostParams::default(), &changed)
                     .await
                 {
-                    acked.lock().expect("lock").push(Acked {
+                    Ok(updated) => acked.lock().expect("lock").push(Acked {
                         kind: "MODIFIED",
                         name,
                         rv: rv_of(&updated),
-                    });
+                        at: Instant::now(),
+                    }),
+                    Err(e) => failures.lock().expect("lock").record("update", &name, &e),
                 }
             }
         }));
@@ -186,6 +234,75 @@ async fn wait_watched(watched: &[Arc<Mutex<Watched>>], rev: u64) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// The longest time without an acknowledged write from `from` to `until`,
+/// starting at the last acknowledgement before `from`.
+fn longest_gap(acked: &[Acked], from: Instant, until: Instant) -> Duration {
+    let mut times: Vec<Instant> = acked.iter().map(|a| a.at).collect();
+    times.sort();
+    let mut last = times.iter().rev().find(|t| **t <= from).copied();
+    let mut longest = Duration::ZERO;
+    for t in times.iter().filter(|t| **t > from && **t <= until) {
+        longest = longest.max(t.duration_since(last.unwrap_or(from)));
+        last = Some(*t);
+    }
+    longest.max(until.saturating_duration_since(last.unwrap_or(from)))
+}
+
+/// Honest errors: a create answered 503 (certainly not carried out) did not
+/// store its object, and an update answered 503 did not change it. (A 504
+/// may have been carried out or not: nothing to check.)
+fn check_unavailable_not_applied(failures: &Failures, listed: &[DynamicObject]) {
+    let by_name: HashMap<&str, &DynamicObject> = listed
+        .iter()
+        .filter_map(|o| Some((o.metadata.name.as_deref()?, o)))
+        .collect();
+    for f in failures.answered.iter().filter(|f| f.code == 503) {
+        match f.kind {
+            "create" => assert!(
+                !by_name.contains_key(f.name.as_str()),
+                "create of {} answered 503, yet it was stored",
+                f.name
+            ),
+            _ => {
+                let replicas = by_name
+                    .get(f.name.as_str())
+                    .map(|o| o.data["spec"]["replicas"].clone());
+                assert_eq!(
+                    replicas,
+                    Some(serde_json::json!(1)),
+                    "update of {} answered 503, yet it was applied",
+                    f.name
+                );
+            }
+        }
+    }
+    for f in &failures.answered {
+        assert!(
+            matches!(f.code, 503 | 504),
+            "a write failed with neither 503 nor 504: {f:?}"
+        );
+    }
+}
+
+async fn get_text(client: &kube::Client, path: &str) -> Result<String, kube::Error> {
+    let req = http::Request::get(path).body(Vec::new()).expect("request");
+    client.request_text(req).await
+}
+
+/// Who leads according to `/readyz?verbose` on the replica of `client`.
+async fn leader_per(client: &kube::Client, me: &str) -> Option<String> {
+    let text = get_text(client, "/readyz?verbose").await.ok()?;
+    let line = text.lines().find(|l| l.starts_with("info: replica "))?;
+    if line.contains(": leader (epoch") {
+        return Some(me.to_string());
+    }
+    line.split("; leader ")
+        .nth(1)?
+        .split(' ')
+        .next()
+        .map(str::to_string)
 }
 
 /// No revision used twice; every acknowledged write in `reference` exactly
@@ -240,11 +357,14 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
     replicas.push(spawn_replica(dir.path(), "r1", &pd, &shard));
     replicas.push(spawn_replica(dir.path(), "r2", &pd, &shard));
     let mut apis = Vec::new();
+    let mut clients = Vec::new();
     for r in &replicas {
         let client = r.client().await;
         wait_ready(&client, Duration::from_secs(30)).await;
-        apis.push(widgets(client));
+        apis.push(widgets(client.clone()));
+        clients.push(client);
     }
+    assert_eq!(leader_per(&clients[1], "r1").await.as_deref(), Some("r0"));
 
     // A watch on every replica, each from the revision its own list reports.
     let stop = Arc::new(AtomicBool::new(false));
@@ -260,20 +380,61 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
     // Writers: create then update, each request to the next replica in turn.
     let alive: Arc<Vec<AtomicBool>> = Arc::new((0..3).map(|_| AtomicBool::new(true)).collect());
     let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let failures: Arc<Mutex<Failures>> = Arc::default();
     let writing = Arc::new(AtomicBool::new(true));
-    let writers = start_writers(&apis, &alive, &acked, &writing, 6);
+    let writers = start_writers(&apis, &alive, &acked, &failures, &writing, 6);
 
     wait_acked(&acked, 150, Duration::from_secs(60)).await;
 
+    // The survivors' readiness, polled through the failover: they serve
+    // reads all along, so they stay ready while a new leader is elected.
+    let polling = Arc::new(AtomicBool::new(true));
+    let not_ready = Arc::new(Mutex::new(Vec::new()));
+    let mut pollers = Vec::new();
+    for (i, client) in clients.iter().enumerate().skip(1) {
+        let (client, polling, not_ready) = (client.clone(), polling.clone(), not_ready.clone());
+        pollers.push(tokio::spawn(async move {
+            let mut polls = 0;
+            while polling.load(Ordering::Acquire) {
+                if let Err(e) = get_text(&client, "/readyz").await {
+                    not_ready.lock().expect("lock").push(format!("r{i}: {e}"));
+                }
+                polls += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            polls
+        }));
+    }
+
     // kill -9 the leader while writes are in flight.
     alive[0].store(false, Ordering::Release);
+    let killed = Instant::now();
     replicas[0].kill();
     let before_kill = acked.lock().expect("lock").len();
     wait_acked(&acked, before_kill + 150, Duration::from_secs(60)).await;
+    let resumed = Instant::now();
     writing.store(false, Ordering::Release);
     for w in writers {
         w.await.expect("writer");
     }
+    polling.store(false, Ordering::Release);
+    let mut polls = 0;
+    for p in pollers {
+        polls += p.await.expect("poller");
+    }
+    let gap = longest_gap(&acked.lock().expect("lock"), killed, resumed);
+    eprintln!("kill -9 of the leader: longest time without an acknowledged write {gap:?}");
+    // Documented: about 1-1.5 s (one lease); generous here for a loaded CI machine.
+    assert!(
+        gap < Duration::from_secs(5),
+        "writes resumed only after {gap:?}"
+    );
+    let not_ready = not_ready.lock().expect("lock").clone();
+    assert!(
+        not_ready.is_empty(),
+        "a survivor was not ready during the failover ({} of {polls} probes): {not_ready:?}",
+        not_ready.len()
+    );
 
     // A last write through one survivor, then a consistent list on the other
     // must show it (a follower's consistent read waits for the leader's watermark).
@@ -335,6 +496,47 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
     for a in &acked {
         assert!(present.contains(&a.name), "{} lost", a.name);
     }
+    let failures = std::mem::take(&mut *failures.lock().expect("lock"));
+    check_unavailable_not_applied(&failures, &l1.items);
+
+    // Both survivors name the same new leader, in /readyz?verbose and in
+    // their metrics, and each logged the change once.
+    let leader = leader_per(&clients[1], "r1")
+        .await
+        .expect("r1 names a leader");
+    assert_eq!(
+        leader_per(&clients[2], "r2").await.as_deref(),
+        Some(leader.as_str())
+    );
+    assert_ne!(leader, "r0");
+    for (i, client) in clients.iter().enumerate().skip(1) {
+        let metrics = get_text(client, "/metrics").await.expect("metrics");
+        let holder = format!("kshard_replica_leader{{holder=\"{leader}\"}} 1");
+        assert!(
+            metrics.contains(&holder),
+            "r{i} metrics lack {holder}:\n{metrics}"
+        );
+        assert!(metrics.contains("kshard_replica_leader{holder=\"r0\"} 0"));
+        assert!(metrics.contains("kshard_replica_leader_changes_total"));
+        assert!(metrics.contains("kshard_replica_epoch"));
+        let is_leader = if format!("r{i}") == leader { 1 } else { 0 };
+        assert!(
+            metrics.contains(&format!("kshard_replica_is_leader {is_leader}")),
+            "r{i}: {metrics}"
+        );
+        let log = std::fs::read_to_string(dir.path().join(format!("r{i}.log"))).unwrap_or_default();
+        let changes = log
+            .lines()
+            // (Field names and values may be apart: the log has colours.)
+            .filter(|l| l.contains("leader changed") && l.contains(leader.as_str()))
+            .count();
+        assert_eq!(changes, 1, "r{i} logged the new leader {changes} times");
+    }
+    let follower = if leader == "r1" { 2 } else { 1 };
+    let metrics = get_text(&clients[follower], "/metrics")
+        .await
+        .expect("metrics");
+    assert!(metrics.contains("kshard_replica_forward_duration_seconds"));
 
     // Another replica took over the lease.
     let logs: String = ["r1", "r2"]
@@ -347,11 +549,15 @@ async fn three_replicas_identical_watches_and_leader_kill_9() {
     }
     eprintln!(
         "{} writes acknowledged ({} before kill -9 of the leader), {} events in each \
-         survivor's watch, {} in the killed leader's",
+         survivor's watch, {} in the killed leader's; {} answered 503, {} answered 504, \
+         {} without an answer (sent to the killed leader)",
         acked.len(),
         before_kill,
         reference.len(),
-        sequences[0].len()
+        sequences[0].len(),
+        failures.count(503),
+        failures.count(504),
+        failures.no_answer,
     );
 }
 
@@ -392,13 +598,33 @@ async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
     }
     let alive: Arc<Vec<AtomicBool>> = Arc::new((0..2).map(|_| AtomicBool::new(true)).collect());
     let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let failures: Arc<Mutex<Failures>> = Arc::default();
     let writing = Arc::new(AtomicBool::new(true));
-    let writers = start_writers(&apis, &alive, &acked, &writing, 6);
+    let writers = start_writers(&apis, &alive, &acked, &failures, &writing, 6);
     wait_acked(&acked, 60, Duration::from_secs(60)).await;
 
-    // Freeze the leader mid-load for twice its lease; the follower takes over.
+    // Freeze the leader mid-load; the follower takes over.
     signal(&replicas[0].child, "-STOP");
+    let stopped = Instant::now();
     let paused = acked.lock().expect("lock").len();
+    // A write through the follower meanwhile is answered by its deadline
+    // (forwarded to the frozen leader: 504 once the lease moved on; or
+    // carried out by the follower once it leads).
+    let (code, body) = post_widget(&apis[1].clone().into_client(), "frozen", "3s").await;
+    let took = stopped.elapsed();
+    eprintln!("a write through the follower while the leader was frozen: {code} after {took:?}");
+    assert!(
+        took < Duration::from_millis(4500),
+        "answered only after {took:?}"
+    );
+    assert!(matches!(code, 201 | 503 | 504), "{code}: {body}");
+    if code == 503 {
+        failures.lock().expect("lock").answered.push(Failed {
+            kind: "create",
+            name: "frozen".into(),
+            code,
+        });
+    }
     // Paused until another replica has taken the lease over.
     let took_over = |id: &str| {
         std::fs::read_to_string(dir.path().join(format!("{id}.log")))
@@ -411,10 +637,13 @@ async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
     .await;
     signal(&replicas[0].child, "-CONT");
     wait_acked(&acked, paused + 100, Duration::from_secs(60)).await;
+    let resumed = Instant::now();
     writing.store(false, Ordering::Release);
     for w in writers {
         w.await.expect("writer");
     }
+    let gap = longest_gap(&acked.lock().expect("lock"), stopped, resumed);
+    eprintln!("SIGSTOP of the leader: longest time without an acknowledged write {gap:?}");
 
     // Written through the old leader (now forwarding), seen by both watches.
     let last: DynamicObject = serde_json::from_value(common::widget("sentinel", 1)).expect("obj");
@@ -440,6 +669,8 @@ async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
         );
     }
     check_acked(&acked, &sequences, &sequences[1]);
+    let listed = apis[1].list(&ListParams::default()).await.expect("list");
+    check_unavailable_not_applied(&failures.lock().expect("lock"), &listed.items);
     let log = |id: &str| {
         std::fs::read_to_string(dir.path().join(format!("{id}.log"))).unwrap_or_default()
     };
@@ -456,10 +687,74 @@ async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
     );
 }
 
-/// A leader stopped with SIGTERM gives its lease up on the way out, and a
-/// follower whose stream from it ended runs an election round at once: it
-/// takes over long before the lease (60 s here, renewed every 12 s) would
-/// have expired.
+/// POSTs a widget named `name` with `?timeout=` through `client`; the status
+/// and the body.
+async fn post_widget(client: &kube::Client, name: &str, timeout: &str) -> (u16, String) {
+    let body = serde_json::to_vec(&common::widget(name, 1)).expect("json");
+    let req = http::Request::post(format!("{}?timeout={timeout}", common::WIDGETS))
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(body))
+        .expect("request");
+    match client.send(req).await {
+        Ok(resp) => {
+            let code = resp.status().as_u16();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                .unwrap_or_default();
+            (code, body)
+        }
+        Err(e) => (0, e.to_string()),
+    }
+}
+
+/// A leader frozen (SIGSTOP) with a lease longer than a write's deadline:
+/// the write, forwarded to it by a follower, is answered at its deadline
+/// with kube's 504 (it was sent, so it may yet be carried out), not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_leader_does_not_hold_a_forwarded_write_past_its_deadline() {
+    let (_double, pd, shard) = shared_store();
+    let dir = tempfile::tempdir().expect("tmp");
+    let leader = spawn_replica_with_lease(dir.path(), "f0", &pd, &shard, "10s");
+    let follower = spawn_replica_with_lease(dir.path(), "f1", &pd, &shard, "10s");
+    let client = follower.client().await;
+    wait_ready(&client, Duration::from_secs(30)).await;
+    let (code, body) = post_widget(&client, "before", "10s").await;
+    assert_eq!(code, 201, "{body}");
+
+    signal(&leader.child, "-STOP");
+    let sent = Instant::now();
+    let (code, body) = post_widget(&client, "frozen", "3s").await;
+    let took = sent.elapsed();
+    signal(&leader.child, "-CONT");
+    eprintln!("forwarded write to a frozen leader, ?timeout=3s: {code} after {took:?}: {body}");
+    assert!(
+        took < Duration::from_millis(4000),
+        "answered after {took:?}, past the deadline"
+    );
+    assert_eq!(code, 504, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("a Status");
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "Timeout");
+    assert_eq!(status["code"], 504);
+
+    // Thawed, it leads on: writes through the follower work again.
+    let mut n = 0;
+    common::eventually("writes through the follower work again", || {
+        n += 1;
+        let name = format!("after{n}");
+        let client = client.clone();
+        async move { post_widget(&client, &name, "5s").await.0 == 201 }
+    })
+    .await;
+}
+
+/// A leader stopped with SIGTERM under load hands over: its writes in flight
+/// finish, it gives its lease up, and a follower whose stream from it ended
+/// takes over at once, long before the lease (60 s here) would have
+/// expired. Writes sent to the follower meanwhile all succeed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leader_stopped_with_sigterm_hands_over_without_waiting_for_its_lease() {
     let (_double, pd, shard) = shared_store();
@@ -469,37 +764,155 @@ async fn a_leader_stopped_with_sigterm_hands_over_without_waiting_for_its_lease(
     let client = follower.client().await;
     wait_ready(&client, Duration::from_secs(30)).await;
     let api = widgets(client);
-    let obj: DynamicObject = serde_json::from_value(common::widget("before", 1)).expect("obj");
-    api.create(&PostParams::default(), &obj)
-        .await
-        .expect("a write through the follower reaches the leader");
+
+    // Writers on the follower only (the leader stops taking connections).
+    let alive: Arc<Vec<AtomicBool>> = Arc::new(vec![AtomicBool::new(true)]);
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let failures: Arc<Mutex<Failures>> = Arc::default();
+    let writing = Arc::new(AtomicBool::new(true));
+    let writers = start_writers(
+        std::slice::from_ref(&api),
+        &alive,
+        &acked,
+        &failures,
+        &writing,
+        4,
+    );
+    wait_acked(&acked, 40, Duration::from_secs(60)).await;
 
     let stopped = Instant::now();
     signal(&leader.child, "-TERM");
     let status = leader.child.wait().expect("wait");
     assert!(status.success(), "the leader exits cleanly: {status}");
-    // Writes through the survivor succeed again once it leads.
-    let mut n = 0;
-    let took_over = loop {
-        n += 1;
-        let obj: DynamicObject =
-            serde_json::from_value(common::widget(&format!("after{n}"), 1)).expect("obj");
-        if api.create(&PostParams::default(), &obj).await.is_ok() {
-            break stopped.elapsed();
-        }
-        if stopped.elapsed() > Duration::from_secs(30) {
-            let log = |id: &str| {
-                std::fs::read_to_string(dir.path().join(format!("{id}.log"))).unwrap_or_default()
-            };
-            panic!(
-                "no leader 30 s after SIGTERM\n--- r0\n{}\n--- r1\n{}",
-                log("r0"),
-                log("r1")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let exited = stopped.elapsed();
+    let before = acked.lock().expect("lock").len();
+    let log = |id: &str| {
+        std::fs::read_to_string(dir.path().join(format!("{id}.log"))).unwrap_or_default()
     };
-    let log = std::fs::read_to_string(dir.path().join("r1.log")).unwrap_or_default();
-    assert!(log.contains("took over the leader lease"), "{log}");
-    eprintln!("SIGTERM of the leader: the follower took writes again after {took_over:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while acked.lock().expect("lock").len() < before + 40 {
+        assert!(
+            Instant::now() < deadline,
+            "no leader 30 s after SIGTERM\n--- r0\n{}\n--- r1\n{}",
+            log("r0"),
+            log("r1")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resumed = Instant::now();
+    writing.store(false, Ordering::Release);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let gap = longest_gap(&acked.lock().expect("lock"), stopped, resumed);
+    eprintln!(
+        "SIGTERM of the leader: it exited after {exited:?}; longest time without an \
+         acknowledged write {gap:?}"
+    );
+    let failures = failures.lock().expect("lock");
+    assert!(
+        failures.answered.is_empty() && failures.no_answer == 0,
+        "writes failed during the hand-over: {:?} ({} without an answer)",
+        failures.answered,
+        failures.no_answer
+    );
+    // Documented: under 0.5 s; generous here for a loaded CI machine.
+    assert!(gap < Duration::from_secs(2), "writes paused for {gap:?}");
+    assert!(
+        log("r1").contains("took over the leader lease"),
+        "{}",
+        log("r1")
+    );
+    assert!(
+        log("r0").contains("gave up the leader lease"),
+        "{}",
+        log("r0")
+    );
+    if std::env::var_os("KSHARD_KEEP_TEST_DIR").is_some() {
+        eprintln!("logs kept in {}", dir.keep().display());
+    }
+}
+
+/// A leader killed between a transaction's prewrite and its commit leaves
+/// TiKV locks on that write's keys (always the revision counter), which
+/// block every reader until their TTL (3 s) runs out. The replica taking
+/// over resolves them first, so writes resume after about one lease, not
+/// after the TTL; nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_killed_mid_commit_is_replaced_without_waiting_for_its_locks() {
+    let (double, pd, shard) = shared_store();
+    let Some(double) = double else {
+        return; // Needs the double's fault injection.
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut leader = spawn_replica(dir.path(), "k0", &pd, &shard);
+    let follower = spawn_replica(dir.path(), "k1", &pd, &shard);
+    let client = follower.client().await;
+    wait_ready(&client, Duration::from_secs(30)).await;
+    let api = widgets(client);
+    let alive: Arc<Vec<AtomicBool>> = Arc::new(vec![AtomicBool::new(true)]);
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let failures: Arc<Mutex<Failures>> = Arc::default();
+    let writing = Arc::new(AtomicBool::new(true));
+    let writers = start_writers(
+        std::slice::from_ref(&api),
+        &alive,
+        &acked,
+        &failures,
+        &writing,
+        4,
+    );
+    wait_acked(&acked, 20, Duration::from_secs(60)).await;
+
+    // Commits now wait 300 ms at the store, their transactions' locks in
+    // place; a commit whose sender is killed meanwhile is never carried out
+    // (its connection is gone): the leader, almost always waiting for the
+    // commit of a write or a renewal, leaves locks nobody commits.
+    double.set_delay("KvCommit", Duration::from_millis(300));
+    let before = acked.lock().expect("lock").len();
+    wait_acked(&acked, before + 2, Duration::from_secs(30)).await;
+    let killed = Instant::now();
+    leader.kill();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while double.lock_count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the killed leader left no lock behind"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    double.clear_faults();
+    let before = acked.lock().expect("lock").len();
+    wait_acked(&acked, before + 40, Duration::from_secs(30)).await;
+    let resumed = Instant::now();
+    writing.store(false, Ordering::Release);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let gap = longest_gap(&acked.lock().expect("lock"), killed, resumed);
+    eprintln!("kill -9 of a leader mid-commit: longest time without an acknowledged write {gap:?}");
+    let log = std::fs::read_to_string(dir.path().join("k1.log")).unwrap_or_default();
+    let resolved = log
+        .lines()
+        .find(|l| l.contains("resolved transactions the previous leader left half committed"))
+        .unwrap_or_else(|| panic!("the new leader resolved no locks:\n{log}"));
+    eprintln!("{resolved}");
+    // Documented: about one lease, as without locks (measured 1.4-1.6 s;
+    // waiting the locks out instead measured 3.0-3.2 s, TiKV's 3 s TTL;
+    // tests/conformance/tikv_only.rs shows they are resolved at once).
+    // Generous here for a loaded CI machine.
+    assert!(
+        gap < Duration::from_secs(5),
+        "writes resumed only after {gap:?}"
+    );
+    let listed = api.list(&ListParams::default()).await.expect("list");
+    let present: HashSet<String> = listed
+        .items
+        .iter()
+        .filter_map(|o| o.metadata.name.clone())
+        .collect();
+    for a in acked.lock().expect("lock").iter() {
+        assert!(present.contains(&a.name), "{} lost", a.name);
+    }
+    check_unavailable_not_applied(&failures.lock().expect("lock"), &listed.items);
 }

@@ -36,7 +36,11 @@ pub enum Probe {
 #[derive(Default)]
 pub struct Readiness {
     checks: RwLock<Vec<(String, Probe, Check)>>,
+    /// Informational lines for `/readyz?verbose` (not checks).
+    info: RwLock<Vec<Info>>,
 }
+
+type Info = Arc<dyn Fn() -> String + Send + Sync>;
 
 impl Readiness {
     /// A readiness check that answers at once from memory.
@@ -57,6 +61,17 @@ impl Readiness {
         let check: Check = Arc::new(move || Box::pin(check()));
         let mut checks = self.checks.write().unwrap_or_else(|e| e.into_inner());
         checks.push((name.to_string(), probe, check));
+    }
+
+    /// A line `/readyz?verbose` shows after the checks (e.g. the replica's role).
+    pub fn add_info(&self, line: impl Fn() -> String + Send + Sync + 'static) {
+        let mut info = self.info.write().unwrap_or_else(|e| e.into_inner());
+        info.push(Arc::new(line));
+    }
+
+    fn info_lines(&self) -> String {
+        let info = self.info.read().unwrap_or_else(|e| e.into_inner());
+        info.iter().map(|f| format!("info: {}\n", f())).collect()
     }
 
     /// The checks of one endpoint with their results, in the order they were added.
@@ -133,6 +148,9 @@ pub async fn respond(readiness: &Readiness, which: Health, path: &str, query: &s
         listing.push_str(&format!(
             "warn: some health checks cannot be excluded: no matches for \"{e}\"\n"
         ));
+    }
+    if which == Health::Readyz {
+        listing.push_str(&readiness.info_lines());
     }
     if failed {
         return bytes_response(
@@ -229,5 +247,24 @@ mod tests {
                 .0,
             404
         );
+    }
+
+    #[tokio::test]
+    async fn info_lines_follow_the_readyz_checks_only() {
+        let r = Readiness::default();
+        r.add("replica-caught-up", || true);
+        r.add_info(|| "replica r1: follower; leader r0 (epoch 3)".to_string());
+        let (code, body) = text(respond(&r, Health::Readyz, "/readyz", "verbose").await).await;
+        assert_eq!(code, 200);
+        assert_eq!(
+            body,
+            "[+]ping ok\n[+]replica-caught-up ok\ninfo: replica r1: follower; leader r0 (epoch 3)\nreadyz check passed\n"
+        );
+        assert_eq!(
+            text(respond(&r, Health::Readyz, "/readyz", "").await).await,
+            (200, "ok".into())
+        );
+        let (_, live) = text(respond(&r, Health::Livez, "/livez", "verbose").await).await;
+        assert!(!live.contains("info:"), "{live}");
     }
 }

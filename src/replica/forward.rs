@@ -19,6 +19,9 @@ pub const GROUP: &str = "x-kshard-forwarded-group";
 pub const EXTRA_PREFIX: &str = "x-kshard-forwarded-extra-";
 /// Set by a replica that received a forwarded write without holding the lease.
 pub const NOT_LEADER: &str = "x-kshard-not-leader";
+/// Milliseconds the forwarding follower still waits for the answer: the
+/// leader's request deadline (trusted only with the shared secret).
+pub const TIMEOUT_MS: &str = "x-kshard-timeout-ms";
 
 /// The identity a follower authenticated, trusted because the request came
 /// with the replicas' shared secret on the internal endpoint.
@@ -178,11 +181,15 @@ impl Buffered {
         req
     }
 
+    /// The request for the leader; `left` is how long this replica waits for
+    /// the answer, which the leader takes as its deadline (a little shorter,
+    /// so its own 504 arrives in time).
     pub fn to_leader(
         &self,
         address: &str,
         secret: &str,
         identity: &Identity,
+        left: Option<std::time::Duration>,
     ) -> Result<http::Request<Full<Bytes>>, http::Error> {
         let mut builder = http::Request::builder()
             .method(self.method.clone())
@@ -194,6 +201,12 @@ impl Buffered {
                 }
             }
             identity_headers(h, identity);
+            if let Some(left) = left {
+                let ms = left.saturating_sub(left / 10).as_millis().max(1);
+                if let Ok(v) = HeaderValue::from_str(&ms.to_string()) {
+                    h.insert(TIMEOUT_MS, v);
+                }
+            }
             if let Ok(v) = HeaderValue::from_str(&format!("Bearer {secret}")) {
                 h.insert(http::header::AUTHORIZATION, v);
             }
@@ -212,6 +225,19 @@ pub fn relay(resp: http::Response<hyper::body::Incoming>) -> Response {
     Response::from_parts(parts, Body::new(body))
 }
 
+/// A write sent to the leader that did not answer (connection lost, or the
+/// lease moved away from it): it may or may not have been carried out, so
+/// the client must not take it as not done (kube's 504 `Timeout`).
+pub fn outcome_unknown(write: &super::WriteInfo) -> Response {
+    crate::api::response::error_response(&crate::status::ApiError::write_outcome_unknown(
+        &write.verb,
+        &write.group,
+        &write.resource,
+    ))
+}
+
+/// A write certainly not carried out (no leader, the leader unreachable or
+/// no longer leading): 503 with `Retry-After`, safe to retry.
 pub fn unavailable(message: &str) -> Response {
     let mut r =
         crate::api::response::error_response(&crate::status::ApiError::unavailable(message));

@@ -91,6 +91,7 @@ async fn events(State((replica, stop)): State<(Arc<Replica>, CancellationToken)>
         store,
         move || me.is_leader() && me.fence.epoch() == epoch,
         stop,
+        replica.resigned_token(),
     );
     let mut r = Response::new(Body::from_stream(body));
     r.headers_mut().insert(

@@ -4,7 +4,7 @@
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +37,27 @@ pub enum Outcome {
     },
     /// Another replica holds a live lease.
     Follower(Lease),
+    /// Nobody holds a live lease, and this replica may not take it (it has
+    /// resigned: shutting down).
+    Vacant,
+}
+
+/// A lease record as a follower last saw it change, by its own monotonic
+/// clock: a record that has not changed for a whole lease duration is
+/// expired, whatever the holder's wall clock wrote into it (as client-go's
+/// leader election does, so clock skew between replicas cannot cause a
+/// takeover of a live lease).
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub lease: Lease,
+    pub since: Instant,
+}
+
+impl Observed {
+    /// Whether `lease` is the record observed, unchanged for `ttl`.
+    pub fn expired(&self, lease: &Lease, ttl: Duration) -> bool {
+        self.lease == *lease && self.since.elapsed() >= ttl
+    }
 }
 
 pub fn now_ms() -> u64 {
@@ -57,31 +78,54 @@ pub fn read_lease(
         .transpose()
 }
 
+/// Whether a lease record was given up (its holder resigned).
+pub fn released(lease: &Lease) -> bool {
+    lease.expires_ms == 0
+}
+
 /// One election round: renews the lease if this replica holds it under
-/// `current_epoch`, takes it over if it is free, expired or held by an
-/// earlier incarnation of this replica, and otherwise reports the holder.
+/// `current_epoch`, takes it over if it is free, given up, expired (the
+/// record `observed` unchanged for `ttl` on this replica's clock) or held by
+/// an earlier incarnation of this replica, and otherwise reports the holder.
+/// With `may_lead` false (resigned) it only reports.
 pub fn elect(
     engine: &dyn Engine,
     me: &str,
     address: &str,
     ttl: Duration,
     current_epoch: u64,
+    observed: Option<&Observed>,
+    may_lead: bool,
 ) -> Result<Outcome, StorageError> {
     let mut outcome = None;
     engine.write(&mut |txn| {
         let now = now_ms();
         let lease = read_lease(txn)?;
         let expires_ms = now + ttl.as_millis() as u64;
+        let live = |l: &Lease| !released(l) && !observed.is_some_and(|o| o.expired(l, ttl));
+        if !may_lead {
+            outcome = Some(match &lease {
+                Some(l) if l.holder != me && live(l) => Outcome::Follower(l.clone()),
+                _ => Outcome::Vacant,
+            });
+            return Ok(());
+        }
         let (epoch, took_over) = match &lease {
             Some(l) if l.holder == me && l.epoch == current_epoch && current_epoch != 0 => {
                 (l.epoch, false)
             }
-            Some(l) if l.holder != me && l.expires_ms > now => {
+            Some(l) if l.holder != me && live(l) => {
                 outcome = Some(Outcome::Follower(l.clone()));
                 return Ok(());
             }
             // Free, expired, or ours from before a restart: a new epoch.
             other => (other.as_ref().map_or(0, |l| l.epoch) + 1, true),
+        };
+        // Every renewal changes the record (even if the wall clock stood
+        // still), which is what followers watch for.
+        let expires_ms = match &lease {
+            Some(l) if !took_over => expires_ms.max(l.expires_ms + 1),
+            _ => expires_ms,
         };
         let revision = if took_over { start_above_used(txn)? } else { 0 };
         let record = Lease {
@@ -214,7 +258,7 @@ mod tests {
     fn first_takes_over_second_follows_and_takeover_bumps_epoch_and_counter() {
         let (_d, e) = engine();
         let ttl = Duration::from_secs(30);
-        let a = elect(&e, "a", "a:1", ttl, 0).expect("elect");
+        let a = elect(&e, "a", "a:1", ttl, 0, None, true).expect("elect");
         assert_eq!(
             a,
             Outcome::Leader {
@@ -223,13 +267,13 @@ mod tests {
                 revision: 0
             }
         );
-        match elect(&e, "b", "b:1", ttl, 0).expect("elect") {
+        match elect(&e, "b", "b:1", ttl, 0, None, true).expect("elect") {
             Outcome::Follower(l) => assert_eq!((l.holder.as_str(), l.epoch), ("a", 1)),
             other => panic!("{other:?}"),
         }
         // Renewal keeps the epoch.
         assert!(matches!(
-            elect(&e, "a", "a:1", ttl, 1).expect("renew"),
+            elect(&e, "a", "a:1", ttl, 1, None, true).expect("renew"),
             Outcome::Leader {
                 epoch: 1,
                 took_over: false,
@@ -247,7 +291,7 @@ mod tests {
         })
         .expect("write");
         assert_eq!(
-            elect(&e, "b", "b:1", ttl, 0).expect("takeover"),
+            elect(&e, "b", "b:1", ttl, 0, None, true).expect("takeover"),
             Outcome::Leader {
                 epoch: 2,
                 took_over: true,
@@ -262,5 +306,70 @@ mod tests {
         let fence_b = EpochFence::new("b");
         fence_b.set_epoch(2);
         e.write(&mut |txn| fence_b.check(txn)).expect("b may write");
+    }
+
+    fn current(e: &Embedded) -> Lease {
+        let mut l = None;
+        e.write(&mut |txn| {
+            l = read_lease(txn)?;
+            Ok(())
+        })
+        .expect("read");
+        l.expect("lease")
+    }
+
+    #[test]
+    fn a_record_unchanged_for_a_lease_on_the_followers_clock_is_expired() {
+        let (_d, e) = engine();
+        // Long on the wall clock: only the follower's observation expires it.
+        let ttl = Duration::from_secs(3600);
+        elect(&e, "a", "a:1", ttl, 0, None, true).expect("elect");
+        let seen = current(&e);
+        let long_ago = Instant::now()
+            .checked_sub(ttl + Duration::from_secs(1))
+            .unwrap_or_else(Instant::now);
+        let fresh = Observed {
+            lease: seen.clone(),
+            since: Instant::now(),
+        };
+        assert!(matches!(
+            elect(&e, "b", "b:1", ttl, 0, Some(&fresh), true).expect("elect"),
+            Outcome::Follower(_)
+        ));
+        // Renewed since the observation: the holder is alive.
+        elect(&e, "a", "a:1", ttl, 1, None, true).expect("renew");
+        assert_ne!(current(&e), seen, "a renewal changes the record");
+        let stale = Observed {
+            lease: seen,
+            since: long_ago,
+        };
+        assert!(matches!(
+            elect(&e, "b", "b:1", ttl, 0, Some(&stale), true).expect("elect"),
+            Outcome::Follower(_)
+        ));
+        // Unchanged since an observation a lease ago: taken over.
+        let stale = Observed {
+            lease: current(&e),
+            since: long_ago,
+        };
+        // A resigned replica only reports.
+        assert_eq!(
+            elect(&e, "b", "b:1", ttl, 0, Some(&stale), false).expect("elect"),
+            Outcome::Vacant
+        );
+        assert!(matches!(
+            elect(&e, "b", "b:1", ttl, 0, Some(&stale), true).expect("elect"),
+            Outcome::Leader {
+                epoch: 2,
+                took_over: true,
+                ..
+            }
+        ));
+        // Given up: taken over at once, without an observation.
+        assert!(resign(&e, "b", 2).expect("resign"));
+        assert!(matches!(
+            elect(&e, "c", "c:1", ttl, 0, None, true).expect("elect"),
+            Outcome::Leader { epoch: 3, .. }
+        ));
     }
 }

@@ -9,13 +9,14 @@
 //! - `forward`: writes from followers to the leader, identities in headers.
 //! - `internal`: the internal endpoint (plain HTTP/2, shared-secret bearer).
 
+pub mod backoff;
 pub mod forward;
 pub mod internal;
 pub mod lease;
 pub mod stream;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
@@ -23,15 +24,27 @@ use axum::response::Response;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::Identity;
 use crate::storage::{Engine, StorageError, Store};
-use lease::{EpochFence, Lease, Outcome};
+use backoff::Backoff;
+use lease::{EpochFence, Lease, Observed, Outcome};
 
 /// The shared secret replicas present to each other, created by the first one.
 const SECRET_KEY: &[u8] = b"m/replica-secret";
-/// How long a forwarded write waits for a leader to appear or answer.
-const FORWARD_PATIENCE: Duration = Duration::from_secs(15);
+/// A forwarding follower answers this long before the request's deadline,
+/// so the client gets its specific answer rather than the deadline layer's.
+const ANSWER_MARGIN: Duration = Duration::from_millis(100);
+/// How long a transaction a killed writer left half committed blocks its
+/// keys unless resolved: tikv-client's lock TTL for small transactions
+/// (fixed in tikv-client 0.4). Every write locks the revision counter.
+pub const STORE_LOCK_TTL: Duration = Duration::from_secs(3);
+/// Retrying the leader's stream (and backfilling) while it is unreachable.
+const FOLLOW_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
+/// Retrying a forward to a leader that refused the connection.
+const FORWARD_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(20), Duration::from_millis(250));
 
 #[derive(Debug, Clone)]
 pub struct ReplicaConfig {
@@ -41,6 +54,36 @@ pub struct ReplicaConfig {
     pub advertise_address: String,
     /// How long a lease lasts unless renewed; renewed every fifth of it.
     pub lease_duration: Duration,
+}
+
+impl ReplicaConfig {
+    /// The leader renews every fifth of its lease, so four renewals in a row
+    /// may fail or stall before it lapses; followers look at the lease as often.
+    pub fn renew_interval(&self) -> Duration {
+        self.lease_duration / 5
+    }
+
+    /// A follower whose leader's stream broke (or that knows no leader)
+    /// looks twice as often, at least every 100 ms: the lease is then likely
+    /// to lapse or to have been given up, and one round is a small read.
+    pub fn suspect_interval(&self) -> Duration {
+        (self.lease_duration / 10).min(Duration::from_millis(100))
+    }
+
+    /// How long a forwarded write waits for a reachable leader: a takeover
+    /// takes a lease plus a few rounds, plus room for a store slow to
+    /// resolve what a dead leader left (at worst TiKV's lock TTL,
+    /// [`STORE_LOCK_TTL`]). Past that something else is wrong (the store)
+    /// and the client is better told to retry.
+    pub fn leader_patience(&self) -> Duration {
+        self.lease_duration * 3 + STORE_LOCK_TTL
+    }
+
+    /// A follower stays ready while it was current (streamed a watermark or
+    /// read the log to the stored revision) this recently.
+    pub fn ready_staleness(&self) -> Duration {
+        (self.lease_duration * 2).max(Duration::from_secs(5))
+    }
 }
 
 /// The default replica id: the host name (a pod's name) and the process id.
@@ -66,6 +109,33 @@ pub struct View {
     pub leading: bool,
 }
 
+/// Writes this replica carries out as the leader, counted so that a leader
+/// handing over waits for them before giving the lease up.
+#[derive(Default)]
+struct InFlight {
+    n: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One local write in flight (see [`Replica::begin_local_write`]).
+pub struct LocalWrite(Arc<Replica>);
+
+impl Drop for LocalWrite {
+    fn drop(&mut self) {
+        let w = &self.0.writes;
+        if w.n.fetch_sub(1, Ordering::SeqCst) == 1 {
+            w.idle.notify_waiters();
+        }
+    }
+}
+
+/// The leader this replica last reported (log line, metrics).
+#[derive(Default)]
+struct Reported {
+    holder: Option<String>,
+    epoch: u64,
+}
+
 pub struct Replica {
     cfg: ReplicaConfig,
     engine: Arc<dyn Engine>,
@@ -74,12 +144,35 @@ pub struct Replica {
     view: watch::Sender<View>,
     store: Arc<Store>,
     client: forward::Client,
-    /// Follower: connected to the leader's stream, and its last watermark.
+    /// Follower: connected to the leader's stream (it delivered a watermark).
     streaming: AtomicBool,
-    leader_watermark: AtomicU64,
     /// Asks for an election round now: the leader's stream ended, and a
     /// leader that shut down has given its lease up.
     elect_now: tokio::sync::Notify,
+    /// Origin of the millisecond clocks below.
+    born: Instant,
+    /// Leader: until when (ms since `born`) the lease is surely this
+    /// replica's: the start of its last successful renewal plus a lease.
+    leading_until: AtomicU64,
+    /// When (ms since `born`, plus one; 0 = never) this replica was last
+    /// known current: a watermark applied, the log read to the stored
+    /// revision, or a renewal as the leader.
+    synced_at: AtomicU64,
+    /// Held inside every election round's and the resignation's blocking
+    /// transaction, so they never overlap; `true` once resigned.
+    rounds: Arc<Mutex<bool>>,
+    /// The epoch the last round won (0: none), for resigning.
+    won: Arc<AtomicU64>,
+    /// Shutting down: no new local writes; in-flight ones finish, then the
+    /// lease is given up.
+    handing_over: AtomicBool,
+    writes: InFlight,
+    /// The epoch of the last lapsed lease whose holder's locks this replica
+    /// resolved before taking over (once per lease).
+    abandoned: Arc<AtomicU64>,
+    /// Cancelled on resignation: ends this replica's leader streams at once.
+    resigned: CancellationToken,
+    reported: Mutex<Reported>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,10 +183,39 @@ pub enum ReplicaError {
 
 /// Where a write goes.
 pub enum Routed {
-    /// Handled by the leader; this is its response.
+    /// Handled by the leader; this is its response (or why it could not be).
     Remote(Response),
-    /// This replica leads (now): handle it here.
-    Local(Request),
+    /// This replica leads (now): handle it here, holding the guard until done.
+    Local(Request, LocalWrite),
+}
+
+/// What a forwarded write is, for honest error messages.
+#[derive(Debug, Clone, Default)]
+pub struct WriteInfo {
+    /// kube's verb: create, update, patch, delete, deletecollection.
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+}
+
+/// How one attempt to forward a write ended.
+enum Sent {
+    /// The leader answered (anything but "not the leader").
+    Answered(http::Response<hyper::body::Incoming>),
+    /// Could not be sent at all (this replica's fault): 503 at once.
+    Unsendable(String),
+    /// Certainly not carried out: retry (elsewhere).
+    NotLeader,
+    Unreachable(String),
+    /// Sent, and no answer: the outcome is unknown.
+    Lost(String),
+    Deadline,
+    LeaderChanged,
+}
+
+/// Counts a forward that failed, by how (`kshard_replica_forward_failures_total`).
+fn record_forward_failure(outcome: &'static str) {
+    metrics::counter!("kshard_replica_forward_failures_total", "outcome" => outcome).increment(1);
 }
 
 impl Replica {
@@ -124,6 +246,7 @@ impl Replica {
         })
         .await
         .map_err(|e| StorageError::Engine(e.to_string()))??;
+        metrics::gauge!("kshard_replica_is_leader").set(0.0);
         Ok(Arc::new(Self {
             fence,
             cfg,
@@ -133,8 +256,17 @@ impl Replica {
             store,
             client: forward::client(),
             streaming: AtomicBool::new(false),
-            leader_watermark: AtomicU64::new(0),
             elect_now: tokio::sync::Notify::new(),
+            born: Instant::now(),
+            leading_until: AtomicU64::new(0),
+            synced_at: AtomicU64::new(0),
+            rounds: Arc::new(Mutex::new(false)),
+            won: Arc::new(AtomicU64::new(0)),
+            handing_over: AtomicBool::new(false),
+            writes: InFlight::default(),
+            resigned: CancellationToken::new(),
+            abandoned: Arc::new(AtomicU64::new(0)),
+            reported: Mutex::new(Reported::default()),
         }))
     }
 
@@ -146,8 +278,17 @@ impl Replica {
         &self.secret
     }
 
+    fn ms_since_born(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.born).as_millis() as u64
+    }
+
+    /// Leads now: won the lease, renewed it within the last lease duration,
+    /// and not handing it over.
     pub fn is_leader(&self) -> bool {
-        self.view.borrow().leading && self.fence.epoch() != 0
+        self.view.borrow().leading
+            && self.fence.epoch() != 0
+            && !self.handing_over.load(Ordering::SeqCst)
+            && self.ms_since_born(Instant::now()) < self.leading_until.load(Ordering::Acquire)
     }
 
     pub fn view(&self) -> View {
@@ -158,52 +299,157 @@ impl Replica {
         &self.store
     }
 
-    /// Readiness: the leader is ready; a follower once it follows the
-    /// leader's stream and has published up to the leader's last watermark.
-    pub fn caught_up(&self) -> bool {
-        if self.is_leader() {
-            return true;
-        }
-        self.streaming.load(Ordering::Acquire)
-            && self.store.revision() >= self.leader_watermark.load(Ordering::Acquire)
+    /// Ends when this replica has resigned (its leader streams end then).
+    pub(crate) fn resigned_token(&self) -> CancellationToken {
+        self.resigned.clone()
     }
 
-    /// Shutdown (after the election loop has stopped): stops writing and
-    /// gives the lease up at once, so a peer need not wait for it to expire.
-    pub async fn resign(&self) {
-        let epoch = self.fence.epoch();
-        if epoch == 0 {
-            return;
+    fn mark_synced(&self) {
+        self.synced_at
+            .store(self.ms_since_born(Instant::now()) + 1, Ordering::Release);
+    }
+
+    /// Readiness: the leader is ready; a follower while it is current with
+    /// the store: it applied the leader's watermark, or (no leader being
+    /// elected yet, or the stream broken) read the event log up to the
+    /// stored revision, recently. So followers stay ready through a
+    /// failover: they serve reads, and consistent reads check the store.
+    pub fn caught_up(&self) -> bool {
+        // A leader (even one whose renewal is late: a slow store is the
+        // storage check's to report) holds every write it committed.
+        if self.view.borrow().leading {
+            return true;
         }
-        self.fence.set_epoch(0);
-        let engine = self.engine.clone();
+        let at = self.synced_at.load(Ordering::Acquire);
+        at != 0
+            && self.ms_since_born(Instant::now()).saturating_sub(at - 1)
+                <= self.cfg.ready_staleness().as_millis() as u64
+    }
+
+    /// One line for `/readyz?verbose`: who leads, and this replica's role.
+    pub fn describe(&self) -> String {
+        let view = self.view();
+        let me = &self.cfg.replica_id;
+        match view.lease {
+            Some(l) if self.is_leader() => {
+                format!("replica {me}: leader (epoch {})", l.epoch)
+            }
+            Some(l) if l.holder != *me => format!(
+                "replica {me}: follower; leader {} (epoch {})",
+                l.holder, l.epoch
+            ),
+            _ => format!("replica {me}: follower; no leader (election in progress)"),
+        }
+    }
+
+    /// Counts a write this replica carries out as the leader, or `None` if
+    /// it does not lead (then the write goes to the leader). Counting comes
+    /// first so a hand-over that starts meanwhile waits for it.
+    pub fn begin_local_write(self: &Arc<Self>) -> Option<LocalWrite> {
+        self.writes.n.fetch_add(1, Ordering::SeqCst);
+        let guard = LocalWrite(self.clone());
+        self.is_leader().then_some(guard)
+    }
+
+    async fn local_writes_done(&self) {
+        loop {
+            let idle = self.writes.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.writes.n.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// Shutdown, while still serving: takes no new local writes (they are
+    /// forwarded to the next leader), lets those in flight finish (at most
+    /// `grace`), then gives the lease up so a follower takes over at once.
+    /// Election rounds go on reporting the leader until the server stops.
+    pub async fn hand_over(&self, grace: Duration) {
+        // Holding an epoch (even with a renewal late): writes may be in flight.
+        let leading = self.fence.epoch() != 0;
+        self.handing_over.store(true, Ordering::SeqCst);
+        if leading {
+            tracing::info!("handing the leader lease over");
+            if tokio::time::timeout(grace, self.local_writes_done())
+                .await
+                .is_err()
+            {
+                tracing::warn!("writes still in flight after the grace period; resigning anyway");
+            }
+        }
+        self.resign().await;
+    }
+
+    /// Stops writing and gives the lease up at once, so a peer need not wait
+    /// for it to expire; later election rounds only report the leader.
+    pub async fn resign(&self) {
+        self.handing_over.store(true, Ordering::SeqCst);
+        let (engine, rounds, won, fence) = (
+            self.engine.clone(),
+            self.rounds.clone(),
+            self.won.clone(),
+            self.fence.clone(),
+        );
         let me = self.cfg.replica_id.clone();
-        match tokio::task::spawn_blocking(move || lease::resign(&*engine, &me, epoch)).await {
-            Ok(Ok(true)) => tracing::info!(epoch, "gave up the leader lease"),
-            Ok(Ok(false)) => {}
+        let released = tokio::task::spawn_blocking(move || {
+            let mut resigned = rounds.lock().unwrap_or_else(|e| e.into_inner());
+            *resigned = true;
+            fence.set_epoch(0);
+            let epoch = won.swap(0, Ordering::AcqRel);
+            if epoch == 0 {
+                return Ok(None);
+            }
+            lease::resign(&*engine, &me, epoch).map(|done| done.then_some(epoch))
+        })
+        .await;
+        self.resigned.cancel();
+        match released {
+            Ok(Ok(Some(epoch))) => tracing::info!(epoch, "gave up the leader lease"),
+            Ok(Ok(None)) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "giving up the leader lease failed"),
             Err(e) => tracing::warn!(error = %e, "giving up the leader lease failed"),
         }
+        self.leading_until.store(0, Ordering::Release);
+        self.view.send_if_modified(|v| {
+            let changed = v.leading;
+            if v.leading {
+                *v = View::default();
+            }
+            changed
+        });
+        metrics::gauge!("kshard_replica_is_leader").set(0.0);
+        // Learn the next leader soon: writes arriving meanwhile go to it.
+        self.elect_now.notify_one();
     }
 
     /// Runs the first election round (so the role is known before serving),
     /// then keeps electing and, while a follower, following the leader.
     pub async fn start(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
-        let mut renewed = None;
-        self.election_round(&mut renewed).await;
+        let mut observed = None;
+        let mut last = Instant::now();
+        self.election_round(&mut observed).await;
         let me = self.clone();
         let elect = tokio::spawn(async move {
             loop {
-                let pause = if me.view.borrow().lease.is_some() {
-                    me.cfg.lease_duration / 5
+                // Renewals keep their cadence however long a round took.
+                let settled = {
+                    let v = me.view.borrow();
+                    v.leading || (v.lease.is_some() && me.streaming.load(Ordering::Acquire))
+                };
+                let pause = if settled {
+                    me.cfg.renew_interval()
                 } else {
-                    me.cfg.lease_duration / 10
+                    me.cfg.suspect_interval()
                 };
                 tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
+                    _ = tokio::time::sleep_until((last + pause).into()) => {}
                     _ = me.elect_now.notified() => {}
                 }
-                me.election_round(&mut renewed).await;
+                last = Instant::now();
+                me.election_round(&mut observed).await;
             }
         });
         let me = self.clone();
@@ -211,18 +457,77 @@ impl Replica {
         vec![elect, follow]
     }
 
-    async fn election_round(self: &Arc<Self>, renewed: &mut Option<Instant>) {
+    /// Logs and counts a new leader once, on every replica.
+    fn report_leader(&self, holder: Option<&str>, epoch: u64) {
+        let mut r = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        if r.holder.as_deref() == holder && (holder.is_none() || r.epoch == epoch) {
+            return;
+        }
+        if let Some(old) = r.holder.take() {
+            metrics::gauge!("kshard_replica_leader", "holder" => old).set(0.0);
+        }
+        match holder {
+            Some(h) => {
+                let role = if h == self.cfg.replica_id {
+                    "leader"
+                } else {
+                    "follower"
+                };
+                tracing::info!(leader = %h, epoch, role, "leader changed");
+                metrics::gauge!("kshard_replica_leader", "holder" => h.to_string()).set(1.0);
+                metrics::gauge!("kshard_replica_epoch").set(epoch as f64);
+                metrics::counter!("kshard_replica_leader_changes_total").increment(1);
+                r.epoch = epoch;
+            }
+            None => tracing::info!("no leader"),
+        }
+        r.holder = holder.map(str::to_string);
+    }
+
+    async fn election_round(self: &Arc<Self>, observed: &mut Option<Observed>) {
         let store = self.store.clone();
-        let engine = self.engine.clone();
+        let (engine, rounds, won) = (self.engine.clone(), self.rounds.clone(), self.won.clone());
         let (id, address, ttl) = (
             self.cfg.replica_id.clone(),
             self.cfg.advertise_address.clone(),
             self.cfg.lease_duration,
         );
         let current = self.fence.epoch();
+        let seen = observed.clone();
+        let abandoned = self.abandoned.clone();
         let started = Instant::now();
         let outcome = tokio::task::spawn_blocking(move || {
-            lease::elect(&*engine, &id, &address, ttl, current)
+            let resigned = rounds.lock().unwrap_or_else(|e| e.into_inner());
+            // The holder stopped renewing a lease ago: it is dead, frozen or
+            // cut off, and a transaction it left half committed would block
+            // the takeover (which reads the revision counter) until its
+            // locks expire. Resolve them first, once per lease.
+            if let Some(o) = seen
+                .as_ref()
+                .filter(|o| !*resigned && !lease::released(&o.lease) && o.since.elapsed() >= ttl)
+            {
+                if abandoned.swap(o.lease.epoch, Ordering::AcqRel) != o.lease.epoch {
+                    if let Err(e) = engine.abandon_locks() {
+                        tracing::warn!(error = %e, "resolving the lapsed leader's locks failed");
+                    }
+                }
+            }
+            let outcome = lease::elect(
+                &*engine,
+                &id,
+                &address,
+                ttl,
+                current,
+                seen.as_ref(),
+                !*resigned,
+            );
+            let epoch = match &outcome {
+                Ok(Outcome::Leader { epoch, .. }) => *epoch,
+                Ok(_) => 0,
+                Err(_) => won.load(Ordering::Acquire),
+            };
+            won.store(epoch, Ordering::Release);
+            outcome
         })
         .await
         .map_err(|e| StorageError::Engine(e.to_string()))
@@ -233,6 +538,7 @@ impl Replica {
                 took_over,
                 revision,
             }) => {
+                *observed = None;
                 if took_over {
                     tracing::info!(
                         replica = %self.cfg.replica_id,
@@ -247,11 +553,18 @@ impl Replica {
                         tracing::error!(error = %e, "catching up after takeover failed");
                         return;
                     }
-                    // From here this replica's store sequences (the fence says so).
+                    // From here this replica's store sequences (the fence says
+                    // so), unless it resigned meanwhile.
+                    let resigned = self.rounds.lock().unwrap_or_else(|e| e.into_inner());
+                    if *resigned {
+                        return;
+                    }
                     self.fence.set_epoch(epoch);
                 }
                 // Count the lease from when the round started, to be safe.
-                *renewed = Some(started);
+                let until = self.ms_since_born(started) + ttl.as_millis() as u64;
+                self.leading_until.store(until, Ordering::Release);
+                self.mark_synced();
                 let lease = Lease {
                     holder: self.cfg.replica_id.clone(),
                     address: self.cfg.advertise_address.clone(),
@@ -264,12 +577,23 @@ impl Replica {
                     v.lease = Some(lease);
                     changed
                 });
+                metrics::gauge!("kshard_replica_is_leader").set(1.0);
+                self.report_leader(Some(&self.cfg.replica_id), epoch);
             }
             Ok(Outcome::Follower(l)) => {
                 if self.fence.epoch() != 0 {
                     tracing::warn!(holder = %l.holder, epoch = l.epoch, "lost the leader lease");
                 }
                 self.step_down();
+                // The record's age counts from when this replica first saw
+                // it, after the read: never earlier than its holder wrote it.
+                if observed.as_ref().is_none_or(|o| o.lease != l) {
+                    *observed = Some(Observed {
+                        lease: l.clone(),
+                        since: Instant::now(),
+                    });
+                }
+                self.report_leader(Some(&l.holder), l.epoch);
                 self.view.send_if_modified(|v| {
                     let changed = v.leading
                         || v.lease.as_ref().map(|x| (&x.holder, x.epoch, &x.address))
@@ -279,14 +603,25 @@ impl Replica {
                     changed
                 });
             }
+            Ok(Outcome::Vacant) => {
+                self.step_down();
+                self.report_leader(None, 0);
+                self.view.send_if_modified(|v| {
+                    let changed = v.leading || v.lease.is_some();
+                    *v = View::default();
+                    changed
+                });
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "election round failed");
                 // Unable to renew for a whole lease: another replica may lead by now.
                 if self.fence.epoch() != 0
-                    && renewed.is_none_or(|t| t.elapsed() >= self.cfg.lease_duration)
+                    && self.ms_since_born(Instant::now())
+                        >= self.leading_until.load(Ordering::Acquire)
                 {
                     tracing::warn!("lease not renewed in time; stepping down");
                     self.step_down();
+                    self.report_leader(None, 0);
                     self.view.send_replace(View::default());
                 }
             }
@@ -297,36 +632,58 @@ impl Replica {
     /// every write transaction of this replica.
     fn step_down(&self) {
         self.fence.set_epoch(0);
+        self.leading_until.store(0, Ordering::Release);
+        metrics::gauge!("kshard_replica_is_leader").set(0.0);
     }
 
     /// While a follower: stream from the leader, and after the stream breaks
-    /// backfill from the log, then connect again.
+    /// backfill from the log, then connect again, backing off (with jitter,
+    /// capped) while it keeps failing; a new leader is tried at once.
     async fn follow_loop(self: Arc<Self>) {
         let mut changes = self.view.subscribe();
+        let mut backoff = Backoff::new(FOLLOW_BACKOFF.0, FOLLOW_BACKOFF.1);
         loop {
             let view = changes.borrow_and_update().clone();
-            let leader = view.lease.filter(|_| !view.leading);
-            let Some(leader) = leader else {
+            if view.leading {
                 self.streaming.store(false, Ordering::Release);
+                backoff.reset();
                 let _ = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await;
+                continue;
+            }
+            let Some(leader) = view.lease else {
+                // No leader yet: stay current from the log, so reads stay
+                // fresh (and this replica ready) through the election.
+                self.streaming.store(false, Ordering::Release);
+                self.backfill().await;
+                if wait_or_change(backoff.next_delay(), &mut changes).await {
+                    backoff.reset();
+                }
                 continue;
             };
             let (ended, view_changed) = tokio::select! {
                 r = self.stream_from(&leader.address) => (r, false),
                 _ = changes.changed() => (Ok(()), true),
             };
-            self.streaming.store(false, Ordering::Release);
+            if self.streaming.swap(false, Ordering::AcqRel) {
+                // It streamed: a break now is news, retried promptly.
+                backoff.reset();
+            }
             if let Err(e) = ended {
                 tracing::debug!(leader = %leader.address, error = %e, "leader stream ended");
             }
             if !view_changed {
                 // The leader may be gone; one that shut down gave its lease
                 // up, so a round now takes over without waiting for expiry.
-                // (At most one round per reconnect attempt, 100 ms apart.)
                 self.elect_now.notify_one();
             }
             self.backfill().await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            if view_changed {
+                backoff.reset();
+                continue;
+            }
+            if wait_or_change(backoff.next_delay(), &mut changes).await {
+                backoff.reset();
+            }
         }
     }
 
@@ -341,8 +698,9 @@ impl Replica {
                 return;
             }
         };
-        if let Err(e) = store.follow(Vec::new(), stored).await {
-            tracing::warn!(error = %e, "backfilling from the event log failed");
+        match store.follow(Vec::new(), stored).await {
+            Ok(_) => self.mark_synced(),
+            Err(e) => tracing::warn!(error = %e, "backfilling from the event log failed"),
         }
     }
 
@@ -393,72 +751,180 @@ impl Replica {
                             .follow(std::mem::take(&mut pending), revision)
                             .await
                             .map_err(|e| e.to_string())?;
-                        self.leader_watermark.fetch_max(revision, Ordering::AcqRel);
                         self.streaming.store(true, Ordering::Release);
+                        self.mark_synced();
                     }
                 }
             }
         }
     }
 
-    /// A write arriving here: sent to the leader unless this replica leads.
-    /// Waits (bounded) for a leader; retries only when the leader did not
-    /// take the request (no connection, or it no longer leads).
-    pub async fn route(&self, req: Request, identity: &Identity) -> Routed {
-        if self.is_leader() {
-            return Routed::Local(req);
+    /// A write arriving here: carried out here if this replica leads, else
+    /// sent to the leader. Waits for a reachable leader within the
+    /// request's deadline and the leader patience; retries only when the
+    /// leader certainly did not take the request (no connection, or it no
+    /// longer leads). Certainly not carried out: 503 with Retry-After;
+    /// outcome unknown (sent, then no answer): 504.
+    pub async fn route(
+        self: &Arc<Self>,
+        req: Request,
+        identity: &Identity,
+        write: &WriteInfo,
+    ) -> Routed {
+        if let Some(local) = self.begin_local_write() {
+            return Routed::Local(req, local);
         }
+        let now = Instant::now();
+        let request_deadline = req
+            .extensions()
+            .get::<crate::server::layers::deadline::RequestDeadline>()
+            .map(|d| d.0.into_std());
         let buffered = match forward::buffer(req).await {
             Ok(b) => b,
             Err(resp) => return Routed::Remote(resp),
         };
-        let deadline = Instant::now() + FORWARD_PATIENCE;
+        // Answer before the deadline layer would (it cannot tell why).
+        let deadline = request_deadline.map(|d| {
+            let margin = ANSWER_MARGIN.min(d.saturating_duration_since(now) / 10);
+            d.checked_sub(margin).unwrap_or(d)
+        });
+        let patience = now + self.cfg.leader_patience();
+        let give_up = deadline.map_or(patience, |d| d.min(patience));
         let mut changes = self.view.subscribe();
+        let mut backoff = Backoff::new(FORWARD_BACKOFF.0, FORWARD_BACKOFF.1);
         loop {
-            if self.is_leader() {
-                return Routed::Local(buffered.into_request());
+            if let Some(local) = self.begin_local_write() {
+                return Routed::Local(buffered.into_request(), local);
             }
-            let target = changes
-                .borrow_and_update()
+            let view = changes.borrow_and_update().clone();
+            let target = view
                 .lease
-                .clone()
-                .filter(|l| l.holder != self.cfg.replica_id);
+                .filter(|l| !view.leading && l.holder != self.cfg.replica_id);
             if let Some(leader) = target {
-                let out = match buffered.to_leader(&leader.address, &self.secret, identity) {
-                    Ok(r) => r,
-                    Err(e) => {
+                let started = Instant::now();
+                match self
+                    .send(&buffered, &leader, identity, deadline, &mut changes)
+                    .await
+                {
+                    Sent::Answered(resp) => {
+                        metrics::histogram!("kshard_replica_forward_duration_seconds")
+                            .record(started.elapsed().as_secs_f64());
+                        return Routed::Remote(forward::relay(resp));
+                    }
+                    Sent::Unsendable(e) => {
+                        record_forward_failure("unsendable");
                         return Routed::Remote(forward::unavailable(&format!(
                             "cannot forward the request: {e}"
-                        )))
+                        )));
                     }
-                };
-                match self.client.request(out).await {
-                    Ok(resp) if resp.headers().contains_key(forward::NOT_LEADER) => {
+                    Sent::NotLeader => {
+                        record_forward_failure("not_leader");
                         tracing::debug!(leader = %leader.address, "forward target no longer leads");
                     }
-                    Ok(resp) => return Routed::Remote(forward::relay(resp)),
-                    // Not connected: the leader never saw the request, so it may go again.
-                    Err(e) if e.is_connect() => {
+                    Sent::Unreachable(e) => {
+                        record_forward_failure("unreachable");
                         tracing::debug!(leader = %leader.address, error = %e, "leader unreachable");
                     }
-                    Err(e) => {
-                        // The leader may or may not have carried it out: say so, do not repeat it.
-                        tracing::warn!(leader = %leader.address, error = %e, "forwarded write failed");
-                        return Routed::Remote(forward::unavailable(&format!(
-                            "the leader replica did not answer: {e}"
-                        )));
+                    Sent::Lost(e) => {
+                        record_forward_failure("lost");
+                        tracing::warn!(leader = %leader.address, error = %e, "forwarded write got no answer");
+                        return Routed::Remote(forward::outcome_unknown(write));
+                    }
+                    Sent::LeaderChanged => {
+                        record_forward_failure("leader_changed");
+                        tracing::warn!(leader = %leader.address, "the leader changed before answering a forwarded write");
+                        return Routed::Remote(forward::outcome_unknown(write));
+                    }
+                    Sent::Deadline => {
+                        record_forward_failure("deadline");
+                        tracing::warn!(leader = %leader.address, "the leader did not answer a forwarded write in time");
+                        return Routed::Remote(crate::server::layers::deadline::exceeded());
                     }
                 }
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let now = Instant::now();
+            if now >= give_up {
+                record_forward_failure("no_leader");
                 return Routed::Remote(forward::unavailable(
                     "no leader replica is available for writes",
                 ));
             }
-            let _ =
-                tokio::time::timeout(left.min(Duration::from_millis(200)), changes.changed()).await;
+            let pause = backoff.next_delay().min(give_up - now);
+            let _ = tokio::time::timeout(pause, changes.changed()).await;
         }
+    }
+
+    /// One attempt to have `leader` carry out the write. Gives up at the
+    /// deadline, or shortly after the lease moved away from `leader` (a
+    /// frozen leader never answers; a leader that handed over answers its
+    /// last writes before it gives the lease up, so they still arrive).
+    async fn send(
+        &self,
+        buffered: &forward::Buffered,
+        leader: &Lease,
+        identity: &Identity,
+        deadline: Option<Instant>,
+        changes: &mut watch::Receiver<View>,
+    ) -> Sent {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let out = match buffered.to_leader(&leader.address, &self.secret, identity, left) {
+            Ok(r) => r,
+            Err(e) => return Sent::Unsendable(e.to_string()),
+        };
+        let answer = self.client.request(out);
+        tokio::pin!(answer);
+        let until_deadline = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(until_deadline);
+        let epoch = leader.epoch;
+        let moved = async {
+            loop {
+                if changes.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                let v = changes.borrow();
+                if v.leading || v.lease.as_ref().map(|l| l.epoch) != Some(epoch) {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            r = &mut answer => return classify(r),
+            _ = &mut until_deadline => return Sent::Deadline,
+            _ = moved => {}
+        }
+        // The lease moved on: an answer already on its way still counts.
+        let grace = self.cfg.renew_interval();
+        tokio::select! {
+            r = &mut answer => classify(r),
+            _ = &mut until_deadline => Sent::Deadline,
+            _ = tokio::time::sleep(grace) => Sent::LeaderChanged,
+        }
+    }
+}
+
+fn classify(
+    r: Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>,
+) -> Sent {
+    match r {
+        Ok(resp) if resp.headers().contains_key(forward::NOT_LEADER) => Sent::NotLeader,
+        Ok(resp) => Sent::Answered(resp),
+        // Not connected: the leader never saw the request, so it may go again.
+        Err(e) if e.is_connect() => Sent::Unreachable(e.to_string()),
+        // The leader may or may not have carried it out: never repeat it.
+        Err(e) => Sent::Lost(e.to_string()),
+    }
+}
+
+/// Sleeps `pause`, or less if the view changes; true if it changed.
+async fn wait_or_change(pause: Duration, changes: &mut watch::Receiver<View>) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(pause) => false,
+        r = changes.changed() => r.is_ok(),
     }
 }
 

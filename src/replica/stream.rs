@@ -129,11 +129,13 @@ impl Decoder {
 const SLOW_FOLLOWER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The leader side: the store's change feed from now on, with watermarks,
-/// until `still_leader` says otherwise or the follower goes away.
+/// until `still_leader` says otherwise, the follower goes away, the server
+/// stops (`stop`) or the leader resigns (`resigned`).
 pub fn leader_stream(
     store: Arc<Store>,
     still_leader: impl Fn() -> bool + Send + 'static,
     stop: tokio_util::sync::CancellationToken,
+    resigned: tokio_util::sync::CancellationToken,
 ) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(64);
     tokio::spawn(async move {
@@ -158,6 +160,8 @@ pub fn leader_stream(
                 // Shutting down: the stream ends cleanly; followers reconnect
                 // to whoever leads next.
                 _ = stop.cancelled() => return,
+                // Handed over: followers find the next leader at once.
+                _ = resigned.cancelled() => return,
                 _ = tick.tick() => {
                     if !still_leader() {
                         // A deposed leader's stream ends; followers find the new one.

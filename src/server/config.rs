@@ -135,8 +135,11 @@ pub struct ServeConfig {
     /// secret; keep it on a private network). Used only with a shared store.
     #[arg(long, default_value = "0.0.0.0:6444")]
     pub internal_listen: SocketAddr,
-    /// How long the leader lease lasts unless renewed (renewed every fifth).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    /// How long the leader lease lasts unless renewed. The leader renews
+    /// every fifth of it; followers take over a lease unchanged this long on
+    /// their own clock, so a `kill -9`ed leader is replaced after about one
+    /// lease (ARCHITECTURE.md, "Failover timing").
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub lease_duration: Duration,
     #[command(flatten)]
     pub connections: super::conn::ConnectionLimits,

@@ -92,6 +92,12 @@ impl Running {
             .store(true, std::sync::atomic::Ordering::Release);
         tracing::info!(delay = ?self.limits.shutdown_delay_duration, "shutting down: /readyz fails");
         tokio::time::sleep(self.limits.shutdown_delay_duration).await;
+        // Still serving: a leader's writes in flight finish, it gives the
+        // lease up and a follower takes over at once; writes arriving here
+        // meanwhile are forwarded to it.
+        if let Some(r) = &self.replica {
+            r.hand_over(self.limits.shutdown_grace_period).await;
+        }
         self.connections.stop.cancel();
         self.connections.tasks.close();
         let open = self.connections.tasks.len();
@@ -228,14 +234,16 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let probe = store.clone();
     readiness.add_async("storage", crate::api::health::Probe::Live, move || {
         let store = probe.clone();
-        async move { store.stored_revision().await.is_ok() }
+        async move { store.probe().await.is_ok() }
     });
     // Listening starts after the watch caches are loaded.
     readiness.add("watch-cache-sync", || true);
     if let Some(r) = &replica {
         tasks.extend(r.start().await);
         let r = r.clone();
+        let described = r.clone();
         readiness.add("replica-caught-up", move || r.caught_up());
+        readiness.add_info(move || described.describe());
     }
     let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopping = shutting_down.clone();

@@ -35,6 +35,15 @@ pub trait Engine: Send + Sync + 'static {
     fn after_compaction(&self) -> Result<(), StorageError> {
         Ok(())
     }
+    /// Before a replica takes over from a leader whose lease lapsed:
+    /// resolves the transactions that leader may have left half committed
+    /// (TiKV: rolled back unless their primary committed), so that readers
+    /// of their keys — every write locks the revision counter — need not
+    /// wait out the locks' TTL (3 s). Percolator keeps this safe: a writer
+    /// still alive fails to commit a transaction rolled back here.
+    fn abandon_locks(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
     /// Shutdown: release the database cleanly; later transactions fail.
     fn close(&self) {}
 }

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tikv_client::transaction::HeartbeatOption;
+use tikv_client::transaction::{HeartbeatOption, ResolveLocksOptions};
 use tikv_client::{
     CheckLevel, Config, Key, KvPair, Snapshot, Timestamp, TimestampExt, Transaction,
     TransactionClient, TransactionOptions,
@@ -497,6 +497,22 @@ impl Engine for Tikv {
     fn after_compaction(&self) -> Result<(), StorageError> {
         self.advance_gc_safepoint().map(|_| ())
     }
+
+    fn abandon_locks(&self) -> Result<(), StorageError> {
+        let s = self.shared.clone();
+        let now = s.with_timestamp(|s| async move { s.client.current_timestamp().await })?;
+        let range = Key::from(s.prefix.clone())..Key::from(super::keys::prefix_end(&s.prefix));
+        let client = s.client.clone();
+        s.run(async move {
+            client
+                .cleanup_locks(range, &now, ResolveLocksOptions::default())
+                .await
+        })?
+        .map_err(engine_err)?;
+        // (tikv-client's count of resolved locks is not reliable: not logged.)
+        tracing::info!("resolved transactions the previous leader left half committed");
+        Ok(())
+    }
 }
 
 impl Tikv {
@@ -514,7 +530,7 @@ impl Tikv {
                     return Ok(());
                 }
                 Ok(false) => {
-                    return Err(StorageError::Engine(format!(
+                    return Err(StorageError::Aborted(format!(
                         "TiKV transaction did not commit: {cause}"
                     )))
                 }

@@ -121,10 +121,16 @@ impl Writer {
                 Ok(()) => self.try_group(&ops, &mut outcomes),
                 Err(e) => Ok(Err(e)),
             };
-        } else if self.fence.is_some() && matches!(result, Ok(Err(StorageError::Conflict { .. }))) {
+        } else if self.fence.is_some()
+            && matches!(
+                result,
+                Ok(Err(StorageError::Conflict { .. } | StorageError::Aborted(_)))
+            )
+        {
             // The whole transaction met another writer (a replica taking over
-            // rewrites the counter): nothing was written; one more attempt
-            // sees the new counter and the new lease, and fails cleanly.
+            // rewrites the counter, or rolled this one back): nothing was
+            // written; one more attempt sees the new counter and the new
+            // lease, and fails cleanly.
             result = self.try_group(&ops, &mut outcomes);
             if let Err(Fenced(stored)) = result {
                 result = match self.catch_up(stored) {

@@ -15,9 +15,10 @@ pub struct ReplicaProcess {
 }
 
 /// Starts `kshard serve` as replica `id` of shard `prefix` on the double at
-/// `pd`; returns once it serves. Its log goes to `<dir>/<id>.log`.
+/// `pd`, with the default lease settings; returns once it serves. Its log
+/// goes to `<dir>/<id>.log`.
 pub fn spawn_replica(dir: &Path, id: &str, pd: &str, prefix: &str) -> ReplicaProcess {
-    spawn_replica_with_lease(dir, id, pd, prefix, "2s")
+    spawn_replica_with(dir, id, pd, prefix, &[])
 }
 
 /// [`spawn_replica`] with a lease of `lease` (a duration such as `20s`).
@@ -27,6 +28,17 @@ pub fn spawn_replica_with_lease(
     pd: &str,
     prefix: &str,
     lease: &str,
+) -> ReplicaProcess {
+    spawn_replica_with(dir, id, pd, prefix, &["--lease-duration", lease])
+}
+
+/// [`spawn_replica`] with more `kshard serve` flags.
+pub fn spawn_replica_with(
+    dir: &Path,
+    id: &str,
+    pd: &str,
+    prefix: &str,
+    extra: &[&str],
 ) -> ReplicaProcess {
     let data = dir.join(id);
     std::fs::create_dir_all(&data).expect("data dir");
@@ -42,7 +54,8 @@ pub fn spawn_replica_with_lease(
         // Port 0: the replica binds a free port itself and advertises the bound
         // address (no race with other tests for a port picked in advance).
         .args(["--internal-listen", "127.0.0.1:0"])
-        .args(["--lease-duration", lease, "--compaction-interval", "1h"])
+        .args(["--compaction-interval", "1h"])
+        .args(extra)
         .env("RUST_LOG", "info,kshard::replica=debug")
         .stdout(Stdio::piped())
         .stderr(Stdio::from(log))

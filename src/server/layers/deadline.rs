@@ -51,14 +51,33 @@ pub fn timeout_of(query: &str, max: Duration) -> Result<Duration, ApiError> {
     }
 }
 
+/// The forwarding follower's remaining wait, trusted only on a request that
+/// came with the replicas' shared secret.
+fn forwarded_timeout(req: &Request) -> Option<Duration> {
+    req.extensions()
+        .get::<crate::replica::forward::ForwardedIdentity>()?;
+    let ms: u64 = req
+        .headers()
+        .get(crate::replica::forward::TIMEOUT_MS)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms.max(1)))
+}
+
 pub async fn layer(State(max): State<Duration>, mut req: Request, next: Next) -> Response {
     if is_long_running(&super::info(&req).route) {
         return next.run(req).await;
     }
-    let timeout = match timeout_of(req.uri().query().unwrap_or(""), max) {
+    let mut timeout = match timeout_of(req.uri().query().unwrap_or(""), max) {
         Ok(t) => t,
         Err(bad) => return super::status_response(&bad),
     };
+    // A write a follower forwarded: it waits only so long for the answer.
+    if let Some(left) = forwarded_timeout(&req) {
+        timeout = timeout.min(left);
+    }
     let now = Instant::now();
     let deadline = now.checked_add(timeout).unwrap_or(now);
     req.extensions_mut().insert(RequestDeadline(deadline));

@@ -12,29 +12,40 @@ use axum::response::Response;
 
 use super::Forwarded;
 use crate::api::request::Route;
-use crate::replica::{Replica, Routed};
+use crate::replica::{Replica, Routed, WriteInfo};
 
 pub async fn layer(
     State(replica): State<Option<Arc<Replica>>>,
     req: Request,
     next: Next,
 ) -> Response {
-    let verb = match &super::info(&req).route {
-        Route::Resource(r) => r.verb,
-        _ => None,
+    let write = match &super::info(&req).route {
+        Route::Resource(r) if crate::replica::is_write(r.verb) => WriteInfo {
+            verb: r.verb.map(|v| v.as_str()).unwrap_or_default().to_string(),
+            group: r.group.clone(),
+            resource: r.resource.clone(),
+        },
+        _ => return next.run(req).await,
     };
-    let Some(replica) = replica.filter(|_| crate::replica::is_write(verb)) else {
+    let Some(replica) = replica else {
         return next.run(req).await;
     };
     if req.extensions().get::<Forwarded>().is_some() {
-        if !replica.is_leader() {
+        // Counted while it runs, so a leader handing over waits for it.
+        let Some(local) = replica.begin_local_write() else {
             return crate::replica::internal::not_leader();
-        }
-        return next.run(req).await;
+        };
+        let resp = next.run(req).await;
+        drop(local);
+        return resp;
     }
     let acting = super::acting_user(&req);
-    match replica.route(req, &acting).await {
+    match replica.route(req, &acting, &write).await {
         Routed::Remote(resp) => resp,
-        Routed::Local(req) => next.run(req).await,
+        Routed::Local(req, local) => {
+            let resp = next.run(req).await;
+            drop(local);
+            resp
+        }
     }
 }
