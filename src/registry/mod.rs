@@ -135,6 +135,8 @@ pub struct Registry {
     cache: Arc<Cache>,
     /// Checks every create passes (namespace lifecycle against a host).
     admission: Option<Arc<dyn admission::CreateAdmission>>,
+    /// Admission webhooks, installed once the server has built them.
+    webhooks: std::sync::OnceLock<Arc<dyn admission::Admission>>,
 }
 
 impl Registry {
@@ -149,6 +151,7 @@ impl Registry {
             store,
             cache,
             admission,
+            webhooks: std::sync::OnceLock::new(),
         })
     }
 
