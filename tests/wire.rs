@@ -299,12 +299,13 @@ async fn discovery_health_version_openapi() {
     assert_eq!(
         groups,
         [
+            "admissionregistration.k8s.io",
             "demo.kshard.dev",
             "flowcontrol.kshard.dev",
             "test.kshard.dev"
         ]
     );
-    assert_eq!(apis["groups"][2]["preferredVersion"]["version"], "v1");
+    assert_eq!(apis["groups"][3]["preferredVersion"]["version"], "v1");
     let g = s.get("/apis/test.kshard.dev").await.json();
     assert_eq!(g["kind"], "APIGroup");
     let versions: Vec<&str> = g["versions"]
@@ -351,7 +352,9 @@ async fn discovery_health_version_openapi() {
     );
     let d = r.json();
     assert_eq!(d["kind"], "APIGroupDiscoveryList");
-    let widgets = &d["items"][0]["versions"][0]["resources"][0];
+    // Groups in name order: the built-in admissionregistration.k8s.io first.
+    assert_eq!(d["items"][0]["metadata"]["name"], "admissionregistration.k8s.io");
+    let widgets = &d["items"][1]["versions"][0]["resources"][0];
     assert_eq!(widgets["resource"], "widgets");
     assert_eq!(widgets["scope"], "Namespaced");
     assert_eq!(widgets["subresources"][1]["responseKind"]["kind"], "Scale");
