@@ -70,11 +70,20 @@ fn request_of(r: &common::webhook::Received) -> &Value {
 async fn a_validating_webhook_sees_every_write_as_kube_sends_it() {
     let (hooks, s) = setup().await;
     hooks.handle("/validate", Reply::allow);
-    configure(&s, VALIDATING, "checks", vec![hooks.webhook("check.kshard.dev", "/validate")]).await;
+    configure(
+        &s,
+        VALIDATING,
+        "checks",
+        vec![hooks.webhook("check.kshard.dev", "/validate")],
+    )
+    .await;
     wait_called(&s, &hooks, "/validate").await;
 
     let r = s
-        .post_json(&format!("{WIDGETS}?fieldManager=tester"), &widget("w1", "blue"))
+        .post_json(
+            &format!("{WIDGETS}?fieldManager=tester"),
+            &widget("w1", "blue"),
+        )
         .await;
     assert_eq!(r.status, 201, "{}", r.text());
     let got = hooks.take("/validate");
@@ -117,8 +126,19 @@ async fn a_validating_webhook_sees_every_write_as_kube_sends_it() {
     assert_eq!(
         keys,
         [
-            "uid", "kind", "resource", "requestKind", "requestResource", "name", "namespace",
-            "operation", "userInfo", "object", "oldObject", "dryRun", "options"
+            "uid",
+            "kind",
+            "resource",
+            "requestKind",
+            "requestResource",
+            "name",
+            "namespace",
+            "operation",
+            "userInfo",
+            "object",
+            "oldObject",
+            "dryRun",
+            "options"
         ]
     );
 
@@ -129,7 +149,10 @@ async fn a_validating_webhook_sees_every_write_as_kube_sends_it() {
     assert_eq!(r.status, 200, "{}", r.text());
     let got = hooks.take("/validate");
     let req = request_of(&got[0]);
-    assert_eq!((req["operation"].as_str(), req["subResource"].as_str()), (Some("UPDATE"), Some("status")));
+    assert_eq!(
+        (req["operation"].as_str(), req["subResource"].as_str()),
+        (Some("UPDATE"), Some("status"))
+    );
     assert_eq!(req["requestSubResource"], "status");
     assert_eq!(req["object"]["status"]["replicas"], 1);
     assert_eq!(req["oldObject"]["status"], Value::Null);
@@ -204,8 +227,20 @@ async fn a_denial_is_answered_as_kube_answers_it() {
             Reply::allow(review)
         }
     });
-    configure(&s, VALIDATING, "colors", vec![hooks.webhook("deny.kshard.dev", "/deny-red")]).await;
-    configure(&s, MUTATING, "silent", vec![hooks.webhook("silent.kshard.dev", "/deny-silently")]).await;
+    configure(
+        &s,
+        VALIDATING,
+        "colors",
+        vec![hooks.webhook("deny.kshard.dev", "/deny-red")],
+    )
+    .await;
+    configure(
+        &s,
+        MUTATING,
+        "silent",
+        vec![hooks.webhook("silent.kshard.dev", "/deny-silently")],
+    )
+    .await;
     wait_called(&s, &hooks, "/deny-red").await;
     wait_called(&s, &hooks, "/deny-silently").await;
 
@@ -249,7 +284,10 @@ async fn a_denial_is_answered_as_kube_answers_it() {
         )
         .await;
     assert_eq!(r.status, 403, "{}", r.text());
-    assert_eq!(s.get(&format!("{WIDGETS}/blue")).await.json()["spec"]["color"], "blue");
+    assert_eq!(
+        s.get(&format!("{WIDGETS}/blue")).await.json()["spec"]["color"],
+        "blue"
+    );
 }
 
 /// A mutating webhook's JSON patch is applied before validation and
@@ -283,7 +321,13 @@ async fn a_mutating_patch_is_validated_and_stored() {
         vec![first, hooks.webhook("paint.kshard.dev", "/mutate")],
     )
     .await;
-    configure(&s, VALIDATING, "checks", vec![hooks.webhook("check.kshard.dev", "/validate")]).await;
+    configure(
+        &s,
+        VALIDATING,
+        "checks",
+        vec![hooks.webhook("check.kshard.dev", "/validate")],
+    )
+    .await;
     wait_called(&s, &hooks, "/mutate").await;
     wait_called(&s, &hooks, "/validate").await;
     // The probes of the second wait went through the mutating webhooks too.
@@ -292,11 +336,17 @@ async fn a_mutating_patch_is_validated_and_stored() {
     }
 
     let r = s
-        .post_json(&format!("{WIDGETS}?fieldManager=tester"), &widget("w", "blue"))
+        .post_json(
+            &format!("{WIDGETS}?fieldManager=tester"),
+            &widget("w", "blue"),
+        )
         .await;
     assert_eq!(r.status, 201, "{}", r.text());
     let created = r.json();
-    assert_eq!(created["metadata"]["labels"], json!({"mutated-by": "webhook"}));
+    assert_eq!(
+        created["metadata"]["labels"],
+        json!({"mutated-by": "webhook"})
+    );
     assert_eq!(created["spec"]["color"], "green");
     assert_eq!(
         r.headers
@@ -315,14 +365,23 @@ async fn a_mutating_patch_is_validated_and_stored() {
     assert!(request_of(&mutated[0])["object"]["metadata"]["uid"].is_null());
     // The validating webhook saw it after the patch.
     let validated = hooks.take("/validate");
-    assert_eq!(request_of(&validated[0])["object"]["spec"]["color"], "green");
+    assert_eq!(
+        request_of(&validated[0])["object"]["spec"]["color"],
+        "green"
+    );
     // Called first, then again after the later webhook changed the object.
     let firsts = hooks.take("/first");
     assert_eq!(firsts.len(), 2);
     assert!(request_of(&firsts[0])["object"]["metadata"]["labels"].is_null());
-    assert_eq!(request_of(&firsts[1])["object"]["metadata"]["labels"]["mutated-by"], "webhook");
+    assert_eq!(
+        request_of(&firsts[1])["object"]["metadata"]["labels"]["mutated-by"],
+        "webhook"
+    );
     // Only the client's manager, owning what the client sent.
-    let managed = stored["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
+    let managed = stored["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(managed.len(), 1, "{stored}");
     assert_eq!(managed[0]["manager"], "tester");
     let fields = &managed[0]["fieldsV1"];
@@ -350,7 +409,9 @@ async fn a_webhook_that_times_out_fails_or_is_ignored_by_policy() {
     slow["timeoutSeconds"] = json!(1);
     configure(&s, VALIDATING, "slow", vec![slow]).await;
     wait_called(&s, &hooks, "/slow").await;
-    hooks.handle("/slow", |review: &Value| Reply::allow(review).after(Duration::from_secs(5)));
+    hooks.handle("/slow", |review: &Value| {
+        Reply::allow(review).after(Duration::from_secs(5))
+    });
 
     let started = Instant::now();
     let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
@@ -390,7 +451,10 @@ async fn a_webhook_that_times_out_fails_or_is_ignored_by_policy() {
 async fn dry_runs_reach_webhooks_without_side_effects() {
     let (hooks, s) = setup().await;
     hooks.handle("/mutate", |review: &Value| {
-        Reply::patch(review, json!([{"op": "add", "path": "/metadata/labels", "value": {"seen": "yes"}}]))
+        Reply::patch(
+            review,
+            json!([{"op": "add", "path": "/metadata/labels", "value": {"seen": "yes"}}]),
+        )
     });
     let mut hook = hooks.webhook("dry.kshard.dev", "/mutate");
     hook["sideEffects"] = json!("NoneOnDryRun");
@@ -438,20 +502,33 @@ async fn webhook_warnings_reach_the_client() {
     hooks.handle("/warn", |review: &Value| {
         let w = ["widgets are deprecated, use gadgets"];
         if review["request"]["object"]["spec"]["color"] == "red" {
-            Reply::deny(review, json!({"code": 403, "reason": "Forbidden", "message": "no red"}))
-                .with_warnings(&w)
+            Reply::deny(
+                review,
+                json!({"code": 403, "reason": "Forbidden", "message": "no red"}),
+            )
+            .with_warnings(&w)
         } else {
             Reply::allow(review).with_warnings(&w)
         }
     });
-    configure(&s, VALIDATING, "warn", vec![hooks.webhook("warn.kshard.dev", "/warn")]).await;
+    configure(
+        &s,
+        VALIDATING,
+        "warn",
+        vec![hooks.webhook("warn.kshard.dev", "/warn")],
+    )
+    .await;
     wait_called(&s, &hooks, "/warn").await;
 
     let out = s.kubectl_stdin(
         &["create", "-f", "-"],
         &serde_json::to_string(&widget("w", "blue")).expect("json"),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim(),
         "Warning: widgets are deprecated, use gadgets"
@@ -496,7 +573,11 @@ webhooks:
         hooks.ca_bundle()
     );
     let out = s.kubectl_stdin(&["apply", "-f", "-"], &yaml);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "mutatingwebhookconfiguration.admissionregistration.k8s.io/labeler created"
@@ -522,7 +603,11 @@ webhooks:
                 &["create", "-f", "-", "-o", "json"],
                 &serde_json::to_string(&widget(&name, "blue")).expect("json"),
             );
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let created: Value = serde_json::from_slice(&out.stdout).expect("json");
             (created["metadata"]["labels"]["labeled"] == "true").then_some(())
         }
@@ -530,7 +615,11 @@ webhooks:
     .await;
 
     let out = s.kubectl(&["delete", "mutatingwebhookconfiguration", "labeler"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     until("the deleted webhook to stop", PATIENCE, || {
         let (name, s) = (next(), server);
         async move {
@@ -551,8 +640,7 @@ async fn selectors_and_match_conditions_choose_requests() {
     hooks.handle("/selected", Reply::allow);
     let mut hook = hooks.webhook("selected.kshard.dev", "/selected");
     hook["objectSelector"] = json!({"matchLabels": {"watched": "yes"}});
-    hook["namespaceSelector"] =
-        json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["default"]}]});
+    hook["namespaceSelector"] = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["default"]}]});
     hook["matchConditions"] = json!([
         {"name": "not-kept", "expression": "!has(object.metadata.annotations) || !('keep' in object.metadata.annotations)"},
         {"name": "create-only", "expression": "request.operation == 'CREATE'"},
@@ -632,8 +720,14 @@ async fn the_host_s_configurations_are_honoured() {
         c.admission_webhook_resolve = resolve;
     })
     .await;
-    let ca = std::fs::read_to_string(kshard.running.kubeconfig.with_file_name("pki").join("ca.crt"))
-        .expect("kshard ca");
+    let ca = std::fs::read_to_string(
+        kshard
+            .running
+            .kubeconfig
+            .with_file_name("pki")
+            .join("ca.crt"),
+    )
+    .expect("kshard ca");
     host.aggregate(kshard.running.addr, &ca, "front-proxy-client")
         .await;
     let aggregator =
@@ -647,14 +741,19 @@ async fn the_host_s_configurations_are_honoured() {
                 .header("x-remote-user", "carol")
                 .header("x-remote-group", "system:masters")
                 .header("content-type", "application/json");
-            let body = body.map(|v| serde_json::to_vec(&v).expect("json")).unwrap_or_default();
+            let body = body
+                .map(|v| serde_json::to_vec(&v).expect("json"))
+                .unwrap_or_default();
             let resp = aggregator
                 .send(b.body(kube::client::Body::from(body)).expect("req"))
                 .await
                 .expect("send");
             let code = resp.status().as_u16();
             let body = resp.into_body().collect_bytes().await.expect("body");
-            (code, serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null))
+            (
+                code,
+                serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null),
+            )
         }
     };
     until("kshard to be ready behind the host", PATIENCE, || async {
@@ -664,16 +763,28 @@ async fn the_host_s_configurations_are_honoured() {
     let strict = "/apis/demo.kshard.dev/v1/namespaces/strict/widgets".to_string();
 
     hooks.handle("/deny", |review: &Value| {
-        Reply::deny(review, json!({"code": 403, "reason": "Forbidden", "message": "strict namespace"}))
+        Reply::deny(
+            review,
+            json!({"code": 403, "reason": "Forbidden", "message": "strict namespace"}),
+        )
     });
     let mut deny = hooks.webhook("strict.kshard.dev", "/deny");
     deny["namespaceSelector"] = json!({"matchLabels": {"admission": "strict"}});
     host.state
         .put_webhook_configuration(false, "strict", json!([deny]));
-    until("the host's configuration to take effect", PATIENCE, || async {
-        let r = send("POST", format!("{strict}?dryRun=All"), Some(widget("s1", "blue"))).await;
-        (r.0 != 201).then_some(())
-    })
+    until(
+        "the host's configuration to take effect",
+        PATIENCE,
+        || async {
+            let r = send(
+                "POST",
+                format!("{strict}?dryRun=All"),
+                Some(widget("s1", "blue")),
+            )
+            .await;
+            (r.0 != 201).then_some(())
+        },
+    )
     .await;
     hooks.take("/deny");
     let (code, body) = send("POST", strict.clone(), Some(widget("s1", "blue"))).await;
@@ -697,7 +808,12 @@ async fn the_host_s_configurations_are_honoured() {
     host.state
         .put_webhook_configuration(true, "legacy", json!([legacy]));
     let (code, body) = until("the legacy webhook to take effect", PATIENCE, || async {
-        let r = send("POST", format!("{WIDGETS}?dryRun=All"), Some(widget("d2", "blue"))).await;
+        let r = send(
+            "POST",
+            format!("{WIDGETS}?dryRun=All"),
+            Some(widget("d2", "blue")),
+        )
+        .await;
         (r.0 != 201).then_some(r)
     })
     .await;
@@ -717,7 +833,12 @@ async fn the_host_s_configurations_are_honoured() {
     // Removed from the host: no longer called.
     host.state.delete_webhook_configuration(true, "legacy");
     until("the removed configuration to stop", PATIENCE, || async {
-        let r = send("POST", format!("{WIDGETS}?dryRun=All"), Some(widget("d4", "blue"))).await;
+        let r = send(
+            "POST",
+            format!("{WIDGETS}?dryRun=All"),
+            Some(widget("d4", "blue")),
+        )
+        .await;
         (r.0 == 201).then_some(())
     })
     .await;

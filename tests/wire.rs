@@ -353,7 +353,10 @@ async fn discovery_health_version_openapi() {
     let d = r.json();
     assert_eq!(d["kind"], "APIGroupDiscoveryList");
     // Groups in name order: the built-in admissionregistration.k8s.io first.
-    assert_eq!(d["items"][0]["metadata"]["name"], "admissionregistration.k8s.io");
+    assert_eq!(
+        d["items"][0]["metadata"]["name"],
+        "admissionregistration.k8s.io"
+    );
     let widgets = &d["items"][1]["versions"][0]["resources"][0];
     assert_eq!(widgets["resource"], "widgets");
     assert_eq!(widgets["scope"], "Namespaced");

@@ -572,12 +572,14 @@ async fn handle(State(st): State<Arc<HostState>>, req: Request) -> Response {
                 None => status(404, "NotFound", &format!("configmaps \"{name}\" not found")),
             }
         }
-        ("GET", ["apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"]) => {
-            collection(&st, "mutatingwebhookconfigurations", "", &q).await
-        }
-        ("GET", ["apis", "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations"]) => {
-            collection(&st, "validatingwebhookconfigurations", "", &q).await
-        }
+        (
+            "GET",
+            ["apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"],
+        ) => collection(&st, "mutatingwebhookconfigurations", "", &q).await,
+        (
+            "GET",
+            ["apis", "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations"],
+        ) => collection(&st, "validatingwebhookconfigurations", "", &q).await,
         ("POST", ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
             st.token_reviews.fetch_add(1, Ordering::SeqCst);
             let body = body_json(req).await;
