@@ -843,3 +843,107 @@ async fn the_host_s_configurations_are_honoured() {
     })
     .await;
 }
+
+/// Admission is audited as kube audits it (the mutation, the webhook's own
+/// annotations, a webhook that failed open) and measured with kube's
+/// metrics; a webhook may not rename the object it updates.
+#[tokio::test(flavor = "multi_thread")]
+async fn admission_is_audited_and_measured() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n  omitStages: [RequestReceived]\n",
+    )
+    .expect("policy");
+    let log = dir.path().join("audit.log");
+    let hooks = WebhookServer::start().await;
+    let (p, l, resolve) = (policy.clone(), log.clone(), hooks.resolve());
+    let s = common::start_with(move |c| {
+        c.audit.audit_policy_file = Some(p);
+        c.audit.audit_log_path = Some(l);
+        c.admission_webhook_resolve = resolve;
+    })
+    .await;
+    hooks.handle("/paint", |review: &Value| {
+        let r = &review["request"];
+        if r["operation"] == "UPDATE" && r["object"]["spec"]["color"] == "rename" {
+            return Reply::patch(
+                review,
+                json!([{"op": "replace", "path": "/metadata/name", "value": "other"}]),
+            );
+        }
+        let mut reply = Reply::patch(
+            review,
+            json!([{"op": "add", "path": "/metadata/labels", "value": {"painted": "yes"}}]),
+        );
+        reply.body["response"]["auditAnnotations"] = json!({"decision": "painted"});
+        reply
+    });
+    hooks.handle("/broken", |review: &Value| {
+        let mut r = Reply::allow(review);
+        r.status = 500;
+        r
+    });
+    configure(
+        &s,
+        MUTATING,
+        "paint",
+        vec![hooks.webhook("paint.kshard.dev", "/paint")],
+    )
+    .await;
+    let mut broken = hooks.webhook("broken.kshard.dev", "/broken");
+    broken["failurePolicy"] = json!("Ignore");
+    configure(&s, VALIDATING, "broken", vec![broken]).await;
+    wait_called(&s, &hooks, "/paint").await;
+    wait_called(&s, &hooks, "/broken").await;
+
+    let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r
+        .headers
+        .get("audit-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("audit id")
+        .to_string();
+    let event = until("the create's audit event", PATIENCE, || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["auditID"] == id.as_str() && e["stage"] == "ResponseComplete")
+    })
+    .await;
+    let annotations = &event["annotations"];
+    assert_eq!(
+        annotations["mutation.webhook.admission.k8s.io/round_0_index_0"],
+        r#"{"configuration":"paint","webhook":"paint.kshard.dev","mutated":true}"#
+    );
+    assert_eq!(annotations["paint.kshard.dev/decision"], "painted");
+    assert_eq!(
+        annotations["failed-open.validating.webhook.admission.k8s.io/round_0_index_0"],
+        "broken.kshard.dev"
+    );
+
+    let metrics = s.get("/metrics").await.text();
+    for line in [
+        r#"apiserver_admission_webhook_fail_open_count{name="broken.kshard.dev",type="validating"}"#,
+        r#"apiserver_admission_webhook_admission_duration_seconds_count{name="paint.kshard.dev",type="admit",operation="CREATE",rejected="false"}"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/w"),
+            &[("content-type", "application/merge-patch+json")],
+            br#"{"spec":{"color":"rename"}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        r#"Widget.demo.kshard.dev "other" is invalid: metadata.name: Invalid value: "other": field is immutable"#
+    );
+}

@@ -411,9 +411,11 @@ impl Webhooks {
                 if round == 1 && !reinvoke.contains(&hook.uid) {
                     continue;
                 }
+                let started = std::time::Instant::now();
                 let outcome = self
                     .call_mutating(hook, &inv, attrs, object.as_deref_mut())
                     .await;
+                observe(hook, "admit", attrs.operation.as_str(), started, &outcome);
                 let changed = matches!(outcome, Ok(true));
                 if let Some(annotate) = &attrs.caller.annotate {
                     let value = json!({"configuration": hook.configuration, "webhook": hook.name, "mutated": changed});
@@ -472,9 +474,18 @@ impl Webhooks {
                 relevant.push((index, hook, inv));
             }
         }
-        let calls = relevant
-            .iter()
-            .map(|(_, hook, inv)| self.exchange(hook, inv, attrs, object, false));
+        let calls = relevant.iter().map(|(_, hook, inv)| async move {
+            let started = std::time::Instant::now();
+            let outcome = self.exchange(hook, inv, attrs, object, false).await;
+            observe(
+                hook,
+                "validating",
+                attrs.operation.as_str(),
+                started,
+                &outcome,
+            );
+            outcome
+        });
         let outcomes = futures::future::join_all(calls).await;
         let mut first = None;
         for ((index, hook, _), outcome) in relevant.iter().zip(outcomes) {
@@ -499,6 +510,38 @@ impl Webhooks {
             }
         }
         first.map_or(Ok(()), Err)
+    }
+}
+
+/// kube's `apiserver_admission_webhook_*` metrics for one call (`kind`:
+/// `admit` or `validating`).
+fn observe<T>(
+    hook: &Hook,
+    kind: &'static str,
+    operation: &'static str,
+    started: std::time::Instant,
+    outcome: &Result<T, HookError>,
+) {
+    let (rejected, rejection) = match outcome {
+        Ok(_) => (false, None),
+        Err(HookError::Calling(_)) if hook.ignore_failures => {
+            metrics::counter!("apiserver_admission_webhook_fail_open_count",
+                "name" => hook.name.clone(), "type" => kind)
+            .increment(1);
+            (false, None)
+        }
+        Err(HookError::Calling(_)) => (true, Some(("calling_webhook_error", 500))),
+        Err(HookError::Final(e)) => (true, Some(("no_error", e.code))),
+    };
+    metrics::histogram!("apiserver_admission_webhook_admission_duration_seconds",
+        "name" => hook.name.clone(), "type" => kind, "operation" => operation,
+        "rejected" => if rejected { "true" } else { "false" })
+    .record(started.elapsed().as_secs_f64());
+    if let Some((error_type, code)) = rejection {
+        metrics::counter!("apiserver_admission_webhook_rejection_count",
+            "name" => hook.name.clone(), "type" => kind, "operation" => operation,
+            "error_type" => error_type, "rejection_code" => code.to_string())
+        .increment(1);
     }
 }
 

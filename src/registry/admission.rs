@@ -364,7 +364,7 @@ async fn mutate(
             match object {
                 Some(obj) => {
                     hooks.mutate(&attrs, Some(&mut *obj)).await?;
-                    same_namespace(t, obj)
+                    after_mutation(t, step, obj)
                 }
                 None => hooks.mutate(&attrs, None).await,
             }
@@ -395,9 +395,29 @@ async fn validate(
     }
 }
 
-/// A webhook may not move the object to another namespace (kube's
-/// `EnsureObjectNamespaceMatchesRequestNamespace` after admission).
-fn same_namespace(t: &Target, obj: &Value) -> Result<(), ApiError> {
+/// What a webhook's patch may not change, checked as kube's strategy checks
+/// it after admission: the type stays the request's (kube's converter sets
+/// it back), the namespace the request's
+/// (`EnsureObjectNamespaceMatchesRequestNamespace`), and an update's name
+/// the stored one (`metadata.name` is immutable).
+fn after_mutation(t: &Target, step: &Step<'_>, obj: &mut Value) -> Result<(), ApiError> {
+    if let Some(o) = obj.as_object_mut() {
+        o.insert("apiVersion".into(), Value::String(t.api_version()));
+        o.insert("kind".into(), Value::String(t.rt.kind.clone()));
+    }
+    let name = meta_str(obj, "name");
+    if step.op == Operation::Update && name != step.name {
+        return Err(ApiError::invalid(
+            &t.rt.group,
+            &t.rt.kind,
+            name,
+            &[crate::status::FieldError::invalid(
+                "metadata.name",
+                name,
+                "field is immutable",
+            )],
+        ));
+    }
     let ns = meta_str(obj, "namespace");
     if t.rt.namespaced && ns != t.namespace {
         return Err(ApiError::bad_request(
