@@ -2,6 +2,7 @@
 //! A request flows `server` → `api` → `registry` → `storage`; `watch` follows
 //! the store's change feed (see DESIGN.md).
 
+pub mod admission;
 pub mod api;
 pub mod apply;
 pub mod audit;

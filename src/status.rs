@@ -1,7 +1,7 @@
 //! `metav1.Status` errors exactly as kube-apiserver writes them. Shared by the
 //! registry (which decides what went wrong) and the HTTP layer (which writes it).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// One field-level problem (`field.Error` in apimachinery).
@@ -137,7 +137,8 @@ pub fn aggregate(errors: &[FieldError]) -> String {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(default)]
 pub struct Cause {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub reason: String,
@@ -147,8 +148,8 @@ pub struct Cause {
     pub field: String,
 }
 
-#[derive(Debug, Clone, Serialize, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
 pub struct Details {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub name: String,
@@ -172,7 +173,8 @@ fn is_zero(n: &u64) -> bool {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub code: u16,
-    pub reason: &'static str,
+    /// Empty for a webhook's Status that named none (kube omits the field).
+    pub reason: std::borrow::Cow<'static, str>,
     pub message: String,
     pub details: Option<Box<Details>>,
     /// `metadata.continue` of the Status (expired continue tokens carry a fresh one).
@@ -192,7 +194,7 @@ impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
-            reason,
+            reason: reason.into(),
             message: message.into(),
             details: None,
             continue_token: None,
@@ -358,6 +360,21 @@ impl ApiError {
             ..Default::default()
         })
     }
+    /// A Status someone else decided (an admission webhook's), kept as sent.
+    pub fn from_parts(
+        code: u16,
+        reason: String,
+        message: String,
+        details: Option<Details>,
+    ) -> Self {
+        Self {
+            code,
+            reason: reason.into(),
+            message,
+            details: details.map(Box::new),
+            continue_token: None,
+        }
+    }
     pub fn internal(message: impl std::fmt::Display) -> Self {
         let message = message.to_string();
         Self::new(
@@ -449,8 +466,10 @@ impl ApiError {
             "metadata": metadata,
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
         });
+        if let (false, Some(obj)) = (self.reason.is_empty(), v.as_object_mut()) {
+            obj.insert("reason".into(), Value::String(self.reason.to_string()));
+        }
         if let (Some(d), Some(obj)) = (&self.details, v.as_object_mut()) {
             obj.insert(
                 "details".into(),

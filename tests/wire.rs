@@ -299,13 +299,14 @@ async fn discovery_health_version_openapi() {
     assert_eq!(
         groups,
         [
+            "admissionregistration.k8s.io",
             "apiextensions.k8s.io",
             "demo.kshard.dev",
             "flowcontrol.kshard.dev",
             "test.kshard.dev"
         ]
     );
-    assert_eq!(apis["groups"][2]["preferredVersion"]["version"], "v1");
+    assert_eq!(apis["groups"][3]["preferredVersion"]["version"], "v1");
     let g = s.get("/apis/test.kshard.dev").await.json();
     assert_eq!(g["kind"], "APIGroup");
     let versions: Vec<&str> = g["versions"]

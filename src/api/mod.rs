@@ -59,7 +59,7 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         Err(_) => {
             let mut e = ApiError::bad_request("the request body is too large");
             e.code = 413;
-            e.reason = "RequestEntityTooLarge";
+            e.reason = "RequestEntityTooLarge".into();
             return error_response(&e);
         }
     };
@@ -82,6 +82,7 @@ async fn serve(state: &ApiState, req: Request) -> Response {
                         .extensions
                         .get::<watch::InitialEventsSent>()
                         .cloned(),
+                    caller: caller_of(&parts.extensions),
                 },
             )
             .await
@@ -133,6 +134,26 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             None => error_response(&ApiError::not_found_path()),
         },
         Route::NotFound => error_response(&ApiError::not_found_path()),
+    }
+}
+
+/// Who a write comes from, for admission: the acting user (after
+/// impersonation) and the request's audit event for annotations.
+fn caller_of(ext: &http::Extensions) -> crate::registry::admission::Caller {
+    let annotate: Option<crate::registry::admission::Annotate> = ext
+        .get::<Arc<crate::audit::Recording>>()
+        .cloned()
+        .map(|rec| {
+            Arc::new(move |k: &str, v: &str| rec.annotate(k, v))
+                as crate::registry::admission::Annotate
+        });
+    crate::registry::admission::Caller {
+        user: ext
+            .get::<crate::auth::Identity>()
+            .cloned()
+            .unwrap_or_default(),
+        annotate,
+        ..Default::default()
     }
 }
 

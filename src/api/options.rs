@@ -198,6 +198,7 @@ pub fn write_options(
         dry_run: dry_run(q, options_kind)?,
         field_validation,
         manager,
+        caller: None,
     })
 }
 

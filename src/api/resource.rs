@@ -13,6 +13,7 @@ use super::options::{delete_options, write_options, ListOptions, Query};
 use super::request::{ResourceRequest, Verb};
 use super::response::{self, error_response, ListMeta};
 use super::ApiState;
+use crate::registry::admission::Caller;
 use crate::registry::patch::{self, PatchType};
 use crate::registry::scale::{apply_scale, to_scale};
 use crate::registry::table::IncludeObject;
@@ -38,6 +39,8 @@ pub struct Call<'a> {
     pub query: &'a str,
     pub body: Bytes,
     pub initial_events_sent: Option<super::watch::InitialEventsSent>,
+    /// The user and audit event; writes add their options for admission.
+    pub caller: Caller,
 }
 
 fn content_type(headers: &HeaderMap) -> &str {
@@ -89,10 +92,16 @@ pub async fn handle(state: &ApiState, call: Call<'_>) -> Response {
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let deprecation = deprecation_warning(state, &call.req);
+    let warnings = call.caller.warnings.clone();
     let mut resp = match dispatch(state, call).await {
         Ok(r) => r,
         Err(e) => response::error_for(accept.as_deref(), &e),
     };
+    // Admission webhooks' warnings reach the client even when the request
+    // failed (a success carries them in order already; `warn` adds each once).
+    for w in warnings.all() {
+        response::warn(&mut resp, &w);
+    }
     if let Some(text) = deprecation {
         response::warn_first(&mut resp, &text);
     }
@@ -214,7 +223,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         }
         Verb::Create => {
             let out = negotiate(accept, true)?;
-            let wo = write_options(&q, call.headers, false, "CreateOptions")?;
+            let mut wo = write_options(&q, call.headers, false, "CreateOptions")?;
+            wo.caller = Some(write_caller(&call.caller, &q));
             let dups = duplicate_check(&call.body, &wo)?;
             let obj = decode_body(call.headers, &call.body, &rt.kind)?;
             let done = reg.create(&t, obj, &wo).await?;
@@ -225,7 +235,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         }
         Verb::Update => {
             let out = negotiate(accept, true)?;
-            let wo = write_options(&q, call.headers, false, "UpdateOptions")?;
+            let mut wo = write_options(&q, call.headers, false, "UpdateOptions")?;
+            wo.caller = Some(write_caller(&call.caller, &q));
             let dups = duplicate_check(&call.body, &wo)?;
             let obj = decode_body(call.headers, &call.body, &rt.kind)?;
             if sub == Some("scale") {
@@ -256,7 +267,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 media,
                 "application/apply-patch+yaml" | "application/apply-patch+cbor"
             );
-            let wo = write_options(&q, call.headers, is_apply, "PatchOptions")?;
+            let mut wo = write_options(&q, call.headers, is_apply, "PatchOptions")?;
+            wo.caller = Some(write_caller(&call.caller, &q));
             let sr = if sub == Some("status") {
                 Subresource::Status
             } else {
@@ -327,7 +339,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
         }
         Verb::Delete => {
             let out = negotiate(accept, true)?;
-            let opts = delete_options(&q, &call.body)?;
+            let mut opts = delete_options(&q, &call.body)?;
+            opts.caller = Some(delete_caller(&call.caller, &q, &call.body, &opts));
             match reg.delete(&t, &name, &opts).await? {
                 DeleteOutcome::Pending(item) => {
                     Ok(response::object(StatusCode::OK, &t, &item, &out, include))
@@ -353,7 +366,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let lopts = ListOptions::parse(&q, false)?;
             lopts.read_at()?;
             let sel = Selectors::parse(&t, &lopts.label_selector, &lopts.field_selector)?;
-            let opts = delete_options(&q, &call.body)?;
+            let mut opts = delete_options(&q, &call.body)?;
+            opts.caller = Some(delete_caller(&call.caller, &q, &call.body, &opts));
             let items: Vec<Item> = reg.delete_collection(&t, &sel, &opts).await?;
             Ok(response::list(
                 &t,
@@ -368,6 +382,59 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             ))
         }
     }
+}
+
+/// The caller of a create, update or patch, with the options as sent.
+fn write_caller(base: &Caller, q: &Query) -> Arc<Caller> {
+    Arc::new(Caller {
+        field_manager: q.get("fieldManager").unwrap_or("").to_string(),
+        field_validation: q.get("fieldValidation").unwrap_or("").to_string(),
+        ..base.clone()
+    })
+}
+
+/// The caller of a delete, with its DeleteOptions as kube decodes them (the
+/// body's, then the query's parameters, in Go's field order).
+fn delete_caller(
+    base: &Caller,
+    q: &Query,
+    body: &[u8],
+    opts: &crate::registry::DeleteOptions,
+) -> Arc<Caller> {
+    let sent: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let mut o = serde_json::Map::new();
+    let grace = sent.get("gracePeriodSeconds").cloned().or_else(|| {
+        q.get("gracePeriodSeconds")
+            .and_then(|g| g.parse::<i64>().ok())
+            .map(Value::from)
+    });
+    if let Some(g) = grace {
+        o.insert("gracePeriodSeconds".into(), g);
+    }
+    if let Some(p) = sent.get("preconditions").filter(|p| p.is_object()) {
+        o.insert("preconditions".into(), p.clone());
+    }
+    if let Some(orphan) = sent
+        .get("orphanDependents")
+        .cloned()
+        .or_else(|| q.bool("orphanDependents").map(Value::Bool))
+    {
+        o.insert("orphanDependents".into(), orphan);
+    }
+    let propagation = sent
+        .get("propagationPolicy")
+        .and_then(Value::as_str)
+        .or_else(|| q.get("propagationPolicy"));
+    if let Some(p) = propagation {
+        o.insert("propagationPolicy".into(), Value::from(p));
+    }
+    if opts.dry_run {
+        o.insert("dryRun".into(), serde_json::json!(["All"]));
+    }
+    Arc::new(Caller {
+        delete_options: Some(Value::Object(o)),
+        ..base.clone()
+    })
 }
 
 /// Repeated JSON keys: an error under Strict, warnings under Warn (as kube's

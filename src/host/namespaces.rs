@@ -115,6 +115,35 @@ impl NamespaceLifecycle {
     }
 }
 
+impl NamespaceLifecycle {
+    /// A namespace's labels, from the cache or (just created) the host;
+    /// kube's 404 when it has no such namespace.
+    async fn labels_of(
+        &self,
+        ns: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, ApiError> {
+        let found = match self.cached(ns) {
+            Some(n) => Some((*n).clone()),
+            None => self.api.get_opt(ns).await.map_err(|e| {
+                ApiError::internal(format!("looking up namespace {ns} in the host: {e}"))
+            })?,
+        };
+        match found {
+            Some(n) => Ok(n.metadata.labels.unwrap_or_default()),
+            None => Err(ApiError::not_found("", "namespaces", ns)),
+        }
+    }
+}
+
+impl crate::admission::NamespaceLabels for NamespaceLifecycle {
+    fn labels<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<std::collections::BTreeMap<String, String>, ApiError>> {
+        Box::pin(self.labels_of(namespace))
+    }
+}
+
 impl CreateAdmission for NamespaceLifecycle {
     fn admit_create<'a>(
         &'a self,

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::guaranteed::{Current, Plan};
+use super::admission::{Caller, Operation, Step};
+use super::guaranteed::{Attempts, Current, Plan};
 use super::object::{finalizers, generation, is_deleting, meta_mut, meta_str, set_finalizers};
 use super::read::Item;
 use super::{now_rfc3339, ReadAt, Registry, Selectors, Target};
@@ -28,6 +29,8 @@ pub struct DeleteOptions {
     pub precondition_resource_version: Option<String>,
     pub propagation: Option<Propagation>,
     pub dry_run: bool,
+    /// Who asks, for admission (`None`: kshard's own deletes, no webhooks).
+    pub caller: Option<Arc<Caller>>,
 }
 
 pub enum DeleteOutcome {
@@ -47,43 +50,51 @@ impl Registry {
         name: &str,
         opts: &DeleteOptions,
     ) -> Result<DeleteOutcome, ApiError> {
-        let (item, answer) = self
-            .guaranteed_update(t, name, None, |current| {
-                let current =
-                    current.ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
-                self.plan_delete(t, name, current, opts)
-            })
-            .await?;
-        Ok(answer(item))
+        self.delete_admitted_as(t, name, name, opts).await
     }
 
-    /// Checks the preconditions, then either removes the object (no finalizers
-    /// left) or marks it deleted and sets the propagation finalizers.
-    fn plan_delete(
+    /// Deletes `name`; admission sees `admitted_name` (kube's deletecollection
+    /// admits each object under the collection request's empty name).
+    async fn delete_admitted_as(
         &self,
         t: &Target,
         name: &str,
+        admitted_name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<DeleteOutcome, ApiError> {
+        let mut attempts = Attempts::new(self, t, name);
+        loop {
+            let current = attempts
+                .read()
+                .await?
+                .ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
+            check_preconditions(t, name, &current.value, opts)?;
+            // kube: preconditions, then admission of the stored object
+            // (mutating, then validating), then the deletion itself.
+            let step = Step::new(
+                Operation::Delete,
+                admitted_name,
+                super::Subresource::Main,
+                Some(&current.value),
+            );
+            self.admit_delete(t, &step, opts.dry_run, opts.caller.as_deref())
+                .await?;
+            let (plan, answer) = self.plan_delete(t, &current, opts)?;
+            if let Some(item) = attempts.commit(Some(&current), plan).await? {
+                return Ok(answer(item));
+            }
+        }
+    }
+
+    /// Either removes the object (no finalizers left) or marks it deleted
+    /// and sets the propagation finalizers.
+    fn plan_delete(
+        &self,
+        t: &Target,
         stored: &Current,
         opts: &DeleteOptions,
     ) -> Result<(Plan, Answer), ApiError> {
         let current = &stored.value;
-        let gk = format!("{}.{}", t.rt.kind, t.rt.group);
-        if let Some(uid) = &opts.precondition_uid {
-            let actual = meta_str(current, "uid");
-            if uid != actual {
-                return Err(precondition_failed(t, &gk, name, format!(
-                    "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"
-                )));
-            }
-        }
-        if let Some(rv) = &opts.precondition_resource_version {
-            let actual = meta_str(current, "resourceVersion");
-            if rv != actual {
-                return Err(precondition_failed(t, &gk, name, format!(
-                    "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({actual}). The object might have been modified"
-                )));
-            }
-        }
         let mut fins = finalizers(current);
         let mut terminating = false;
         if super::crds::is_definition(t) && !is_deleting(current) {
@@ -163,7 +174,7 @@ impl Registry {
             if t.rt.namespaced {
                 target.namespace = meta_str(&item.value, "namespace").to_string();
             }
-            match self.delete(&target, &name, opts).await {
+            match self.delete_admitted_as(&target, &name, "", opts).await {
                 Ok(_) => out.push(self.item(t, &item.value, &item.json)?),
                 // Already gone: someone else deleted it meanwhile.
                 Err(e) if e.code == 404 => {}
@@ -172,6 +183,33 @@ impl Registry {
         }
         Ok(out)
     }
+}
+
+/// The client's UID and resourceVersion preconditions against the stored object.
+fn check_preconditions(
+    t: &Target,
+    name: &str,
+    current: &Value,
+    opts: &DeleteOptions,
+) -> Result<(), ApiError> {
+    let gk = format!("{}.{}", t.rt.kind, t.rt.group);
+    if let Some(uid) = &opts.precondition_uid {
+        let actual = meta_str(current, "uid");
+        if uid != actual {
+            return Err(precondition_failed(t, &gk, name, format!(
+                "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"
+            )));
+        }
+    }
+    if let Some(rv) = &opts.precondition_resource_version {
+        let actual = meta_str(current, "resourceVersion");
+        if rv != actual {
+            return Err(precondition_failed(t, &gk, name, format!(
+                "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({actual}). The object might have been modified"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn precondition_failed(t: &Target, gk: &str, name: &str, why: String) -> ApiError {

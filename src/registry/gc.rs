@@ -89,6 +89,7 @@ fn gc_write_options() -> WriteOptions {
         dry_run: false,
         field_validation: FieldValidation::Ignore,
         manager: "kshard-garbage-collector".into(),
+        caller: None,
     }
 }
 

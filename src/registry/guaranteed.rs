@@ -1,8 +1,9 @@
 //! The one read-modify-write loop (k8s.io/apiserver's `GuaranteedUpdate`):
 //! read the object, let the caller decide from it, write conditionally on the
 //! revision read, and on a storage conflict (another writer in between) read
-//! and decide again, a bounded number of times. A resourceVersion the client
-//! sent is a precondition: a mismatch is a 409, never retried.
+//! and decide again, a bounded number of times ([`Attempts`]). A
+//! resourceVersion the client sent is a precondition the caller checks: a
+//! mismatch is a 409, never retried.
 
 use serde_json::Value;
 
@@ -44,96 +45,104 @@ pub(super) enum Plan {
     /// (if still at the revision read), then remove it, as kube does (watchers
     /// see MODIFIED, then DELETED); the answer is the updated object.
     Finalized(Value),
-    /// The object is absent: create this one (apply of a new object). Losing
-    /// that race to another create reads again.
-    Create { object: Value, dry_run: bool },
+}
+
+/// One request's read-modify-write attempts: the caller reads, decides
+/// (admission webhooks may run in between, as they run inside kube's
+/// `GuaranteedUpdate`), and commits; a commit that lost a race to another
+/// writer sends it back to read again, a bounded number of times. (A
+/// client's resourceVersion is checked by the caller against what it read: a
+/// mismatch is a 409 at once.)
+pub(super) struct Attempts<'a> {
+    reg: &'a Registry,
+    t: &'a Target,
+    name: &'a str,
+    tries: usize,
+}
+
+impl<'a> Attempts<'a> {
+    pub fn new(reg: &'a Registry, t: &'a Target, name: &'a str) -> Self {
+        Self {
+            reg,
+            t,
+            name,
+            tries: 0,
+        }
+    }
+
+    fn modified(&self) -> ApiError {
+        ApiError::modified(&self.t.rt.group, &self.t.rt.plural, self.name)
+    }
+
+    /// The object for the next attempt (`None`: absent); 409 once the
+    /// attempts are used up.
+    pub async fn read(&mut self) -> Result<Option<Current>, ApiError> {
+        if self.tries == MAX_RETRIES {
+            return Err(self.modified());
+        }
+        self.tries += 1;
+        self.reg.read_current(self.t, self.name).await
+    }
+
+    /// Carries out what was decided from `current`. `Ok(None)`: another
+    /// writer came in between; read and decide again.
+    pub async fn commit(
+        &self,
+        current: Option<&Current>,
+        plan: Plan,
+    ) -> Result<Option<Item>, ApiError> {
+        let (reg, t, name) = (self.reg, self.t, self.name);
+        let key = t.key(name);
+        let write = match (plan, current.map(|c| c.rev)) {
+            (Plan::Done(item), _) => return Ok(Some(item)),
+            (Plan::Update(obj), Some(expected)) => Write::Update {
+                key,
+                expected,
+                object: reg.to_storage(t, &obj)?,
+            },
+            (Plan::Delete, Some(expected)) => Write::Delete {
+                key,
+                expected: Some(expected),
+            },
+            (Plan::Finalized(obj), Some(expected)) => {
+                let update = Write::Update {
+                    key: key.clone(),
+                    expected,
+                    object: reg.to_storage(t, &obj)?,
+                };
+                let updated = match reg.store.write(update).await {
+                    Ok(w) => reg.item(t, &w.object, &w.json)?,
+                    Err(StorageError::Conflict { .. }) => return Ok(None),
+                    Err(e) => return Err(reg.write_error(t, name, e)),
+                };
+                // Whatever is stored now goes (kube's delete here has no
+                // resourceVersion precondition); another writer may have
+                // removed it first.
+                return match reg
+                    .store
+                    .write(Write::Delete {
+                        key,
+                        expected: None,
+                    })
+                    .await
+                {
+                    Ok(_) | Err(StorageError::NotFound) => Ok(Some(updated)),
+                    Err(e) => Err(reg.write_error(t, name, e)),
+                };
+            }
+            (Plan::Update(_) | Plan::Delete | Plan::Finalized(_), None) => {
+                return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name))
+            }
+        };
+        match reg.store.write(write).await {
+            Ok(w) => Ok(Some(reg.item(t, &w.object, &w.json)?)),
+            Err(StorageError::Conflict { .. }) => Ok(None),
+            Err(e) => Err(reg.write_error(t, name, e)),
+        }
+    }
 }
 
 impl Registry {
-    /// Reads `name`, lets `decide` plan the write from it (`None`: absent), and
-    /// writes conditionally, retrying on a concurrent write. `decide` returns
-    /// a note kept with the item of the attempt that committed. With
-    /// `precondition` (a client's resourceVersion), the object must be at that
-    /// revision and a conflict is final.
-    pub(super) async fn guaranteed_update<T, F>(
-        &self,
-        t: &Target,
-        name: &str,
-        precondition: Option<Revision>,
-        mut decide: F,
-    ) -> Result<(Item, T), ApiError>
-    where
-        F: FnMut(Option<&Current>) -> Result<(Plan, T), ApiError>,
-    {
-        let modified = || ApiError::modified(&t.rt.group, &t.rt.plural, name);
-        for _ in 0..MAX_RETRIES {
-            let current = self.read_current(t, name).await?;
-            if let (Some(want), Some(cur)) = (precondition, &current) {
-                if want != cur.rev {
-                    return Err(modified());
-                }
-            }
-            let (plan, note) = decide(current.as_ref())?;
-            let key = t.key(name);
-            let expected = current.as_ref().map(|c| c.rev);
-            let write = match (plan, expected) {
-                (Plan::Done(item), _) => return Ok((item, note)),
-                (Plan::Create { object, dry_run }, _) => {
-                    match self.create_tracked(t, object, dry_run).await {
-                        Ok(item) => return Ok((item, note)),
-                        // Someone created it meanwhile: decide again from theirs.
-                        Err(e) if e.reason == "AlreadyExists" => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                (Plan::Update(obj), Some(expected)) => Write::Update {
-                    key,
-                    expected,
-                    object: self.to_storage(t, &obj)?,
-                },
-                (Plan::Delete, Some(expected)) => Write::Delete {
-                    key,
-                    expected: Some(expected),
-                },
-                (Plan::Finalized(obj), Some(expected)) => {
-                    let update = Write::Update {
-                        key: key.clone(),
-                        expected,
-                        object: self.to_storage(t, &obj)?,
-                    };
-                    let updated = match self.store.write(update).await {
-                        Ok(w) => self.item(t, &w.object, &w.json)?,
-                        Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
-                        Err(e) => return Err(self.write_error(t, name, e)),
-                    };
-                    // Whatever is stored now goes (kube's delete here has no
-                    // resourceVersion precondition); another writer may have
-                    // removed it first.
-                    match self
-                        .store
-                        .write(Write::Delete {
-                            key,
-                            expected: None,
-                        })
-                        .await
-                    {
-                        Ok(_) | Err(StorageError::NotFound) => return Ok((updated, note)),
-                        Err(e) => return Err(self.write_error(t, name, e)),
-                    }
-                }
-                (Plan::Update(_) | Plan::Delete | Plan::Finalized(_), None) => {
-                    return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name))
-                }
-            };
-            match self.store.write(write).await {
-                Ok(w) => return Ok((self.item(t, &w.object, &w.json)?, note)),
-                Err(StorageError::Conflict { .. }) if precondition.is_none() => continue,
-                Err(e) => return Err(self.write_error(t, name, e)),
-            }
-        }
-        Err(modified())
-    }
-
     /// The stored object in the target's version, or `None` when absent.
     async fn read_current(&self, t: &Target, name: &str) -> Result<Option<Current>, ApiError> {
         let Some((rev, json)) = self.store.get(&t.key(name)).await.map_err(storage_error)? else {

@@ -138,6 +138,8 @@ pub struct Registry {
     cache: Arc<Cache>,
     /// Checks every create passes (namespace lifecycle against a host).
     admission: Option<Arc<dyn admission::CreateAdmission>>,
+    /// Admission webhooks, installed once the server has built them.
+    webhooks: std::sync::OnceLock<Arc<dyn admission::Admission>>,
 }
 
 impl Registry {
@@ -152,6 +154,7 @@ impl Registry {
             store,
             cache,
             admission,
+            webhooks: std::sync::OnceLock::new(),
         })
     }
 

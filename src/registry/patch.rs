@@ -16,7 +16,7 @@ pub const MAX_ACCUMULATED_COPY_BYTES: usize = 3 * 1024 * 1024;
 fn invalid(message: String) -> ApiError {
     let mut err = ApiError::bad_request(message);
     err.code = 422;
-    err.reason = "Invalid";
+    err.reason = "Invalid".into();
     err
 }
 
@@ -112,7 +112,7 @@ pub fn apply(kind: PatchType, current: &Value, body: &[u8]) -> Result<Value, Api
                     ops.len()
                 ));
                 e.code = 413;
-                e.reason = "RequestEntityTooLarge";
+                e.reason = "RequestEntityTooLarge".into();
                 return Err(e);
             }
             // One operation at a time, so what `copy` adds is counted before it
@@ -247,7 +247,7 @@ mod tests {
             &serde_json::to_vec(&ops).expect("json"),
         )
         .expect_err("too many");
-        assert_eq!((e.code, e.reason), (413, "RequestEntityTooLarge"));
+        assert_eq!((e.code, e.reason.as_ref()), (413, "RequestEntityTooLarge"));
         assert_eq!(
             e.message,
             "Request entity too large: The allowed maximum operations in a JSON patch is 10000, got 10001"

@@ -1,14 +1,16 @@
 //! The write pipeline shared by every resource: decode checks, metadata rules,
 //! the strategy derived from the CRD (status/scale subresources, generation),
 //! finalizers, then one conditional write per change (through
-//! `guaranteed_update`). Deletion is in `delete.rs`.
+//! `guaranteed::Attempts`), with admission where kube has it. Deletion is in
+//! `delete.rs`.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::guaranteed::{too_deep, too_large, Current, Plan};
+use super::admission::{Caller, Operation, Step};
+use super::guaranteed::{too_deep, too_large, Attempts, Current, Plan};
 use super::meta::{go_string_slice, path_segment_errors, validate_object_meta};
 use super::object::{
     copy_field, finalizers, generation, is_deleting, meta_mut, meta_str, spec_part,
@@ -42,6 +44,8 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     /// The field manager recorded in managedFields (empty: not tracked).
     pub manager: String,
+    /// Who asks, for admission (`None`: kshard's own writes, no webhooks).
+    pub caller: Option<Arc<Caller>>,
 }
 
 /// A successful write and the warnings to send with it.
@@ -274,50 +278,64 @@ impl Registry {
         let fm = self
             .field_manager(t, sub)
             .ok_or_else(ApiError::not_found_path)?;
-        // The last attempt decides (a retry may find the object created by
-        // another writer meanwhile).
-        let created = std::sync::atomic::AtomicBool::new(false);
-        let (item, warnings) = self
-            .guaranteed_update(t, name, None, |live| {
-                created.store(live.is_none(), std::sync::atomic::Ordering::Release);
-                let mut merged = fm
-                    .apply(
-                        live.map(|c| &c.value),
-                        &config,
-                        &opts.manager,
-                        force,
-                        &now_rfc3339(),
-                    )
-                    .map_err(|e| apply_error(t, name, e))?;
-                let mut warnings = Vec::new();
-                self.decode_schema(t, &mut merged, opts, &mut warnings)?;
-                let Some(current) = live else {
-                    if sub != Subresource::Main {
-                        return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
-                    }
-                    warnings.extend(finalizer_warnings(&merged, None));
-                    let plan = Plan::Create {
-                        object: merged,
-                        dry_run: opts.dry_run,
-                    };
-                    return Ok((plan, warnings));
-                };
-                if let Some(m) = meta_mut(&mut merged) {
-                    m.insert(
-                        "resourceVersion".into(),
-                        Value::String(current.rev.to_string()),
-                    );
+        let mut attempts = Attempts::new(self, t, name);
+        loop {
+            // The last attempt decides (a retry may find the object created
+            // by another writer meanwhile).
+            let live = attempts.read().await?;
+            let mut merged = fm
+                .apply(
+                    live.as_ref().map(|c| &c.value),
+                    &config,
+                    &opts.manager,
+                    force,
+                    &now_rfc3339(),
+                )
+                .map_err(|e| apply_error(t, name, e))?;
+            let mut warnings = Vec::new();
+            self.decode_schema(t, &mut merged, opts, &mut warnings)?;
+            let Some(current) = live else {
+                if sub != Subresource::Main {
+                    return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
                 }
-                let plan =
-                    self.plan_update(t, name, current, merged, sub, opts, false, &mut warnings)?;
-                Ok((plan, warnings))
-            })
-            .await?;
-        Ok(Outcome {
-            item,
-            warnings,
-            created: created.load(std::sync::atomic::Ordering::Acquire),
-        })
+                // kube's patch handler admits an apply that creates as a CREATE.
+                let step = Step::new(Operation::Create, name, sub, None);
+                self.admit_mutating(t, &step, Some(&mut merged), opts, &mut warnings)
+                    .await?;
+                warnings.extend(finalizer_warnings(&merged, None));
+                match self.create_tracked(t, merged, opts, &mut warnings).await {
+                    Ok(item) => {
+                        return Ok(Outcome {
+                            item,
+                            warnings,
+                            created: true,
+                        })
+                    }
+                    // Someone created it meanwhile: decide again from theirs.
+                    Err(e) if e.reason == "AlreadyExists" => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            if let Some(m) = meta_mut(&mut merged) {
+                m.insert(
+                    "resourceVersion".into(),
+                    Value::String(current.rev.to_string()),
+                );
+            }
+            let step = Step::new(Operation::Update, name, sub, Some(&current.value));
+            self.admit_mutating(t, &step, Some(&mut merged), opts, &mut warnings)
+                .await?;
+            let plan = self
+                .plan_update(t, name, &current, merged, sub, opts, &mut warnings)
+                .await?;
+            if let Some(item) = attempts.commit(Some(&current), plan).await? {
+                return Ok(Outcome {
+                    item,
+                    warnings,
+                    created: false,
+                });
+            }
+        }
     }
 
     pub(super) fn to_storage(&self, t: &Target, obj: &Value) -> Result<Value, ApiError> {
@@ -384,9 +402,14 @@ impl Registry {
         let mut warnings = Vec::new();
         self.decode_schema(t, &mut obj, opts, &mut warnings)?;
         self.track(t, None, &mut obj, Subresource::Main, &opts.manager)?;
-        let notes = finalizer_warnings(&obj, None);
-        let item = self.create_tracked(t, obj, opts.dry_run).await?;
-        warnings.extend(notes);
+        // kube's create handler names the object for admission before a
+        // generated name exists (empty then).
+        let name = meta_str(&obj, "name").to_string();
+        let step = Step::new(Operation::Create, &name, Subresource::Main, None);
+        self.admit_mutating(t, &step, Some(&mut obj), opts, &mut warnings)
+            .await?;
+        warnings.extend(finalizer_warnings(&obj, None));
+        let item = self.create_tracked(t, obj, opts, &mut warnings).await?;
         Ok(Outcome {
             item,
             warnings,
@@ -394,21 +417,17 @@ impl Registry {
         })
     }
 
-    /// Create of an object whose body checks and managedFields are done.
+    /// Create of an object whose body checks, managedFields and mutating
+    /// admission are done: system fields, name generation, validation,
+    /// validating admission, the write.
     pub(super) async fn create_tracked(
         &self,
         t: &Target,
         mut obj: Value,
-        dry_run: bool,
+        opts: &WriteOptions,
+        warnings: &mut Vec<String>,
     ) -> Result<Item, ApiError> {
-        if let Some(check) = &self.admission {
-            let name = match meta_str(&obj, "name") {
-                "" => meta_str(&obj, "generateName"),
-                n => n,
-            }
-            .to_string();
-            check.admit_create(t, &name).await?;
-        }
+        let dry_run = opts.dry_run;
         let has_status = t.has_status();
         if let Some(o) = obj.as_object_mut() {
             if has_status {
@@ -479,6 +498,10 @@ impl Registry {
             }
         }
         self.validate(t, &obj, &obj, None, Subresource::Main)?;
+        // kube's validating admission sees the generated name.
+        let step = Step::new(Operation::Create, &name, Subresource::Main, None);
+        self.admit_validating(t, &step, Some(&obj), opts, warnings)
+            .await?;
         let attempts = if generated { GENERATE_NAME_ATTEMPTS } else { 1 };
         let mut last_name = name.clone();
         for attempt in 0..attempts {
@@ -569,45 +592,53 @@ impl Registry {
             Some(parse_object_revision("metadata.resourceVersion", &rv)?)
         };
         let uid = meta_str(&obj, "uid").to_string();
-        let (item, finalizer_notes) = self
-            .guaranteed_update(t, name, None, |current| {
-                // kube's order: the UID precondition, then existence (custom
-                // resources are never created by PUT), then the resourceVersion.
-                if !uid.is_empty() {
-                    let actual = current.map_or("", |c| meta_str(&c.value, "uid"));
-                    if uid != actual {
-                        return Err(uid_precondition_failed(t, name, &uid, actual));
-                    }
+        let mut attempts = Attempts::new(self, t, name);
+        loop {
+            let current = attempts.read().await?;
+            // kube's order: the UID precondition, then existence (custom
+            // resources are never created by PUT), then managedFields and
+            // mutating admission, then the resourceVersion.
+            if !uid.is_empty() {
+                let actual = current.as_ref().map_or("", |c| meta_str(&c.value, "uid"));
+                if uid != actual {
+                    return Err(uid_precondition_failed(t, name, &uid, actual));
                 }
-                let current = current.ok_or_else(|| not_found(t, name))?;
-                let Some(expected) = expected else {
-                    return Err(ApiError::invalid(
-                        &t.rt.group,
-                        &t.rt.plural,
-                        name,
-                        &[FieldError::new(
-                            crate::status::FieldErrorKind::Invalid,
-                            "metadata.resourceVersion",
-                            Some("0".into()),
-                            "must be specified for an update",
-                        )],
-                    ));
-                };
-                if expected != current.rev {
-                    return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
-                }
-                let mut notes = Vec::new();
-                let plan =
-                    self.plan_update(t, name, current, obj.clone(), sub, opts, true, &mut notes)?;
-                Ok((plan, notes))
-            })
-            .await?;
-        warnings.extend(finalizer_notes);
-        Ok(Outcome {
-            item,
-            warnings,
-            created: false,
-        })
+            }
+            let current = current.ok_or_else(|| not_found(t, name))?;
+            let mut new = obj.clone();
+            let mut notes = Vec::new();
+            self.track(t, Some(&current.value), &mut new, sub, &opts.manager)?;
+            let step = Step::new(Operation::Update, name, sub, Some(&current.value));
+            self.admit_mutating(t, &step, Some(&mut new), opts, &mut notes)
+                .await?;
+            let Some(expected) = expected else {
+                return Err(ApiError::invalid(
+                    &t.rt.group,
+                    &t.rt.plural,
+                    name,
+                    &[FieldError::new(
+                        crate::status::FieldErrorKind::Invalid,
+                        "metadata.resourceVersion",
+                        Some("0".into()),
+                        "must be specified for an update",
+                    )],
+                ));
+            };
+            if expected != current.rev {
+                return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+            }
+            let plan = self
+                .plan_update(t, name, &current, new, sub, opts, &mut notes)
+                .await?;
+            if let Some(item) = attempts.commit(Some(&current), plan).await? {
+                warnings.extend(notes);
+                return Ok(Outcome {
+                    item,
+                    warnings,
+                    created: false,
+                });
+            }
+        }
     }
 
     /// Re-reads and applies `change` until it commits without a concurrent write in
@@ -623,58 +654,63 @@ impl Registry {
     where
         F: FnMut(&Value) -> Result<Value, ApiError>,
     {
-        let (item, warnings) = self
-            .guaranteed_update(t, name, None, |current| {
-                let current = current.ok_or_else(|| not_found(t, name))?;
-                let mut obj = change(&current.value)?;
-                self.check_body(t, &mut obj)?;
-                let mut warnings = Vec::new();
-                self.decode_schema(t, &mut obj, opts, &mut warnings)?;
-                let body_name = meta_str(&obj, "name");
-                if body_name != name {
-                    return Err(ApiError::bad_request(format!(
-                        "the name of the object ({body_name}) does not match the name on the URL ({name})"
-                    )));
-                }
-                let rv = meta_str(&obj, "resourceVersion");
-                if !rv.is_empty()
-                    && parse_object_revision("metadata.resourceVersion", rv)? != current.rev
-                    && meta_str(&current.value, "resourceVersion") != rv
-                {
-                    // A precondition the client set in the patch: 409, not retried.
-                    return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
-                }
-                let plan =
-                    self.plan_update(t, name, current, obj, sub, opts, true, &mut warnings)?;
-                Ok((plan, warnings))
-            })
-            .await?;
-        Ok(Outcome {
-            item,
-            warnings,
-            created: false,
-        })
+        let mut attempts = Attempts::new(self, t, name);
+        loop {
+            let current = attempts.read().await?.ok_or_else(|| not_found(t, name))?;
+            let mut obj = change(&current.value)?;
+            self.check_body(t, &mut obj)?;
+            let mut warnings = Vec::new();
+            self.decode_schema(t, &mut obj, opts, &mut warnings)?;
+            let body_name = meta_str(&obj, "name");
+            if body_name != name {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({body_name}) does not match the name on the URL ({name})"
+                )));
+            }
+            let rv = meta_str(&obj, "resourceVersion").to_string();
+            self.track(t, Some(&current.value), &mut obj, sub, &opts.manager)?;
+            // kube's patch handler: the patch, managedFields, then mutating
+            // admission, all before the store checks the resourceVersion.
+            let step = Step::new(Operation::Update, name, sub, Some(&current.value));
+            self.admit_mutating(t, &step, Some(&mut obj), opts, &mut warnings)
+                .await?;
+            if !rv.is_empty()
+                && parse_object_revision("metadata.resourceVersion", &rv)? != current.rev
+                && meta_str(&current.value, "resourceVersion") != rv
+            {
+                // A precondition the client set in the patch: 409, not retried.
+                return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+            }
+            let plan = self
+                .plan_update(t, name, &current, obj, sub, opts, &mut warnings)
+                .await?;
+            if let Some(item) = attempts.commit(Some(&current), plan).await? {
+                return Ok(Outcome {
+                    item,
+                    warnings,
+                    created: false,
+                });
+            }
+        }
     }
 
-    /// The write an update of `current` to `obj` makes: system fields kept,
-    /// status or main part only, finalizer and generation rules, validation.
+    /// The write an update of `current` to `obj` (managedFields recorded,
+    /// mutating admission done) makes: system fields kept, status or main
+    /// part only, finalizer and generation rules, validation, validating
+    /// admission.
     #[allow(clippy::too_many_arguments)]
-    fn plan_update(
+    async fn plan_update(
         &self,
         t: &Target,
         name: &str,
         stored: &Current,
-        mut obj: Value,
+        obj: Value,
         sub: Subresource,
         opts: &WriteOptions,
-        track: bool,
         warnings: &mut Vec<String>,
     ) -> Result<Plan, ApiError> {
         let (current_rev, current) = (stored.rev, &stored.value);
         let dry_run = opts.dry_run;
-        if track {
-            self.track(t, Some(current), &mut obj, sub, &opts.manager)?;
-        }
         let has_status = t.has_status();
         let mut new = match sub {
             Subresource::Main | Subresource::Scale => {
@@ -751,6 +787,10 @@ impl Registry {
         if sub != Subresource::Status {
             warnings.extend(finalizer_warnings(&new, Some(current)));
         }
+        // kube calls validating admission on no-op updates too.
+        let step = Step::new(Operation::Update, name, sub, Some(current));
+        self.admit_validating(t, &step, Some(&new), opts, warnings)
+            .await?;
 
         if stored.unchanged_by(&new) {
             // Nothing changed: no write, no new revision (as kube does).

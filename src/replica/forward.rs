@@ -153,7 +153,7 @@ pub async fn buffer(req: Request) -> Result<Buffered, Response> {
     let body = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
         let mut e = crate::status::ApiError::bad_request("the request body is too large");
         e.code = 413;
-        e.reason = "RequestEntityTooLarge";
+        e.reason = "RequestEntityTooLarge".into();
         crate::api::response::error_response(&e)
     })?;
     Ok(Buffered {

@@ -141,6 +141,12 @@ pub struct ServeConfig {
     /// lease (ARCHITECTURE.md, "Failover timing").
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub lease_duration: Duration,
+    /// Where an admission webhook's `host:port` is reached instead of
+    /// resolving it (`hooks.ns.svc:443=10.0.0.5:8443`), as curl's
+    /// `--resolve`: for kshard outside the cluster whose Services its
+    /// webhooks name. The certificate must still carry the name. Repeatable.
+    #[arg(long = "admission-webhook-resolve", value_parser = parse_resolve)]
+    pub admission_webhook_resolve: Vec<(String, SocketAddr)>,
     #[command(flatten)]
     pub connections: super::conn::ConnectionLimits,
     #[command(flatten)]
@@ -244,6 +250,23 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(total).map_err(|_| bad())
 }
 
+/// `host:port=address:port` for `--admission-webhook-resolve`.
+pub fn parse_resolve(s: &str) -> Result<(String, SocketAddr), String> {
+    let (name, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected host:port=address:port"))?;
+    let (host, port) = name
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{name:?}: expected host:port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{name:?}: invalid port"))?;
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("{addr:?}: expected address:port"))?;
+    Ok((format!("{host}:{port}"), addr))
+}
+
 /// Sizes as the flags take them: `1048576`, `512Ki`, `64Mi`, `1Gi`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.get(s.len().saturating_sub(2)..) {
@@ -289,6 +312,19 @@ mod tests {
         for bad in ["", "soon", "5", "s", "1d", "-1s"] {
             assert!(parse_go_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn webhook_resolve_entries() {
+        assert_eq!(
+            parse_resolve("hooks.test.svc:443=127.0.0.1:9443"),
+            Ok((
+                "hooks.test.svc:443".to_string(),
+                SocketAddr::from(([127, 0, 0, 1], 9443))
+            ))
+        );
+        assert!(parse_resolve("hooks.test.svc=127.0.0.1:1").is_err());
+        assert!(parse_resolve("h:443=nowhere").is_err());
     }
 
     #[test]

@@ -174,6 +174,25 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         catalog.add_manifests(&builtin.0, &builtin.1)?;
         sources.builtin.push(builtin);
     }
+    // Standalone, admission webhooks are configured through kshard's own API;
+    // behind a host, by the host's objects.
+    let admission_host = cfg.host_for(&None);
+    if admission_host.is_none()
+        && catalog
+            .find(
+                crate::admission::config::GROUP,
+                "v1",
+                crate::admission::config::MUTATING,
+            )
+            .is_none()
+    {
+        let builtin = (
+            std::path::PathBuf::from("<built-in admissionregistration.k8s.io CRDs>"),
+            crate::admission::crd::manifests_yaml(),
+        );
+        catalog.add_manifests(&builtin.0, &builtin.1)?;
+        sources.builtin.push(builtin);
+    }
     pki::private_dir(&cfg.data_dir)?;
 
     let engine = open_engine_retrying(&cfg).await?;
@@ -213,20 +232,46 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let cache = Cache::start_with(store.clone(), ring, Some(on_load)).await?;
     let readiness = Arc::new(crate::api::health::Readiness::default());
     let mut tasks = Vec::new();
-    // Behind a host: creates pass its namespace lifecycle (kube's admission).
-    let admission: Option<Arc<dyn crate::registry::admission::CreateAdmission>> =
-        match cfg.host_for(&None) {
-            Some(h) => {
-                let client = crate::host::client(h.as_deref()).await?;
-                let (lifecycle, task) = crate::host::namespaces::NamespaceLifecycle::spawn(client);
-                tasks.push(task);
-                let synced = lifecycle.clone();
-                readiness.add("namespace-informer-sync", move || synced.is_synced());
-                Some(lifecycle)
-            }
-            None => None,
-        };
+    // Behind a host: creates pass its namespace lifecycle (kube's admission),
+    // and webhook configurations and namespace labels come from the host.
+    let host = match &admission_host {
+        Some(h) => {
+            let client = crate::host::client(h.as_deref()).await?;
+            let (lifecycle, task) =
+                crate::host::namespaces::NamespaceLifecycle::spawn(client.clone());
+            tasks.push(task);
+            let synced = lifecycle.clone();
+            readiness.add("namespace-informer-sync", move || synced.is_synced());
+            Some((client, lifecycle))
+        }
+        None => None,
+    };
+    let admission = host
+        .as_ref()
+        .map(|(_, l)| l.clone() as Arc<dyn crate::registry::admission::CreateAdmission>);
     let registry = Registry::new(live_catalog.clone(), store.clone(), cache, admission);
+    let (source, namespaces, task): (_, Arc<dyn crate::admission::NamespaceLabels>, _) = match host
+    {
+        Some((client, lifecycle)) => {
+            let (source, task) = crate::admission::config::Source::host(client);
+            (source, lifecycle, task)
+        }
+        None => {
+            let (source, task) = crate::admission::config::Source::local(registry.clone());
+            (source, Arc::new(crate::admission::ImplicitNamespaces), task)
+        }
+    };
+    tasks.push(task);
+    let webhooks = Arc::new(crate::admission::Webhooks::new(
+        source,
+        crate::admission::webhook::Clients::new(&cfg.admission_webhook_resolve),
+        namespaces,
+    ));
+    let synced = webhooks.clone();
+    readiness.add("admission-webhook-configuration-sync", move || {
+        synced.is_synced()
+    });
+    registry.set_admission(webhooks);
     tasks.push(gc::spawn(registry.clone()));
     tasks.push(store.spawn_compactor(cfg.compaction_interval));
     // A real read through the engine, for liveness and readiness alike (kube's

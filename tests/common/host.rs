@@ -1,7 +1,8 @@
 //! HOST DOUBLE: a stand-in for the host cluster's kube-apiserver, because no
 //! kube-apiserver can run on these machines. It speaks the real wire protocol
 //! over HTTPS for the parts kshard uses — TokenReview, SubjectAccessReview,
-//! `kube-system` ConfigMaps and Namespaces with list/watch (resourceVersion,
+//! `kube-system` ConfigMaps, Namespaces and `admissionregistration.k8s.io/v1`
+//! Mutating/ValidatingWebhookConfigurations with list/watch (resourceVersion,
 //! watch events, field selectors) — and acts as kube-aggregator in front of
 //! kshard: callers authenticate with bearer tokens and their requests are
 //! proxied to kshard with the front-proxy client certificate and
@@ -405,9 +406,20 @@ impl HostState {
 
     /// Creates or updates a namespace; `terminating` sets deletionTimestamp and phase.
     pub fn put_namespace(&self, name: &str, terminating: bool) {
+        self.put_namespace_labeled(name, terminating, &[]);
+    }
+
+    /// A namespace with labels besides the `kubernetes.io/metadata.name`
+    /// kube-apiserver gives every namespace.
+    pub fn put_namespace_labeled(&self, name: &str, terminating: bool, labels: &[(&str, &str)]) {
+        let mut all = serde_json::Map::new();
+        all.insert("kubernetes.io/metadata.name".into(), json!(name));
+        for (k, v) in labels {
+            all.insert(k.to_string(), json!(v));
+        }
         let mut ns = json!({
             "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": all},
             "spec": {"finalizers": ["kubernetes"]},
             "status": {"phase": if terminating { "Terminating" } else { "Active" }},
         });
@@ -427,6 +439,27 @@ impl HostState {
         self.remove("namespaces", "", name);
     }
 
+    /// Creates or updates a MutatingWebhookConfiguration (`mutating`) or a
+    /// ValidatingWebhookConfiguration with these webhooks.
+    pub fn put_webhook_configuration(&self, mutating: bool, name: &str, webhooks: Value) {
+        let (plural, kind) = webhook_kind(mutating);
+        let uid = self
+            .get(plural, "", name)
+            .map(|o| o["metadata"]["uid"].clone());
+        let mut obj = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+            "metadata": {"name": name}, "webhooks": webhooks,
+        });
+        if let Some(uid) = uid {
+            obj["metadata"]["uid"] = uid;
+        }
+        self.put(plural, "", name, obj);
+    }
+
+    pub fn delete_webhook_configuration(&self, mutating: bool, name: &str) {
+        self.remove(webhook_kind(mutating).0, "", name);
+    }
+
     pub fn put_configmap(&self, namespace: &str, name: &str, data: Value) {
         let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {}, "data": data});
         self.put("configmaps", namespace, name, cm);
@@ -444,6 +477,20 @@ impl HostState {
         let v = headers.get("authorization")?.to_str().ok()?;
         let token = v.strip_prefix("Bearer ")?;
         self.tokens.lock().expect("tokens").get(token).cloned()
+    }
+}
+
+fn webhook_kind(mutating: bool) -> (&'static str, &'static str) {
+    if mutating {
+        (
+            "mutatingwebhookconfigurations",
+            "MutatingWebhookConfiguration",
+        )
+    } else {
+        (
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+        )
     }
 }
 
@@ -480,7 +527,8 @@ async fn handle(State(st): State<Arc<HostState>>, req: Request) -> Response {
         segs.as_slice(),
         ["api"] | ["api", "v1"] | ["api", "v1", "namespaces", ..]
     ) || path.starts_with("/apis/authentication.k8s.io/")
-        || path.starts_with("/apis/authorization.k8s.io/");
+        || path.starts_with("/apis/authorization.k8s.io/")
+        || path.starts_with("/apis/admissionregistration.k8s.io/");
     if !own {
         return proxy(st, req).await;
     }
@@ -524,6 +572,14 @@ async fn handle(State(st): State<Arc<HostState>>, req: Request) -> Response {
                 None => status(404, "NotFound", &format!("configmaps \"{name}\" not found")),
             }
         }
+        (
+            "GET",
+            ["apis", "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations"],
+        ) => collection(&st, "mutatingwebhookconfigurations", "", &q).await,
+        (
+            "GET",
+            ["apis", "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations"],
+        ) => collection(&st, "validatingwebhookconfigurations", "", &q).await,
         ("POST", ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
             st.token_reviews.fetch_add(1, Ordering::SeqCst);
             let body = body_json(req).await;
@@ -624,14 +680,21 @@ async fn collection(
             .map(|s| s.object.clone())
             .filter(|v| selected(v, fs))
             .collect();
-        let list_kind = if kind == "namespaces" {
-            "NamespaceList"
-        } else {
-            "ConfigMapList"
+        let (list_kind, api_version) = match kind {
+            "namespaces" => ("NamespaceList", "v1"),
+            "mutatingwebhookconfigurations" => (
+                "MutatingWebhookConfigurationList",
+                "admissionregistration.k8s.io/v1",
+            ),
+            "validatingwebhookconfigurations" => (
+                "ValidatingWebhookConfigurationList",
+                "admissionregistration.k8s.io/v1",
+            ),
+            _ => ("ConfigMapList", "v1"),
         };
         return json_response(
             200,
-            &json!({"kind": list_kind, "apiVersion": "v1",
+            &json!({"kind": list_kind, "apiVersion": api_version,
                     "metadata": {"resourceVersion": o.rv.to_string()}, "items": items}),
         );
     }

@@ -7,6 +7,7 @@
 pub mod apf;
 pub mod host;
 pub mod replicas;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

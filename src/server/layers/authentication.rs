@@ -25,7 +25,7 @@ pub struct Authentication {
 pub fn unauthorized() -> Response {
     let mut e = ApiError::forbidden("Unauthorized");
     e.code = 401;
-    e.reason = "Unauthorized";
+    e.reason = "Unauthorized".into();
     super::status_response(&e)
 }
 

@@ -56,7 +56,7 @@ impl BodyLimits {
 pub fn too_large(limit: usize) -> ApiError {
     let mut e = ApiError::bad_request(format!("Request entity too large: limit is {limit}"));
     e.code = 413;
-    e.reason = "RequestEntityTooLarge";
+    e.reason = "RequestEntityTooLarge".into();
     e
 }
 

@@ -1,0 +1,616 @@
+//! The two webhook runs, as kube's dispatchers: mutating webhooks one after
+//! another (each sees the previous one's patch; `reinvocationPolicy:
+//! IfNeeded` webhooks run once more when a later one changed the object),
+//! validating webhooks all at once. Failure policy, dry-run side effects,
+//! denials, warnings and audit annotations follow kube.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::config::Hook;
+use super::matching::{self, Verdict};
+use super::review::{self, Invocation, ReviewVersion};
+use super::webhook::CallFailure;
+use super::Webhooks;
+use crate::registry::admission::{Attributes, Gvk};
+use crate::registry::patch::{self, PatchType};
+use crate::registry::ResourceType;
+use crate::status::{quote, ApiError, Details};
+
+/// How long a request waits for the configuration to be read at start
+/// (kube's admission plugins wait for their informers this long).
+const READY_WAIT: Duration = Duration::from_secs(10);
+
+/// What went wrong with one webhook.
+enum HookError {
+    /// The webhook could not be called or answered nonsense: the failure
+    /// policy decides.
+    Calling(CallFailure),
+    /// The request's answer, whatever the policy (a denial, a dry run the
+    /// webhook cannot take, a patch that does not apply).
+    Final(ApiError),
+}
+
+fn calling(reason: impl Into<String>) -> HookError {
+    HookError::Calling(CallFailure {
+        reason: reason.into(),
+    })
+}
+
+/// The kinds whose admission no webhook may take part in (kube's
+/// `IsExemptAdmissionConfigurationResource`), so a broken webhook can
+/// always be removed.
+fn exempt(kind: &Gvk) -> bool {
+    kind.group == super::config::GROUP
+        && matches!(
+            kind.kind.as_str(),
+            "ValidatingWebhookConfiguration"
+                | "MutatingWebhookConfiguration"
+                | "ValidatingAdmissionPolicy"
+                | "ValidatingAdmissionPolicyBinding"
+                | "MutatingAdmissionPolicy"
+                | "MutatingAdmissionPolicyBinding"
+        )
+}
+
+/// kube's `ToStatusErr`: a denial as the webhook worded it, prefixed with
+/// who denied it; codes below 400 become 400.
+fn denied(webhook: &str, status: Option<&Value>) -> ApiError {
+    let field = |k: &str| {
+        status
+            .and_then(|s| s.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let by = format!("admission webhook {} denied the request", quote(webhook));
+    let (message, reason) = (field("message"), field("reason"));
+    let message = if !message.is_empty() {
+        format!("{by}: {message}")
+    } else if !reason.is_empty() {
+        format!("{by}: {reason}")
+    } else {
+        format!("{by} without explanation")
+    };
+    let code = status
+        .and_then(|s| s.get("code"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let code = match code {
+        c if c < 400 => 400,
+        // Not an HTTP status at all: an error of ours, not the client's.
+        c if c > 599 => 500,
+        c => c as u16,
+    };
+    let details = status
+        .and_then(|s| s.get("details"))
+        .and_then(|d| serde_json::from_value::<Details>(d.clone()).ok());
+    ApiError::from_parts(code, reason, message, details)
+}
+
+/// The object as a webhook of version `inv` sees it.
+fn versioned<'v>(
+    t_rt: &ResourceType,
+    request_version: &str,
+    inv: &Invocation,
+    obj: &'v Value,
+) -> Result<Cow<'v, Value>, ApiError> {
+    if inv.kind.kind != t_rt.kind || inv.version == request_version {
+        return Ok(Cow::Borrowed(obj));
+    }
+    crate::registry::convert_value(t_rt, obj, &format!("{}/{}", inv.group, inv.version))
+        .map(Cow::Owned)
+}
+
+/// A patched object as kube decodes it: numbers as integers where whole,
+/// unknown fields pruned and defaults filled by `version`'s schema.
+fn normalize(rt: &ResourceType, version: &str, obj: &mut Value) {
+    crate::registry::meta::whole_numbers_as_integers(obj);
+    crate::registry::meta::drop_unknown_metadata(obj);
+    if let Some(schema) = rt.version(version).and_then(|v| v.validation.as_ref()) {
+        schema.prune(obj);
+        schema.apply_defaults(obj);
+    }
+}
+
+/// A namespace's labels, looked up at most once per run.
+#[derive(Default)]
+struct NamespaceLabelsOnce(Option<Result<BTreeMap<String, String>, ApiError>>);
+
+impl Webhooks {
+    async fn ready(
+        &self,
+        attrs: &Attributes<'_>,
+    ) -> Result<std::sync::Arc<super::config::Hooks>, ApiError> {
+        if !self.source.is_synced() && !self.source.wait_synced(READY_WAIT).await {
+            let t = attrs.target;
+            return Err(ApiError::forbidden_resource(
+                &t.rt.group,
+                &t.rt.plural,
+                attrs.name,
+                "not yet ready to handle request",
+            ));
+        }
+        Ok(self.source.current())
+    }
+
+    /// The resource and kind `hook` is called for, if its rules match the
+    /// request's resource, or (match policy Equivalent) another served
+    /// version of it.
+    fn invocation(&self, hook: &Hook, attrs: &Attributes<'_>) -> Option<Invocation> {
+        let t = attrs.target;
+        let request = |version: &'_ str| -> Invocation {
+            let kind = if attrs.subresource == "scale" {
+                attrs.kind.clone()
+            } else {
+                Gvk {
+                    group: t.rt.group.clone(),
+                    version: version.to_string(),
+                    kind: t.rt.kind.clone(),
+                }
+            };
+            Invocation {
+                group: t.rt.group.clone(),
+                version: version.to_string(),
+                resource: t.rt.plural.clone(),
+                subresource: attrs.subresource.to_string(),
+                kind,
+            }
+        };
+        let matches = |version: &str| {
+            let r = matching::Request {
+                operation: attrs.operation.as_str(),
+                group: &t.rt.group,
+                version,
+                resource: &t.rt.plural,
+                subresource: attrs.subresource,
+                namespace: &t.namespace,
+            };
+            hook.rules.iter().any(|rule| rule.matches(&r))
+        };
+        if matches(&t.version) {
+            let mut inv = request(&t.version);
+            inv.kind = attrs.kind.clone();
+            return Some(inv);
+        }
+        if !hook.equivalent {
+            return None;
+        }
+        // kube tries the rules in order, each against every equivalent version.
+        for rule in &hook.rules {
+            for v in
+                t.rt.versions
+                    .iter()
+                    .filter(|v| v.served && v.name != t.version)
+            {
+                let r = matching::Request {
+                    operation: attrs.operation.as_str(),
+                    group: &t.rt.group,
+                    version: &v.name,
+                    resource: &t.rt.plural,
+                    subresource: attrs.subresource,
+                    namespace: &t.namespace,
+                };
+                if rule.matches(&r) {
+                    return Some(request(&v.name));
+                }
+            }
+        }
+        None
+    }
+
+    /// kube's `ShouldCallHook`: the namespace and object selectors and the
+    /// rules decide; selector errors count only for webhooks whose rules
+    /// match; then the match conditions.
+    async fn should_call(
+        &self,
+        hook: &Hook,
+        attrs: &Attributes<'_>,
+        object: Option<&Value>,
+        ns: &mut NamespaceLabelsOnce,
+    ) -> Result<Option<Invocation>, ApiError> {
+        let t = attrs.target;
+        let ns_match = match &hook.namespace_selector {
+            _ if t.namespace.is_empty() => Ok(true),
+            Ok(sel) if sel.is_empty() => Ok(true),
+            Ok(sel) => {
+                if ns.0.is_none() {
+                    ns.0 = Some(self.namespaces.labels(&t.namespace).await);
+                }
+                match ns.0.as_ref() {
+                    Some(Ok(labels)) => Ok(sel.matches(labels)),
+                    Some(Err(e)) => Err(e.clone()),
+                    None => Ok(false),
+                }
+            }
+            Err(e) => Err(ApiError::internal(e)),
+        };
+        if matches!(ns_match, Ok(false)) {
+            return Ok(None);
+        }
+        let object_match = match &hook.object_selector {
+            Ok(sel) => Ok(matching::object_selected(sel, object, attrs.old_object)),
+            Err(e) => Err(ApiError::internal(e)),
+        };
+        if matches!(object_match, Ok(false)) {
+            return Ok(None);
+        }
+        let Some(inv) = self.invocation(hook, attrs) else {
+            return Ok(None);
+        };
+        ns_match?;
+        object_match?;
+        if hook.conditions.is_empty() {
+            return Ok(Some(inv));
+        }
+        let request = Value::Object(review::request("", attrs, &inv));
+        let obj = object
+            .map(|o| versioned(&t.rt, &t.version, &inv, o))
+            .transpose()?;
+        let old = attrs
+            .old_object
+            .map(|o| versioned(&t.rt, &t.version, &inv, o))
+            .transpose()?;
+        match hook
+            .conditions
+            .evaluate(obj.as_deref(), old.as_deref(), &request)
+        {
+            Verdict::Match => Ok(Some(inv)),
+            Verdict::NoMatch => Ok(None),
+            Verdict::Error(_) if hook.ignore_failures => Ok(None),
+            Verdict::Error(e) => {
+                tracing::warn!(webhook = %hook.name, error = %e, "failed evaluating match conditions, failing closed");
+                Err(ApiError::forbidden_resource(
+                    &t.rt.group,
+                    &t.rt.plural,
+                    attrs.name,
+                    &e,
+                ))
+            }
+        }
+    }
+
+    /// A webhook call, up to its checked answer: the dry-run rule, the
+    /// review in the webhook's version, the POST, the answer's checks, its
+    /// audit annotations and warnings.
+    async fn exchange(
+        &self,
+        hook: &Hook,
+        inv: &Invocation,
+        attrs: &Attributes<'_>,
+        object: Option<&Value>,
+        mutating: bool,
+    ) -> Result<review::Answer, HookError> {
+        if attrs.dry_run {
+            match hook.side_effects.as_str() {
+                "" => return Err(calling("Webhook SideEffects is nil")),
+                "None" | "NoneOnDryRun" => {}
+                _ => {
+                    return Err(HookError::Final(ApiError::bad_request(format!(
+                        "admission webhook {} does not support dry run",
+                        quote(&hook.name)
+                    ))))
+                }
+            }
+        }
+        let version = ReviewVersion::pick(&hook.review_versions).ok_or_else(|| {
+            calling("could not create admission objects: webhook does not accept known AdmissionReview versions (v1, v1beta1)")
+        })?;
+        let uid = uuid::Uuid::new_v4().to_string();
+        let t = attrs.target;
+        let obj = object
+            .map(|o| versioned(&t.rt, &t.version, inv, o))
+            .transpose()
+            .map_err(HookError::Final)?;
+        let old = attrs
+            .old_object
+            .map(|o| versioned(&t.rt, &t.version, inv, o))
+            .transpose()
+            .map_err(HookError::Final)?;
+        let body = review::review(version, &uid, attrs, inv, obj.as_deref(), old.as_deref());
+        let answer = self
+            .clients
+            .call(hook, &body)
+            .await
+            .map_err(HookError::Calling)?;
+        let answer = review::verify(version, &uid, mutating, &answer)
+            .map_err(|e| calling(format!("received invalid webhook response: {e}")))?;
+        if let Some(annotate) = &attrs.caller.annotate {
+            for (k, v) in &answer.audit_annotations {
+                annotate(&format!("{}/{k}", hook.name), v);
+            }
+        }
+        for w in &answer.warnings {
+            attrs.caller.warnings.add(w);
+        }
+        if !answer.allowed {
+            return Err(HookError::Final(denied(&hook.name, answer.status.as_ref())));
+        }
+        Ok(answer)
+    }
+
+    /// One mutating webhook; `Ok(true)` when its patch changed the object.
+    async fn call_mutating(
+        &self,
+        hook: &Hook,
+        inv: &Invocation,
+        attrs: &Attributes<'_>,
+        object: Option<&mut Value>,
+    ) -> Result<bool, HookError> {
+        let answer = self
+            .exchange(hook, inv, attrs, object.as_deref(), true)
+            .await?;
+        if answer.patch.is_empty() {
+            return Ok(false);
+        }
+        let ops: Vec<serde_json::Map<String, Value>> = serde_json::from_slice(&answer.patch)
+            .map_err(|e| {
+                calling(format!(
+                    "received undecodable patch in webhook response: {e}"
+                ))
+            })?;
+        if ops.is_empty() {
+            return Ok(false);
+        }
+        let Some(obj) = object else {
+            return Err(HookError::Final(ApiError::internal(format!(
+                "admission webhook {} attempted to modify the object, which is not supported for this operation",
+                quote(&hook.name)
+            ))));
+        };
+        if answer.patch_type != "JSONPatch" {
+            return Err(calling(format!(
+                "unsupported patch type {:?}",
+                answer.patch_type
+            )));
+        }
+        let t = attrs.target;
+        let current = versioned(&t.rt, &t.version, inv, obj)
+            .map_err(HookError::Final)?
+            .into_owned();
+        let mut patched = patch::apply(PatchType::Json, &current, &answer.patch)
+            .map_err(|e| HookError::Final(ApiError::internal(e.message)))?;
+        let changed = patched != current;
+        if inv.kind.kind == t.rt.kind {
+            normalize(&t.rt, &inv.version, &mut patched);
+            if inv.version != t.version {
+                patched = crate::registry::convert_value(&t.rt, &patched, &t.api_version())
+                    .map_err(HookError::Final)?;
+                normalize(&t.rt, &t.version, &mut patched);
+            }
+        }
+        *obj = patched;
+        Ok(changed)
+    }
+
+    /// The mutating run: webhooks in order, then once more for those that
+    /// asked (`IfNeeded`) when a later webhook changed the object.
+    pub(super) async fn mutate_all(
+        &self,
+        attrs: &Attributes<'_>,
+        mut object: Option<&mut Value>,
+    ) -> Result<(), ApiError> {
+        if exempt(&attrs.kind) {
+            return Ok(());
+        }
+        let hooks = self.ready(attrs).await?;
+        if hooks.mutating.is_empty() {
+            return Ok(());
+        }
+        let mut ns = NamespaceLabelsOnce::default();
+        let mut invoked_reinvocable = HashSet::new();
+        let mut reinvoke = HashSet::new();
+        let mut again = false;
+        for round in 0..2 {
+            if round == 1 && !again {
+                break;
+            }
+            for (index, hook) in hooks.mutating.iter().enumerate() {
+                let Some(inv) = self
+                    .should_call(hook, attrs, object.as_deref(), &mut ns)
+                    .await?
+                else {
+                    continue;
+                };
+                // A webhook is never called for the first time on reinvocation.
+                if round == 1 && !reinvoke.contains(&hook.uid) {
+                    continue;
+                }
+                let started = std::time::Instant::now();
+                let outcome = self
+                    .call_mutating(hook, &inv, attrs, object.as_deref_mut())
+                    .await;
+                observe(hook, "admit", attrs.operation.as_str(), started, &outcome);
+                let changed = matches!(outcome, Ok(true));
+                if let Some(annotate) = &attrs.caller.annotate {
+                    let value = json!({"configuration": hook.configuration, "webhook": hook.name, "mutated": changed});
+                    annotate(
+                        &format!("mutation.webhook.admission.k8s.io/round_{round}_index_{index}"),
+                        &value.to_string(),
+                    );
+                }
+                if changed {
+                    reinvoke.extend(invoked_reinvocable.drain());
+                    again = true;
+                }
+                if hook.reinvoke_if_needed {
+                    invoked_reinvocable.insert(hook.uid.clone());
+                }
+                match outcome {
+                    Ok(_) => {}
+                    Err(HookError::Calling(f)) if hook.ignore_failures => {
+                        tracing::warn!(webhook = %hook.name, error = %f.reason, "failed calling webhook, failing open");
+                        if let Some(annotate) = &attrs.caller.annotate {
+                            annotate(
+                                &format!("failed-open.mutation.webhook.admission.k8s.io/round_{round}_index_{index}"),
+                                &hook.name,
+                            );
+                        }
+                    }
+                    Err(HookError::Calling(f)) => {
+                        tracing::warn!(webhook = %hook.name, error = %f.reason, "failed calling webhook, failing closed");
+                        return Err(call_error(hook, &f));
+                    }
+                    Err(HookError::Final(e)) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The validating run: every matching webhook at once; the first error
+    /// in webhook order is the answer.
+    pub(super) async fn validate_all(
+        &self,
+        attrs: &Attributes<'_>,
+        object: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        if exempt(&attrs.kind) {
+            return Ok(());
+        }
+        let hooks = self.ready(attrs).await?;
+        if hooks.validating.is_empty() {
+            return Ok(());
+        }
+        let mut ns = NamespaceLabelsOnce::default();
+        let mut relevant = Vec::new();
+        for (index, hook) in hooks.validating.iter().enumerate() {
+            if let Some(inv) = self.should_call(hook, attrs, object, &mut ns).await? {
+                relevant.push((index, hook, inv));
+            }
+        }
+        let calls = relevant.iter().map(|(_, hook, inv)| async move {
+            let started = std::time::Instant::now();
+            let outcome = self.exchange(hook, inv, attrs, object, false).await;
+            observe(
+                hook,
+                "validating",
+                attrs.operation.as_str(),
+                started,
+                &outcome,
+            );
+            outcome
+        });
+        let outcomes = futures::future::join_all(calls).await;
+        let mut first = None;
+        for ((index, hook, _), outcome) in relevant.iter().zip(outcomes) {
+            match outcome {
+                Ok(_) => {}
+                Err(HookError::Calling(f)) if hook.ignore_failures => {
+                    tracing::warn!(webhook = %hook.name, error = %f.reason, "failed calling webhook, failing open");
+                    if let Some(annotate) = &attrs.caller.annotate {
+                        annotate(
+                            &format!("failed-open.validating.webhook.admission.k8s.io/round_0_index_{index}"),
+                            &hook.name,
+                        );
+                    }
+                }
+                Err(HookError::Calling(f)) => {
+                    tracing::warn!(webhook = %hook.name, error = %f.reason, "failed calling webhook, failing closed");
+                    first.get_or_insert_with(|| call_error(hook, &f));
+                }
+                Err(HookError::Final(e)) => {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// kube's `apiserver_admission_webhook_*` metrics for one call (`kind`:
+/// `admit` or `validating`).
+fn observe<T>(
+    hook: &Hook,
+    kind: &'static str,
+    operation: &'static str,
+    started: std::time::Instant,
+    outcome: &Result<T, HookError>,
+) {
+    let (rejected, rejection) = match outcome {
+        Ok(_) => (false, None),
+        Err(HookError::Calling(_)) if hook.ignore_failures => {
+            metrics::counter!("apiserver_admission_webhook_fail_open_count",
+                "name" => hook.name.clone(), "type" => kind)
+            .increment(1);
+            (false, None)
+        }
+        Err(HookError::Calling(_)) => (true, Some(("calling_webhook_error", 500))),
+        Err(HookError::Final(e)) => (true, Some(("no_error", e.code))),
+    };
+    metrics::histogram!("apiserver_admission_webhook_admission_duration_seconds",
+        "name" => hook.name.clone(), "type" => kind, "operation" => operation,
+        "rejected" => if rejected { "true" } else { "false" })
+    .record(started.elapsed().as_secs_f64());
+    if let Some((error_type, code)) = rejection {
+        metrics::counter!("apiserver_admission_webhook_rejection_count",
+            "name" => hook.name.clone(), "type" => kind, "operation" => operation,
+            "error_type" => error_type, "rejection_code" => code.to_string())
+        .increment(1);
+    }
+}
+
+/// A webhook that could not be called, under failure policy Fail: kube's
+/// `NewInternalError(ErrCallingWebhook)`.
+fn call_error(hook: &Hook, f: &CallFailure) -> ApiError {
+    ApiError::internal(format!(
+        "failed calling webhook {}: {}",
+        quote(&hook.name),
+        f.reason
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn denials_read_as_kube_writes_them() {
+        let e = denied(
+            "deny.kshard.dev",
+            Some(&json!({"code": 403, "reason": "Forbidden", "message": "no red widgets"})),
+        );
+        assert_eq!(e.code, 403);
+        assert_eq!(e.reason, "Forbidden");
+        assert_eq!(
+            e.message,
+            "admission webhook \"deny.kshard.dev\" denied the request: no red widgets"
+        );
+        let e = denied("d.x.io", None);
+        assert_eq!((e.code, e.reason.as_ref()), (400, ""));
+        assert_eq!(
+            e.message,
+            "admission webhook \"d.x.io\" denied the request without explanation"
+        );
+        assert!(e.to_json().get("reason").is_none());
+        let e = denied(
+            "d.x.io",
+            Some(&json!({"code": 200, "reason": "NotAllowed"})),
+        );
+        assert_eq!(e.code, 400);
+        assert_eq!(
+            e.message,
+            "admission webhook \"d.x.io\" denied the request: NotAllowed"
+        );
+    }
+
+    #[test]
+    fn configuration_kinds_are_exempt() {
+        let gvk = |g: &str, k: &str| Gvk {
+            group: g.into(),
+            version: "v1".into(),
+            kind: k.into(),
+        };
+        assert!(exempt(&gvk(
+            "admissionregistration.k8s.io",
+            "MutatingWebhookConfiguration"
+        )));
+        assert!(!exempt(&gvk(
+            "demo.kshard.dev",
+            "MutatingWebhookConfiguration"
+        )));
+    }
+}

@@ -1,0 +1,949 @@
+//! Admission webhooks through the real server: a real HTTPS webhook server
+//! (`common::webhook`, rustls with a test CA given as `caBundle`), the
+//! configurations served by kshard itself (applied with kubectl too) or by
+//! the HOST DOUBLE, and every answer compared with kube-apiserver's.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::webhook::{until, Reply, WebhookServer};
+use common::{TestServer, WIDGETS};
+use serde_json::{json, Value};
+
+const MUTATING: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
+const VALIDATING: &str = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+/// How long a test waits for a condition on a loaded machine.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+async fn setup() -> (WebhookServer, TestServer) {
+    let hooks = WebhookServer::start().await;
+    let resolve = hooks.resolve();
+    let kshard = common::start_with(move |c| c.admission_webhook_resolve = resolve).await;
+    (hooks, kshard)
+}
+
+fn widget(name: &str, color: &str) -> Value {
+    json!({"apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+           "metadata": {"name": name}, "spec": {"replicas": 1, "color": color}})
+}
+
+/// Creates a configuration (`MUTATING` or `VALIDATING`) through the API.
+async fn configure(s: &TestServer, collection: &str, name: &str, webhooks: Vec<Value>) {
+    let kind = if collection == MUTATING {
+        "MutatingWebhookConfiguration"
+    } else {
+        "ValidatingWebhookConfiguration"
+    };
+    let r = s
+        .post_json(
+            collection,
+            &json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+                    "metadata": {"name": name}, "webhooks": webhooks}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Waits until `path` of the webhook server is called: dry-run creates of a
+/// probe widget until a review arrives (the configuration is followed
+/// through a watch, so this takes milliseconds on an idle machine).
+async fn wait_called(s: &TestServer, hooks: &WebhookServer, path: &str) {
+    let before = hooks.received(path).len();
+    until(&format!("{path} to be called"), PATIENCE, || async {
+        s.post_json(&format!("{WIDGETS}?dryRun=All"), &widget("probe", "blue"))
+            .await;
+        (hooks.received(path).len() > before).then_some(())
+    })
+    .await;
+    hooks.take(path);
+}
+
+fn request_of(r: &common::webhook::Received) -> &Value {
+    &r.review["request"]
+}
+
+/// Every write kind reaches a validating webhook as kube sends it: the
+/// review's kinds, resources, subresource, name, namespace, operation, user,
+/// objects, dry run and options.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_validating_webhook_sees_every_write_as_kube_sends_it() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/validate", Reply::allow);
+    configure(
+        &s,
+        VALIDATING,
+        "checks",
+        vec![hooks.webhook("check.kshard.dev", "/validate")],
+    )
+    .await;
+    wait_called(&s, &hooks, "/validate").await;
+
+    let r = s
+        .post_json(
+            &format!("{WIDGETS}?fieldManager=tester"),
+            &widget("w1", "blue"),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let got = hooks.take("/validate");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].query, "timeout=10s");
+    let review = &got[0].review;
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(review["kind"], "AdmissionReview");
+    let req = &review["request"];
+    assert!(req["uid"].as_str().is_some_and(|u| u.len() == 36), "{req}");
+    let widget_kind = json!({"group": "demo.kshard.dev", "version": "v1", "kind": "Widget"});
+    let widgets = json!({"group": "demo.kshard.dev", "version": "v1", "resource": "widgets"});
+    assert_eq!(req["kind"], widget_kind);
+    assert_eq!(req["resource"], widgets);
+    assert_eq!(req["requestKind"], widget_kind);
+    assert_eq!(req["requestResource"], widgets);
+    assert!(req.get("subResource").is_none());
+    assert_eq!(req["name"], "w1");
+    assert_eq!(req["namespace"], "default");
+    assert_eq!(req["operation"], "CREATE");
+    assert_eq!(req["userInfo"]["username"], "kshard-admin");
+    assert!(req["userInfo"]["groups"]
+        .as_array()
+        .is_some_and(|g| g.contains(&json!("system:masters"))));
+    // Validating admission sees the object about to be stored.
+    assert_eq!(req["object"]["metadata"]["name"], "w1");
+    assert!(req["object"]["metadata"]["uid"].is_string());
+    assert_eq!(req["object"]["metadata"]["generation"], 1);
+    assert_eq!(req["oldObject"], Value::Null);
+    assert_eq!(req["dryRun"], false);
+    assert_eq!(
+        req["options"],
+        json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1", "fieldManager": "tester"})
+    );
+    // Go's field order, as kube marshals the request.
+    let keys: Vec<&str> = req
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        keys,
+        [
+            "uid",
+            "kind",
+            "resource",
+            "requestKind",
+            "requestResource",
+            "name",
+            "namespace",
+            "operation",
+            "userInfo",
+            "object",
+            "oldObject",
+            "dryRun",
+            "options"
+        ]
+    );
+
+    // The status subresource: UPDATE of widgets/status with the old object.
+    let mut stored = r.json();
+    stored["status"] = json!({"replicas": 1});
+    let r = s.put_json(&format!("{WIDGETS}/w1/status"), &stored).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = hooks.take("/validate");
+    let req = request_of(&got[0]);
+    assert_eq!(
+        (req["operation"].as_str(), req["subResource"].as_str()),
+        (Some("UPDATE"), Some("status"))
+    );
+    assert_eq!(req["requestSubResource"], "status");
+    assert_eq!(req["object"]["status"]["replicas"], 1);
+    assert_eq!(req["oldObject"]["status"], Value::Null);
+    assert_eq!(req["options"]["kind"], "UpdateOptions");
+
+    // The scale subresource: the webhook sees autoscaling/v1 Scale objects.
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/w1/scale"),
+            &[("content-type", "application/merge-patch+json")],
+            br#"{"spec":{"replicas":5}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = hooks.take("/validate");
+    let req = request_of(&got[0]);
+    let scale = json!({"group": "autoscaling", "version": "v1", "kind": "Scale"});
+    assert_eq!(req["kind"], scale);
+    assert_eq!(req["requestKind"], scale);
+    assert_eq!(req["resource"], widgets);
+    assert_eq!(req["subResource"], "scale");
+    assert_eq!(req["object"]["kind"], "Scale");
+    assert_eq!(req["object"]["spec"]["replicas"], 5);
+    assert_eq!(req["oldObject"]["spec"]["replicas"], 1);
+    // A patch is admitted with UpdateOptions (kube's patchToUpdateOptions).
+    assert_eq!(req["options"]["kind"], "UpdateOptions");
+
+    // A dry-run delete: object null, the stored object as oldObject, DeleteOptions.
+    let r = s
+        .raw(
+            "DELETE",
+            &format!("{WIDGETS}/w1?dryRun=All"),
+            &[("content-type", "application/json")],
+            br#"{"propagationPolicy":"Background"}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = hooks.take("/validate");
+    let req = request_of(&got[0]);
+    assert_eq!(req["operation"], "DELETE");
+    assert_eq!(req["object"], Value::Null);
+    assert_eq!(req["oldObject"]["metadata"]["name"], "w1");
+    assert_eq!(req["dryRun"], true);
+    assert_eq!(
+        serde_json::to_string(&req["options"]).ok(),
+        Some(r#"{"kind":"DeleteOptions","apiVersion":"meta.k8s.io/v1","propagationPolicy":"Background","dryRun":["All"]}"#.into())
+    );
+    assert_eq!(s.get(&format!("{WIDGETS}/w1")).await.status, 200);
+}
+
+/// A denial is kube's answer: the webhook's code and reason, its message
+/// after `admission webhook "<name>" denied the request: `; nothing stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denial_is_answered_as_kube_answers_it() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/deny-red", |review: &Value| {
+        if review["request"]["object"]["spec"]["color"] == "red" {
+            Reply::deny(
+                review,
+                json!({"code": 403, "reason": "Forbidden", "message": "red widgets are not allowed"}),
+            )
+        } else {
+            Reply::allow(review)
+        }
+    });
+    // A mutating webhook that refuses without saying why.
+    hooks.handle("/deny-silently", |review: &Value| {
+        if review["request"]["object"]["metadata"]["labels"]["refuse"] == "yes" {
+            Reply::answer(review, json!({"allowed": false}))
+        } else {
+            Reply::allow(review)
+        }
+    });
+    configure(
+        &s,
+        VALIDATING,
+        "colors",
+        vec![hooks.webhook("deny.kshard.dev", "/deny-red")],
+    )
+    .await;
+    configure(
+        &s,
+        MUTATING,
+        "silent",
+        vec![hooks.webhook("silent.kshard.dev", "/deny-silently")],
+    )
+    .await;
+    wait_called(&s, &hooks, "/deny-red").await;
+    wait_called(&s, &hooks, "/deny-silently").await;
+
+    let r = s.post_json(WIDGETS, &widget("red", "red")).await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.text(),
+        r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"admission webhook \"deny.kshard.dev\" denied the request: red widgets are not allowed","reason":"Forbidden","code":403}"#
+    );
+    assert_eq!(s.get(&format!("{WIDGETS}/red")).await.status, 404);
+
+    let out = s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &serde_json::to_string(&widget("red2", "red")).expect("json"),
+    );
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        r#"Error from server (Forbidden): error when creating "STDIN": admission webhook "deny.kshard.dev" denied the request: red widgets are not allowed"#
+    );
+
+    let mut refused = widget("refused", "blue");
+    refused["metadata"]["labels"] = json!({"refuse": "yes"});
+    let r = s.post_json(WIDGETS, &refused).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json(),
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": "admission webhook \"silent.kshard.dev\" denied the request without explanation",
+               "code": 400})
+    );
+    // An update is denied the same way, and the stored object stays.
+    let r = s.post_json(WIDGETS, &widget("blue", "blue")).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/blue"),
+            &[("content-type", "application/merge-patch+json")],
+            br#"{"spec":{"color":"red"}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(
+        s.get(&format!("{WIDGETS}/blue")).await.json()["spec"]["color"],
+        "blue"
+    );
+}
+
+/// A mutating webhook's JSON patch is applied before validation and
+/// stored; the validating webhook sees the patched object; managedFields
+/// keep the client's fields only (kube records them before admission); an
+/// `IfNeeded` webhook runs again after a later webhook changed the object.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mutating_patch_is_validated_and_stored() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/first", Reply::allow);
+    hooks.handle("/mutate", |review: &Value| {
+        if review["request"]["object"]["metadata"]["labels"]["mutated-by"].is_string() {
+            return Reply::allow(review);
+        }
+        Reply::patch(
+            review,
+            json!([
+                {"op": "add", "path": "/metadata/labels", "value": {"mutated-by": "webhook"}},
+                {"op": "replace", "path": "/spec/color", "value": "green"},
+            ]),
+        )
+        .with_warnings(&["color set to green"])
+    });
+    hooks.handle("/validate", Reply::allow);
+    let mut first = hooks.webhook("a-first.kshard.dev", "/first");
+    first["reinvocationPolicy"] = json!("IfNeeded");
+    configure(
+        &s,
+        MUTATING,
+        "paint",
+        vec![first, hooks.webhook("paint.kshard.dev", "/mutate")],
+    )
+    .await;
+    configure(
+        &s,
+        VALIDATING,
+        "checks",
+        vec![hooks.webhook("check.kshard.dev", "/validate")],
+    )
+    .await;
+    wait_called(&s, &hooks, "/mutate").await;
+    wait_called(&s, &hooks, "/validate").await;
+    // The probes of the second wait went through the mutating webhooks too.
+    for path in ["/first", "/mutate"] {
+        hooks.take(path);
+    }
+
+    let r = s
+        .post_json(
+            &format!("{WIDGETS}?fieldManager=tester"),
+            &widget("w", "blue"),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let created = r.json();
+    assert_eq!(
+        created["metadata"]["labels"],
+        json!({"mutated-by": "webhook"})
+    );
+    assert_eq!(created["spec"]["color"], "green");
+    assert_eq!(
+        r.headers
+            .get_all("warning")
+            .iter()
+            .map(|v| v.to_str().unwrap_or(""))
+            .collect::<Vec<_>>(),
+        [r#"299 - "color set to green""#]
+    );
+    let stored = s.get(&format!("{WIDGETS}/w")).await.json();
+    assert_eq!(stored["metadata"]["labels"]["mutated-by"], "webhook");
+    assert_eq!(stored["spec"]["color"], "green");
+    // The mutating webhook saw the object before system fields were set.
+    let mutated = hooks.take("/mutate");
+    assert_eq!(mutated.len(), 1);
+    assert!(request_of(&mutated[0])["object"]["metadata"]["uid"].is_null());
+    // The validating webhook saw it after the patch.
+    let validated = hooks.take("/validate");
+    assert_eq!(
+        request_of(&validated[0])["object"]["spec"]["color"],
+        "green"
+    );
+    // Called first, then again after the later webhook changed the object.
+    let firsts = hooks.take("/first");
+    assert_eq!(firsts.len(), 2);
+    assert!(request_of(&firsts[0])["object"]["metadata"]["labels"].is_null());
+    assert_eq!(
+        request_of(&firsts[1])["object"]["metadata"]["labels"]["mutated-by"],
+        "webhook"
+    );
+    // Only the client's manager, owning what the client sent.
+    let managed = stored["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(managed.len(), 1, "{stored}");
+    assert_eq!(managed[0]["manager"], "tester");
+    let fields = &managed[0]["fieldsV1"];
+    assert!(fields["f:spec"]["f:color"].is_object(), "{fields}");
+    assert!(fields["f:metadata"].is_null(), "{fields}");
+
+    // An update is mutated too (no new patch: the label is there).
+    let mut update = stored.clone();
+    update["spec"]["replicas"] = json!(3);
+    let r = s.put_json(&format!("{WIDGETS}/w"), &update).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let req = request_of(&hooks.take("/mutate")[0]).clone();
+    assert_eq!(req["operation"], "UPDATE");
+    assert_eq!(req["oldObject"]["spec"]["replicas"], 1);
+    assert_eq!(req["object"]["spec"]["replicas"], 3);
+}
+
+/// A webhook that does not answer within `timeoutSeconds` fails the request
+/// with kube's message under failurePolicy Fail, and is skipped under Ignore.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_webhook_that_times_out_fails_or_is_ignored_by_policy() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/slow", Reply::allow);
+    let mut slow = hooks.webhook("slow.kshard.dev", "/slow");
+    slow["timeoutSeconds"] = json!(1);
+    configure(&s, VALIDATING, "slow", vec![slow]).await;
+    wait_called(&s, &hooks, "/slow").await;
+    hooks.handle("/slow", |review: &Value| {
+        Reply::allow(review).after(Duration::from_secs(5))
+    });
+
+    let started = Instant::now();
+    let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(r.status, 500);
+    let reason = r#"failed calling webhook "slow.kshard.dev": failed to call webhook: Post "https://hooks.test.svc:443/slow?timeout=1s": context deadline exceeded"#;
+    assert_eq!(
+        r.json(),
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": format!("Internal error occurred: {reason}"),
+               "reason": "InternalError",
+               "details": {"causes": [{"message": reason}]}, "code": 500})
+    );
+    assert_eq!(s.get(&format!("{WIDGETS}/w")).await.status, 404);
+
+    // failurePolicy Ignore: the same webhook no longer holds the request up.
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{VALIDATING}/slow"),
+            &[("content-type", "application/json-patch+json")],
+            br#"[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Ignore"}]"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = until("failurePolicy Ignore to take effect", PATIENCE, || async {
+        let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
+        (r.status != 500).then_some(r)
+    })
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Dry runs call only webhooks without side effects (they see `dryRun:
+/// true`); v1 configurations may only say None or NoneOnDryRun.
+#[tokio::test(flavor = "multi_thread")]
+async fn dry_runs_reach_webhooks_without_side_effects() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/mutate", |review: &Value| {
+        Reply::patch(
+            review,
+            json!([{"op": "add", "path": "/metadata/labels", "value": {"seen": "yes"}}]),
+        )
+    });
+    let mut hook = hooks.webhook("dry.kshard.dev", "/mutate");
+    hook["sideEffects"] = json!("NoneOnDryRun");
+    configure(&s, MUTATING, "dry", vec![hook]).await;
+    wait_called(&s, &hooks, "/mutate").await;
+
+    let r = s
+        .post_json(&format!("{WIDGETS}?dryRun=All"), &widget("d", "blue"))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["metadata"]["labels"]["seen"], "yes");
+    let got = hooks.take("/mutate");
+    assert_eq!(request_of(&got[0])["dryRun"], true);
+    assert_eq!(request_of(&got[0])["options"]["dryRun"], json!(["All"]));
+    assert_eq!(s.get(&format!("{WIDGETS}/d")).await.status, 404);
+
+    let mut some = hooks.webhook("some.kshard.dev", "/mutate");
+    some["sideEffects"] = json!("Some");
+    let r = s
+        .post_json(
+            VALIDATING,
+            &json!({"apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingWebhookConfiguration",
+                    "metadata": {"name": "some"}, "webhooks": [some]}),
+        )
+        .await;
+    assert_eq!(r.status, 422);
+    // kube's cause; the message also says the CRD's CEL checks were skipped.
+    let e = r.json();
+    assert!(e["message"].as_str().is_some_and(|m| m.starts_with(
+        r#"ValidatingWebhookConfiguration.admissionregistration.k8s.io "some" is invalid: [webhooks[0].sideEffects: Unsupported value: "Some": supported values: "None", "NoneOnDryRun""#
+    )), "{e}");
+    assert_eq!(
+        e["details"]["causes"][0],
+        json!({"reason": "FieldValueNotSupported", "field": "webhooks[0].sideEffects",
+               "message": r#"Unsupported value: "Some": supported values: "None", "NoneOnDryRun""#})
+    );
+}
+
+/// Webhook warnings reach the client as `Warning: 299` headers, which
+/// kubectl prints, on success and on a denial alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn webhook_warnings_reach_the_client() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/warn", |review: &Value| {
+        let w = ["widgets are deprecated, use gadgets"];
+        if review["request"]["object"]["spec"]["color"] == "red" {
+            Reply::deny(
+                review,
+                json!({"code": 403, "reason": "Forbidden", "message": "no red"}),
+            )
+            .with_warnings(&w)
+        } else {
+            Reply::allow(review).with_warnings(&w)
+        }
+    });
+    configure(
+        &s,
+        VALIDATING,
+        "warn",
+        vec![hooks.webhook("warn.kshard.dev", "/warn")],
+    )
+    .await;
+    wait_called(&s, &hooks, "/warn").await;
+
+    let out = s.kubectl_stdin(
+        &["create", "-f", "-"],
+        &serde_json::to_string(&widget("w", "blue")).expect("json"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "Warning: widgets are deprecated, use gadgets"
+    );
+    let r = s.post_json(WIDGETS, &widget("red", "red")).await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.headers.get("warning").and_then(|v| v.to_str().ok()),
+        Some(r#"299 - "widgets are deprecated, use gadgets""#)
+    );
+}
+
+/// `kubectl apply -f webhook.yaml` against kshard configures it at once
+/// (kube's defaults filled in), and deleting the configuration stops it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_configuration_applied_with_kubectl_takes_effect() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/label", |review: &Value| {
+        Reply::patch(
+            review,
+            json!([{"op": "add", "path": "/metadata/labels", "value": {"labeled": "true"}}]),
+        )
+    });
+    let yaml = format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: labeler
+webhooks:
+- name: labeler.kshard.dev
+  clientConfig:
+    service: {{namespace: test, name: hooks, path: /label}}
+    caBundle: {}
+  rules:
+  - operations: [CREATE]
+    apiGroups: [demo.kshard.dev]
+    apiVersions: [v1]
+    resources: [widgets]
+  sideEffects: None
+  admissionReviewVersions: [v1]
+"#,
+        hooks.ca_bundle()
+    );
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/labeler created"
+    );
+    let stored = s.get(&format!("{MUTATING}/labeler")).await.json();
+    let hook = &stored["webhooks"][0];
+    assert_eq!(hook["failurePolicy"], "Fail");
+    assert_eq!(hook["matchPolicy"], "Equivalent");
+    assert_eq!(hook["namespaceSelector"], json!({}));
+    assert_eq!(hook["objectSelector"], json!({}));
+    assert_eq!(hook["timeoutSeconds"], 10);
+    assert_eq!(hook["reinvocationPolicy"], "Never");
+    assert_eq!(hook["rules"][0]["scope"], "*");
+    assert_eq!(hook["clientConfig"]["service"]["port"], 443);
+
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    let next = || format!("w{}", n.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let server = &s;
+    until("the applied webhook to label new widgets", PATIENCE, || {
+        let (name, s) = (next(), server);
+        async move {
+            let out = s.kubectl_stdin(
+                &["create", "-f", "-", "-o", "json"],
+                &serde_json::to_string(&widget(&name, "blue")).expect("json"),
+            );
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let created: Value = serde_json::from_slice(&out.stdout).expect("json");
+            (created["metadata"]["labels"]["labeled"] == "true").then_some(())
+        }
+    })
+    .await;
+
+    let out = s.kubectl(&["delete", "mutatingwebhookconfiguration", "labeler"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until("the deleted webhook to stop", PATIENCE, || {
+        let (name, s) = (next(), server);
+        async move {
+            let r = s.post_json(WIDGETS, &widget(&name, "blue")).await;
+            assert_eq!(r.status, 201, "{}", r.text());
+            r.json()["metadata"]["labels"].is_null().then_some(())
+        }
+    })
+    .await;
+}
+
+/// Match conditions, object and namespace selectors decide which requests
+/// a webhook sees; a condition that fails to evaluate fails the request
+/// (failurePolicy Fail) with kube's 403.
+#[tokio::test(flavor = "multi_thread")]
+async fn selectors_and_match_conditions_choose_requests() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/selected", Reply::allow);
+    let mut hook = hooks.webhook("selected.kshard.dev", "/selected");
+    hook["objectSelector"] = json!({"matchLabels": {"watched": "yes"}});
+    hook["namespaceSelector"] = json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["default"]}]});
+    hook["matchConditions"] = json!([
+        {"name": "not-kept", "expression": "!has(object.metadata.annotations) || !('keep' in object.metadata.annotations)"},
+        {"name": "create-only", "expression": "request.operation == 'CREATE'"},
+    ]);
+    configure(&s, VALIDATING, "selected", vec![hook]).await;
+    let watched = |name: &str| {
+        let mut w = widget(name, "blue");
+        w["metadata"]["labels"] = json!({"watched": "yes"});
+        w
+    };
+    until("the selective webhook to be called", PATIENCE, || async {
+        s.post_json(&format!("{WIDGETS}?dryRun=All"), &watched("probe"))
+            .await;
+        (!hooks.take("/selected").is_empty()).then_some(())
+    })
+    .await;
+
+    assert_eq!(s.post_json(WIDGETS, &watched("a")).await.status, 201);
+    assert_eq!(hooks.take("/selected").len(), 1);
+    // Not labeled, another namespace, an excluded annotation, an update: not called.
+    assert_eq!(s.post_json(WIDGETS, &widget("b", "blue")).await.status, 201);
+    let other = "/apis/demo.kshard.dev/v1/namespaces/other/widgets";
+    assert_eq!(s.post_json(other, &watched("c")).await.status, 201);
+    let mut kept = watched("d");
+    kept["metadata"]["annotations"] = json!({"keep": "1"});
+    assert_eq!(s.post_json(WIDGETS, &kept).await.status, 201);
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/a"),
+            &[("content-type", "application/merge-patch+json")],
+            br#"{"spec":{"replicas":2}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(hooks.take("/selected").is_empty());
+
+    // A condition that cannot be evaluated: 403, the webhook not called.
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{VALIDATING}/selected"),
+            &[("content-type", "application/json-patch+json")],
+            br#"[{"op":"replace","path":"/webhooks/0/matchConditions/1/expression","value":"object.spec.nope == 1"}]"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = until("the broken condition to take effect", PATIENCE, || async {
+        let r = s
+            .post_json(&format!("{WIDGETS}?dryRun=All"), &watched("e"))
+            .await;
+        (r.status == 403).then_some(r)
+    })
+    .await;
+    let message = r.json()["message"].as_str().unwrap_or("").to_string();
+    assert!(
+        message.starts_with(r#"widgets.demo.kshard.dev "e" is forbidden: expression 'object.spec.nope == 1' resulted in error: "#),
+        "{message}"
+    );
+    assert!(hooks.take("/selected").is_empty());
+}
+
+/// Behind a host, the host's configurations are followed (a change takes
+/// effect without a restart), namespace selectors read the host's
+/// namespace labels, and a webhook with side effects refuses dry runs with
+/// kube's 400.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_host_s_configurations_are_honoured() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = common::host::HostDouble::start(dir.path()).await;
+    host.state
+        .put_namespace_labeled("strict", false, &[("admission", "strict")]);
+    let hooks = WebhookServer::start().await;
+    let (hk, resolve) = (host.kubeconfig.clone(), hooks.resolve());
+    let kshard = common::start_with(move |c| {
+        c.host_kubeconfig = Some(hk);
+        c.admission_webhook_resolve = resolve;
+    })
+    .await;
+    let ca = std::fs::read_to_string(
+        kshard
+            .running
+            .kubeconfig
+            .with_file_name("pki")
+            .join("ca.crt"),
+    )
+    .expect("kshard ca");
+    host.aggregate(kshard.running.addr, &ca, "front-proxy-client")
+        .await;
+    let aggregator =
+        common::client_for(&dir.path().join("front-proxy-front-proxy-client.kubeconfig")).await;
+    let send = |method: &'static str, uri: String, body: Option<Value>| {
+        let aggregator = aggregator.clone();
+        async move {
+            let b = http::Request::builder()
+                .method(method)
+                .uri(uri)
+                .header("x-remote-user", "carol")
+                .header("x-remote-group", "system:masters")
+                .header("content-type", "application/json");
+            let body = body
+                .map(|v| serde_json::to_vec(&v).expect("json"))
+                .unwrap_or_default();
+            let resp = aggregator
+                .send(b.body(kube::client::Body::from(body)).expect("req"))
+                .await
+                .expect("send");
+            let code = resp.status().as_u16();
+            let body = resp.into_body().collect_bytes().await.expect("body");
+            (
+                code,
+                serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null),
+            )
+        }
+    };
+    until("kshard to be ready behind the host", PATIENCE, || async {
+        (send("GET", "/readyz".into(), None).await.0 == 200).then_some(())
+    })
+    .await;
+    let strict = "/apis/demo.kshard.dev/v1/namespaces/strict/widgets".to_string();
+
+    hooks.handle("/deny", |review: &Value| {
+        Reply::deny(
+            review,
+            json!({"code": 403, "reason": "Forbidden", "message": "strict namespace"}),
+        )
+    });
+    let mut deny = hooks.webhook("strict.kshard.dev", "/deny");
+    deny["namespaceSelector"] = json!({"matchLabels": {"admission": "strict"}});
+    host.state
+        .put_webhook_configuration(false, "strict", json!([deny]));
+    until(
+        "the host's configuration to take effect",
+        PATIENCE,
+        || async {
+            let r = send(
+                "POST",
+                format!("{strict}?dryRun=All"),
+                Some(widget("s1", "blue")),
+            )
+            .await;
+            (r.0 != 201).then_some(())
+        },
+    )
+    .await;
+    hooks.take("/deny");
+    let (code, body) = send("POST", strict.clone(), Some(widget("s1", "blue"))).await;
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(
+        body["message"],
+        "admission webhook \"strict.kshard.dev\" denied the request: strict namespace"
+    );
+    let review = &hooks.take("/deny")[0].review;
+    assert_eq!(review["request"]["userInfo"]["username"], "carol");
+    assert_eq!(review["request"]["namespace"], "strict");
+    // `default` lacks the label: not called.
+    let (code, body) = send("POST", WIDGETS.to_string(), Some(widget("d1", "blue"))).await;
+    assert_eq!(code, 201, "{body}");
+    assert!(hooks.take("/deny").is_empty());
+
+    // A legacy webhook with side effects: dry runs are refused, not sent.
+    hooks.handle("/legacy", Reply::allow);
+    let mut legacy = hooks.webhook("legacy.kshard.dev", "/legacy");
+    legacy["sideEffects"] = json!("Some");
+    host.state
+        .put_webhook_configuration(true, "legacy", json!([legacy]));
+    let (code, body) = until("the legacy webhook to take effect", PATIENCE, || async {
+        let r = send(
+            "POST",
+            format!("{WIDGETS}?dryRun=All"),
+            Some(widget("d2", "blue")),
+        )
+        .await;
+        (r.0 != 201).then_some(r)
+    })
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(
+        body,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": "admission webhook \"legacy.kshard.dev\" does not support dry run",
+               "reason": "BadRequest", "code": 400})
+    );
+    assert!(hooks.take("/legacy").is_empty());
+    // Without dry run it is called.
+    let (code, body) = send("POST", WIDGETS.to_string(), Some(widget("d3", "blue"))).await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(hooks.take("/legacy").len(), 1);
+
+    // Removed from the host: no longer called.
+    host.state.delete_webhook_configuration(true, "legacy");
+    until("the removed configuration to stop", PATIENCE, || async {
+        let r = send(
+            "POST",
+            format!("{WIDGETS}?dryRun=All"),
+            Some(widget("d4", "blue")),
+        )
+        .await;
+        (r.0 == 201).then_some(())
+    })
+    .await;
+}
+
+/// Admission is audited as kube audits it (the mutation, the webhook's own
+/// annotations, a webhook that failed open) and measured with kube's
+/// metrics; a webhook may not rename the object it updates.
+#[tokio::test(flavor = "multi_thread")]
+async fn admission_is_audited_and_measured() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n  omitStages: [RequestReceived]\n",
+    )
+    .expect("policy");
+    let log = dir.path().join("audit.log");
+    let hooks = WebhookServer::start().await;
+    let (p, l, resolve) = (policy.clone(), log.clone(), hooks.resolve());
+    let s = common::start_with(move |c| {
+        c.audit.audit_policy_file = Some(p);
+        c.audit.audit_log_path = Some(l);
+        c.admission_webhook_resolve = resolve;
+    })
+    .await;
+    hooks.handle("/paint", |review: &Value| {
+        let r = &review["request"];
+        if r["operation"] == "UPDATE" && r["object"]["spec"]["color"] == "rename" {
+            return Reply::patch(
+                review,
+                json!([{"op": "replace", "path": "/metadata/name", "value": "other"}]),
+            );
+        }
+        let mut reply = Reply::patch(
+            review,
+            json!([{"op": "add", "path": "/metadata/labels", "value": {"painted": "yes"}}]),
+        );
+        reply.body["response"]["auditAnnotations"] = json!({"decision": "painted"});
+        reply
+    });
+    hooks.handle("/broken", |review: &Value| {
+        let mut r = Reply::allow(review);
+        r.status = 500;
+        r
+    });
+    configure(
+        &s,
+        MUTATING,
+        "paint",
+        vec![hooks.webhook("paint.kshard.dev", "/paint")],
+    )
+    .await;
+    let mut broken = hooks.webhook("broken.kshard.dev", "/broken");
+    broken["failurePolicy"] = json!("Ignore");
+    configure(&s, VALIDATING, "broken", vec![broken]).await;
+    wait_called(&s, &hooks, "/paint").await;
+    wait_called(&s, &hooks, "/broken").await;
+
+    let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r
+        .headers
+        .get("audit-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("audit id")
+        .to_string();
+    let event = until("the create's audit event", PATIENCE, || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["auditID"] == id.as_str() && e["stage"] == "ResponseComplete")
+    })
+    .await;
+    let annotations = &event["annotations"];
+    assert_eq!(
+        annotations["mutation.webhook.admission.k8s.io/round_0_index_0"],
+        r#"{"configuration":"paint","webhook":"paint.kshard.dev","mutated":true}"#
+    );
+    assert_eq!(annotations["paint.kshard.dev/decision"], "painted");
+    assert_eq!(
+        annotations["failed-open.validating.webhook.admission.k8s.io/round_0_index_0"],
+        "broken.kshard.dev"
+    );
+
+    let metrics = s.get("/metrics").await.text();
+    for line in [
+        r#"apiserver_admission_webhook_fail_open_count{name="broken.kshard.dev",type="validating"}"#,
+        r#"apiserver_admission_webhook_admission_duration_seconds_count{name="paint.kshard.dev",type="admit",operation="CREATE",rejected="false"}"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{WIDGETS}/w"),
+            &[("content-type", "application/merge-patch+json")],
+            br#"{"spec":{"color":"rename"}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        r#"Widget.demo.kshard.dev "other" is invalid: metadata.name: Invalid value: "other": field is immutable"#
+    );
+}
