@@ -1,10 +1,11 @@
-//! Admission webhooks, as kube-apiserver 1.35 runs them. Requests that
-//! reach kshard through a host's aggregator skip the host's admission chain,
-//! so kshard runs its own: MutatingAdmissionWebhook after the object is
-//! decoded, defaulted and merged (before schema validation), and
-//! ValidatingAdmissionWebhook after validation (before the write), for every
-//! create, update, patch, apply and delete, subresources and dry runs too.
-//! The registry calls them through `registry::admission::Admission`.
+//! Admission webhooks and ValidatingAdmissionPolicies, as kube-apiserver 1.35
+//! runs them. Requests that reach kshard through a host's aggregator skip the
+//! host's admission chain, so kshard runs its own: MutatingAdmissionWebhook
+//! after the object is decoded, defaulted and merged (before schema
+//! validation); ValidatingAdmissionPolicy, then ValidatingAdmissionWebhook
+//! after validation (before the write), for every create, update, patch,
+//! apply and delete, subresources and dry runs too. The registry calls them
+//! through `registry::admission::Admission`.
 //!
 //! - [`config`]: the webhook configurations (kshard's own objects
 //!   standalone, the host's behind one), compiled into [`config::Hooks`];
@@ -88,7 +89,7 @@ pub fn namespace_view(ns: &Value) -> Value {
     })
 }
 
-/// The admission webhooks in force and what calling them needs.
+/// The admission webhooks and policies in force, and what running them needs.
 pub struct Webhooks {
     source: config::Source,
     clients: webhook::Clients,
