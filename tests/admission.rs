@@ -839,9 +839,70 @@ async fn the_host_s_configurations_are_honoured() {
             Some(widget("d4", "blue")),
         )
         .await;
+
+    // A ValidatingAdmissionPolicy of the host's.
+    host.state.put_admission_policy(
+        false,
+        "no-purple",
+        json!({"failurePolicy": "Fail",
+               "matchConstraints": {"namespaceSelector": {}, "objectSelector": {}, "matchPolicy": "Equivalent",
+                   "resourceRules": [{"apiGroups": ["demo.kshard.dev"], "apiVersions": ["*"],
+                                      "operations": ["CREATE"], "resources": ["widgets"], "scope": "*"}]},
+               "validations": [{"expression": "object.spec.color != 'purple'", "message": "no purple"}]}),
+    );
+    host.state.put_admission_policy(
+        true,
+        "no-purple",
+        json!({"policyName": "no-purple", "validationActions": ["Deny"]}),
+    );
+    let (code, body) = until("the host's policy to take effect", PATIENCE, || async {
+        let r = send("POST", format!("{WIDGETS}?dryRun=All"), Some(widget("p1", "purple"))).await;
+        (r.0 != 201).then_some(r)
+    })
+    .await;
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(
+        body["message"],
+        "widgets.demo.kshard.dev \"p1\" is forbidden: ValidatingAdmissionPolicy 'no-purple' with binding 'no-purple' denied request: no purple"
+    );
         (r.0 == 201).then_some(())
     })
     .await;
+}
+
+/// A server that audits every request at Metadata level to `<dir>/audit.log`.
+async fn start_audited(hooks: &WebhookServer, dir: &std::path::Path) -> TestServer {
+    let policy = dir.join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n  omitStages: [RequestReceived]\n",
+    )
+    .expect("policy");
+    let (l, resolve) = (dir.join("audit.log"), hooks.resolve());
+    common::start_with(move |c| {
+        c.audit.audit_policy_file = Some(policy);
+        c.audit.audit_log_path = Some(l);
+        c.admission_webhook_resolve = resolve;
+    })
+    .await
+}
+
+/// The ResponseComplete audit event of the request with this audit ID.
+async fn audit_event(log: &std::path::Path, r: &common::Reply) -> Value {
+    let id = r
+        .headers
+        .get("audit-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("audit id")
+        .to_string();
+    until("the request's audit event", PATIENCE, || async {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["auditID"] == id.as_str() && e["stage"] == "ResponseComplete")
+    })
+    .await
 }
 
 /// Admission is audited as kube audits it (the mutation, the webhook's own
@@ -850,21 +911,9 @@ async fn the_host_s_configurations_are_honoured() {
 #[tokio::test(flavor = "multi_thread")]
 async fn admission_is_audited_and_measured() {
     let dir = tempfile::tempdir().expect("tmp");
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(
-        &policy,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n  omitStages: [RequestReceived]\n",
-    )
-    .expect("policy");
-    let log = dir.path().join("audit.log");
     let hooks = WebhookServer::start().await;
-    let (p, l, resolve) = (policy.clone(), log.clone(), hooks.resolve());
-    let s = common::start_with(move |c| {
-        c.audit.audit_policy_file = Some(p);
-        c.audit.audit_log_path = Some(l);
-        c.admission_webhook_resolve = resolve;
-    })
-    .await;
+    let s = start_audited(&hooks, dir.path()).await;
+    let log = dir.path().join("audit.log");
     hooks.handle("/paint", |review: &Value| {
         let r = &review["request"];
         if r["operation"] == "UPDATE" && r["object"]["spec"]["color"] == "rename" {
@@ -900,20 +949,7 @@ async fn admission_is_audited_and_measured() {
 
     let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
     assert_eq!(r.status, 201, "{}", r.text());
-    let id = r
-        .headers
-        .get("audit-id")
-        .and_then(|v| v.to_str().ok())
-        .expect("audit id")
-        .to_string();
-    let event = until("the create's audit event", PATIENCE, || async {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|e| e["auditID"] == id.as_str() && e["stage"] == "ResponseComplete")
-    })
-    .await;
+    let event = audit_event(&log, &r).await;
     let annotations = &event["annotations"];
     assert_eq!(
         annotations["mutation.webhook.admission.k8s.io/round_0_index_0"],
@@ -946,4 +982,220 @@ async fn admission_is_audited_and_measured() {
         r.json()["message"],
         r#"Widget.demo.kshard.dev "other" is invalid: metadata.name: Invalid value: "other": field is immutable"#
     );
+}
+
+/// A ValidatingAdmissionPolicy applied with kubectl: its binding denies
+/// with kube's status and message, params come from an object kshard
+/// serves, a Warn/Audit binding warns and audits, missing params under
+/// `parameterNotFoundAction: Deny` refuse.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_validating_admission_policy_denies_warns_and_audits() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let hooks = WebhookServer::start().await;
+    let s = start_audited(&hooks, dir.path()).await;
+    let log = dir.path().join("audit.log");
+    let gadgets = "/apis/test.kshard.dev/v1/gadgets";
+    let r = s
+        .post_json(
+            gadgets,
+            &json!({"apiVersion": "test.kshard.dev/v1", "kind": "Gadget",
+                    "metadata": {"name": "limits"}, "spec": {"maxReplicas": 3}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let yaml = r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: replica-limit
+spec:
+  paramKind: {apiVersion: test.kshard.dev/v1, kind: Gadget}
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [demo.kshard.dev]
+      apiVersions: ["*"]
+      operations: [CREATE, UPDATE]
+      resources: [widgets]
+  variables:
+  - name: replicas
+    expression: object.spec.replicas
+  validations:
+  - expression: variables.replicas <= params.spec.maxReplicas
+    messageExpression: "'replicas must be at most ' + string(params.spec.maxReplicas)"
+    reason: Forbidden
+  auditAnnotations:
+  - key: replicas
+    valueExpression: string(variables.replicas)
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: replica-limit-deny
+spec:
+  policyName: replica-limit
+  validationActions: [Deny]
+  paramRef: {name: limits, parameterNotFoundAction: Deny}
+  matchResources:
+    namespaceSelector:
+      matchLabels: {kubernetes.io/metadata.name: default}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: replica-limit-warn
+spec:
+  policyName: replica-limit
+  validationActions: [Warn, Audit]
+  paramRef: {name: limits, parameterNotFoundAction: Allow}
+  matchResources:
+    namespaceSelector:
+      matchLabels: {kubernetes.io/metadata.name: other}
+"#;
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], yaml);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stored = s
+        .get("/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/replica-limit")
+        .await
+        .json();
+    assert_eq!(stored["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        stored["spec"]["matchConstraints"]["matchPolicy"],
+        "Equivalent"
+    );
+
+    let big = |name: &str| {
+        let mut w = widget(name, "blue");
+        w["spec"]["replicas"] = json!(5);
+        w
+    };
+    let r = until("the policy to take effect", PATIENCE, || async {
+        let r = s
+            .post_json(&format!("{WIDGETS}?dryRun=All"), &big("big"))
+            .await;
+        (r.status != 201).then_some(r)
+    })
+    .await;
+    let message = "ValidatingAdmissionPolicy 'replica-limit' with binding 'replica-limit-deny' denied request: replicas must be at most 3";
+    assert_eq!(
+        r.json(),
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": format!("widgets.demo.kshard.dev \"big\" is forbidden: {message}"),
+               "reason": "Forbidden",
+               "details": {"name": "big", "group": "demo.kshard.dev", "kind": "widgets",
+                           "causes": [{"message": message}]},
+               "code": 403})
+    );
+    let out = s.kubectl_stdin(
+        &["create", "-f", "-"],
+        &serde_json::to_string(&big("big")).expect("json"),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        format!(
+            r#"Error from server (Forbidden): error when creating "STDIN": widgets.demo.kshard.dev "big" is forbidden: {message}"#
+        )
+    );
+    let small = s.post_json(WIDGETS, &widget("small", "blue")).await;
+    assert_eq!(small.status, 201, "{}", small.text());
+    let event = audit_event(&log, &small).await;
+    assert_eq!(event["annotations"]["replica-limit/replicas"], "1");
+
+    // The Warn/Audit binding: admitted, with kube's warning and annotation.
+    let other = "/apis/demo.kshard.dev/v1/namespaces/other/widgets";
+    let r = s.post_json(other, &big("big")).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        r.headers.get("warning").and_then(|v| v.to_str().ok()),
+        Some(
+            r#"299 - "Validation failed for ValidatingAdmissionPolicy 'replica-limit' with binding 'replica-limit-warn': replicas must be at most 3""#
+        )
+    );
+    let event = audit_event(&log, &r).await;
+    assert_eq!(
+        event["annotations"]["validation.policy.admission.k8s.io/validation_failure"],
+        r#"[{"message":"replicas must be at most 3","policy":"replica-limit","binding":"replica-limit-warn","expressionIndex":0,"validationActions":["Warn","Audit"]}]"#
+    );
+
+    // Without its params, the Deny binding refuses everything it matches.
+    assert_eq!(
+        s.raw("DELETE", &format!("{gadgets}/limits"), &[], vec![])
+            .await
+            .status,
+        200
+    );
+    let r = until("the params to be gone", PATIENCE, || async {
+        let r = s
+            .post_json(&format!("{WIDGETS}?dryRun=All"), &widget("any", "blue"))
+            .await;
+        (r.status != 201).then_some(r)
+    })
+    .await;
+    assert_eq!(r.status, 422);
+    assert_eq!(
+        r.json()["message"],
+        "widgets.demo.kshard.dev \"any\" is forbidden: ValidatingAdmissionPolicy 'replica-limit' with binding 'replica-limit-deny' denied request: failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction"
+    );
+    // The Allow binding lets requests through without params.
+    assert_eq!(s.post_json(other, &big("big2")).await.status, 201);
+}
+
+/// Match policy Equivalent: a webhook whose rules name another served
+/// version of the resource is called with the object in that version.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_equivalent_version_reaches_a_webhook_in_its_version() {
+    let (hooks, s) = setup().await;
+    hooks.handle("/v1-only", |review: &Value| {
+        Reply::patch(review, json!([{"op": "add", "path": "/spec/seenAs", "value": review["request"]["object"]["apiVersion"]}]))
+    });
+    let mut hook = hooks.webhook("v1only.kshard.dev", "/v1-only");
+    hook["rules"] = json!([{"operations": ["CREATE"], "apiGroups": ["test.kshard.dev"],
+                            "apiVersions": ["v1"], "resources": ["gadgets"], "scope": "Cluster"}]);
+    configure(&s, MUTATING, "v1only", vec![hook]).await;
+    let gadget = |name: &str| {
+        json!({"apiVersion": "test.kshard.dev/v1beta1", "kind": "Gadget",
+                                     "metadata": {"name": name}, "spec": {}})
+    };
+    let beta = "/apis/test.kshard.dev/v1beta1/gadgets";
+    let r = until("the webhook to be called", PATIENCE, || async {
+        let r = s
+            .post_json(&format!("{beta}?dryRun=All"), &gadget("probe"))
+            .await;
+        (!hooks.take("/v1-only").is_empty()).then_some(r)
+    })
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = s.post_json(beta, &gadget("g")).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["apiVersion"], "test.kshard.dev/v1beta1");
+    assert_eq!(r.json()["spec"]["seenAs"], "test.kshard.dev/v1");
+    let got = hooks.take("/v1-only");
+    let req = request_of(&got[0]);
+    assert_eq!(
+        req["kind"],
+        json!({"group": "test.kshard.dev", "version": "v1", "kind": "Gadget"})
+    );
+    assert_eq!(req["resource"]["version"], "v1");
+    assert_eq!(req["requestKind"]["version"], "v1beta1");
+    assert_eq!(req["requestResource"]["version"], "v1beta1");
+    // Exact: the same rule does not match v1beta1 requests.
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{MUTATING}/v1only"),
+            &[("content-type", "application/json-patch+json")],
+            br#"[{"op":"replace","path":"/webhooks/0/matchPolicy","value":"Exact"}]"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    until("matchPolicy Exact to take effect", PATIENCE, || async {
+        let r = s
+            .post_json(&format!("{beta}?dryRun=All"), &gadget("probe"))
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        r.json()["spec"]["seenAs"].is_null().then_some(())
+    })
+    .await;
 }

@@ -14,14 +14,15 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, ValidatingWebhook,
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingWebhook, MutatingWebhookConfiguration, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingWebhook, ValidatingWebhookConfiguration,
+    WebhookClientConfig,
 };
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::matching::{Conditions, Rule, Selector};
+use super::matching::{Conditions, NamedRule, Rule, Selector};
 use crate::registry::{Registry, WatchStart};
 use crate::status::ApiError;
 use crate::storage::EventType;
@@ -29,6 +30,8 @@ use crate::storage::EventType;
 pub const GROUP: &str = "admissionregistration.k8s.io";
 pub const MUTATING: &str = "mutatingwebhookconfigurations";
 pub const VALIDATING: &str = "validatingwebhookconfigurations";
+pub const POLICIES: &str = "validatingadmissionpolicies";
+pub const BINDINGS: &str = "validatingadmissionpolicybindings";
 /// kube's default and largest `timeoutSeconds`.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_TIMEOUT_SECONDS: i32 = 30;
@@ -69,7 +72,7 @@ pub struct Hook {
     pub uid: String,
     pub configuration: String,
     pub name: String,
-    pub rules: Vec<Rule>,
+    pub rules: Vec<NamedRule>,
     /// `failurePolicy: Ignore` (default Fail).
     pub ignore_failures: bool,
     /// `matchPolicy: Equivalent` (the default).
@@ -109,7 +112,12 @@ impl Hook {
             uid: format!("{configuration}/{}/{index}", c.name),
             configuration: configuration.to_string(),
             name: c.name.to_string(),
-            rules: c.rules.into_iter().flatten().map(Rule::from_api).collect(),
+            rules: c
+                .rules
+                .into_iter()
+                .flatten()
+                .map(|r| NamedRule::any_name(Rule::from_api(r)))
+                .collect(),
             ignore_failures: c.failure_policy == Some("Ignore"),
             equivalent: c.match_policy != Some("Exact"),
             namespace_selector: Selector::parse(c.namespace_selector),
@@ -178,10 +186,12 @@ impl Hook {
 
 /// Every webhook in force, in kube's order: configurations sorted by name,
 /// webhooks in their configuration's order.
+/// Validating admission policies with their bindings, by name.
 #[derive(Debug, Default)]
 pub struct Hooks {
     pub mutating: Vec<Arc<Hook>>,
     pub validating: Vec<Arc<Hook>>,
+    pub policies: Vec<super::policy::PolicyHook>,
 }
 
 impl Hooks {
@@ -189,7 +199,19 @@ impl Hooks {
         mutating: &BTreeMap<String, MutatingWebhookConfiguration>,
         validating: &BTreeMap<String, ValidatingWebhookConfiguration>,
     ) -> Self {
-        let mut hooks = Hooks::default();
+        Self::compile_all(mutating, validating, &BTreeMap::new(), &BTreeMap::new())
+    }
+
+    pub fn compile_all(
+        mutating: &BTreeMap<String, MutatingWebhookConfiguration>,
+        validating: &BTreeMap<String, ValidatingWebhookConfiguration>,
+        policies: &BTreeMap<String, ValidatingAdmissionPolicy>,
+        bindings: &BTreeMap<String, ValidatingAdmissionPolicyBinding>,
+    ) -> Self {
+        let mut hooks = Hooks {
+            policies: super::policy::compile(policies, bindings),
+            ..Default::default()
+        };
         for (name, c) in mutating {
             for (i, w) in c.webhooks.iter().flatten().enumerate() {
                 hooks.mutating.push(Arc::new(Hook::mutating(name, i, w)));
@@ -213,16 +235,32 @@ pub struct Source {
     synced: watch::Receiver<bool>,
 }
 
-/// Both kinds' objects by name (a BTreeMap: kube's name order).
+/// Every kind's objects by name (a BTreeMap: kube's name order).
 #[derive(Default)]
 struct Objects {
     mutating: BTreeMap<String, MutatingWebhookConfiguration>,
     validating: BTreeMap<String, ValidatingWebhookConfiguration>,
+    policies: BTreeMap<String, ValidatingAdmissionPolicy>,
+    bindings: BTreeMap<String, ValidatingAdmissionPolicyBinding>,
 }
 
 impl Objects {
     fn compile(&self) -> Arc<Hooks> {
-        Arc::new(Hooks::compile(&self.mutating, &self.validating))
+        Arc::new(Hooks::compile_all(
+            &self.mutating,
+            &self.validating,
+            &self.policies,
+            &self.bindings,
+        ))
+    }
+
+    fn apply(&mut self, plural: &str, kind: EventType, obj: &Value) {
+        match plural {
+            MUTATING => apply_local(&mut self.mutating, kind, obj),
+            VALIDATING => apply_local(&mut self.validating, kind, obj),
+            POLICIES => apply_local(&mut self.policies, kind, obj),
+            _ => apply_local(&mut self.bindings, kind, obj),
+        }
     }
 }
 
@@ -307,30 +345,34 @@ async fn follow_local(
             crate::registry::Watch::Expired(e) => Err(e),
         }
     };
-    let mut mutating = subscribe(MUTATING).await?;
-    let mut validating = subscribe(VALIDATING).await?;
-    let mut objects = Objects::default();
-    for ev in mutating.initial.drain(..) {
-        apply_local(&mut objects.mutating, ev.kind, &ev.object.value);
+    let mut subs = Vec::new();
+    for plural in [MUTATING, VALIDATING, POLICIES, BINDINGS] {
+        subs.push((plural, subscribe(plural).await?));
     }
-    for ev in validating.initial.drain(..) {
-        apply_local(&mut objects.validating, ev.kind, &ev.object.value);
+    let mut objects = Objects::default();
+    for (plural, sub) in &mut subs {
+        for ev in sub.initial.drain(..) {
+            objects.apply(plural, ev.kind, &ev.object.value);
+        }
     }
     hooks.send_replace(objects.compile());
     synced.send_replace(true);
-    loop {
-        tokio::select! {
-            ev = mutating.rx.recv() => match ev {
-                Some(ev) => apply_local(&mut objects.mutating, ev.kind, &ev.object.value),
-                None => return Ok(()),
-            },
-            ev = validating.rx.recv() => match ev {
-                Some(ev) => apply_local(&mut objects.validating, ev.kind, &ev.object.value),
-                None => return Ok(()),
-            },
-        }
+    // One stream of every kind's events; the end of any watch (`None`)
+    // ends the pass.
+    let mut events = futures::stream::select_all(subs.into_iter().map(|(plural, sub)| {
+        tokio_stream::wrappers::ReceiverStream::new(sub.rx)
+            .map(move |ev| (plural, Some(ev)))
+            .chain(futures::stream::once(async move { (plural, None) }))
+            .boxed()
+    }));
+    while let Some((plural, ev)) = events.next().await {
+        let Some(ev) = ev else {
+            return Ok(());
+        };
+        objects.apply(plural, ev.kind, &ev.object.value);
         hooks.send_replace(objects.compile());
     }
+    Ok(())
 }
 
 fn apply_local<K: serde::de::DeserializeOwned>(
@@ -365,49 +407,69 @@ fn by_name<K: kube::Resource + Clone>(objs: Vec<Arc<K>>) -> BTreeMap<String, K> 
         .collect()
 }
 
+/// A reflector's events as one kind of change.
+fn reflect<K>(
+    api: kube::Api<K>,
+    writer: reflector::store::Writer<K>,
+    kind: &'static str,
+) -> futures::stream::BoxStream<'static, (&'static str, Result<bool, watcher::Error>)>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    reflector(
+        writer,
+        watcher(api, watcher::Config::default()).default_backoff(),
+    )
+    .map(move |e| (kind, e.map(|ev| matches!(ev, watcher::Event::InitDone))))
+    .boxed()
+}
+
 async fn follow_host(
     client: kube::Client,
     hooks: watch::Sender<Arc<Hooks>>,
     synced: watch::Sender<bool>,
 ) {
-    let mutating_api: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(client.clone());
-    let validating_api: kube::Api<ValidatingWebhookConfiguration> = kube::Api::all(client);
-    let (mutating, mutating_writer) = reflector::store();
-    let (validating, validating_writer) = reflector::store();
-    enum Change {
-        Mutating(watcher::Event<MutatingWebhookConfiguration>),
-        Validating(watcher::Event<ValidatingWebhookConfiguration>),
-    }
-    let changes = futures::stream::select(
-        reflector(
-            mutating_writer,
-            watcher(mutating_api, watcher::Config::default()).default_backoff(),
-        )
-        .map(|e| e.map(Change::Mutating)),
-        reflector(
+    let (mutating, mutating_writer) = reflector::store::<MutatingWebhookConfiguration>();
+    let (validating, validating_writer) = reflector::store::<ValidatingWebhookConfiguration>();
+    let (policies, policies_writer) = reflector::store::<ValidatingAdmissionPolicy>();
+    let (bindings, bindings_writer) = reflector::store::<ValidatingAdmissionPolicyBinding>();
+    let mut changes = futures::stream::select_all([
+        reflect(kube::Api::all(client.clone()), mutating_writer, MUTATING),
+        reflect(
+            kube::Api::all(client.clone()),
             validating_writer,
-            watcher(validating_api, watcher::Config::default()).default_backoff(),
-        )
-        .map(|e| e.map(Change::Validating)),
-    );
-    let mut changes = std::pin::pin!(changes);
-    let (mut mutating_listed, mut validating_listed) = (false, false);
-    while let Some(change) = changes.next().await {
+            VALIDATING,
+        ),
+        reflect(kube::Api::all(client.clone()), policies_writer, POLICIES),
+        reflect(kube::Api::all(client), bindings_writer, BINDINGS),
+    ]);
+    // Nothing is in force until every kind has been listed once.
+    let mut listed = std::collections::HashSet::new();
+    while let Some((kind, change)) = changes.next().await {
         match change {
-            Ok(Change::Mutating(watcher::Event::InitDone)) => mutating_listed = true,
-            Ok(Change::Validating(watcher::Event::InitDone)) => validating_listed = true,
-            Ok(_) => {}
+            Ok(true) => {
+                listed.insert(kind);
+            }
+            Ok(false) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "watching the host's webhook configurations");
+                tracing::warn!(error = %e, kind, "watching the host's admission configuration");
                 continue;
             }
         }
-        if !(mutating_listed && validating_listed) {
+        if listed.len() < 4 {
             continue;
         }
         let objects = Objects {
             mutating: by_name(mutating.state()),
             validating: by_name(validating.state()),
+            policies: by_name(policies.state()),
+            bindings: by_name(bindings.state()),
         };
         hooks.send_replace(objects.compile());
         synced.send_replace(true);

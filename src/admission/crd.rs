@@ -1,6 +1,7 @@
 //! The CRDs that let a standalone kshard serve
-//! `admissionregistration.k8s.io/v1` MutatingWebhookConfiguration and
-//! ValidatingWebhookConfiguration, so `kubectl apply -f webhook.yaml`
+//! `admissionregistration.k8s.io/v1` MutatingWebhookConfiguration,
+//! ValidatingWebhookConfiguration, ValidatingAdmissionPolicy and
+//! ValidatingAdmissionPolicyBinding, so `kubectl apply -f webhook.yaml`
 //! configures it. The schema carries kube's defaults (failurePolicy Fail,
 //! matchPolicy Equivalent, empty selectors, timeoutSeconds 10,
 //! reinvocationPolicy Never, rule scope `*`, service port 443) and the
@@ -18,9 +19,14 @@ fn strings() -> Value {
 }
 
 fn label_selector() -> Value {
+    let mut s = selector();
+    s["default"] = json!({});
+    s
+}
+
+fn selector() -> Value {
     json!({
         "type": "object",
-        "default": {},
         "x-kubernetes-map-type": "atomic",
         "properties": {
             "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -34,6 +40,155 @@ fn label_selector() -> Value {
                         "key": {"type": "string"},
                         "operator": {"type": "string", "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
                         "values": strings(),
+                    },
+                },
+            },
+        },
+    })
+}
+
+fn match_conditions() -> Value {
+    json!({
+        "type": "array",
+        "maxItems": 64,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "items": {
+            "type": "object",
+            "required": ["name", "expression"],
+            "properties": {
+                "name": {"type": "string"},
+                "expression": {"type": "string"},
+            },
+        },
+    })
+}
+
+fn rule(named: bool) -> Value {
+    let mut r = json!({
+        "type": "object",
+        "properties": {
+            "operations": {
+                "type": "array",
+                "x-kubernetes-list-type": "atomic",
+                "items": {"type": "string", "enum": ["*", "CREATE", "UPDATE", "DELETE", "CONNECT"]},
+            },
+            "apiGroups": strings(),
+            "apiVersions": strings(),
+            "resources": strings(),
+            "scope": {"type": "string", "enum": ["*", "Cluster", "Namespaced"], "default": "*"},
+        },
+    });
+    if named {
+        r["properties"]["resourceNames"] = strings();
+    }
+    r
+}
+
+/// `MatchResources`: which requests a policy (or binding) takes.
+fn match_resources() -> Value {
+    let rules = json!({"type": "array", "x-kubernetes-list-type": "atomic", "items": rule(true)});
+    json!({
+        "type": "object",
+        "x-kubernetes-map-type": "atomic",
+        "properties": {
+            "namespaceSelector": label_selector(),
+            "objectSelector": label_selector(),
+            "resourceRules": rules,
+            "excludeResourceRules": rules,
+            "matchPolicy": {"type": "string", "enum": ["Exact", "Equivalent"], "default": "Equivalent"},
+        },
+    })
+}
+
+fn policy_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object",
+                "required": ["matchConstraints"],
+                "properties": {
+                    "paramKind": {
+                        "type": "object",
+                        "x-kubernetes-map-type": "atomic",
+                        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}},
+                    },
+                    "matchConstraints": match_resources(),
+                    "validations": {
+                        "type": "array",
+                        "x-kubernetes-list-type": "atomic",
+                        "items": {
+                            "type": "object",
+                            "required": ["expression"],
+                            "properties": {
+                                "expression": {"type": "string"},
+                                "message": {"type": "string"},
+                                "messageExpression": {"type": "string"},
+                                "reason": {"type": "string", "enum": ["Unauthorized", "Forbidden", "Invalid", "RequestEntityTooLarge"]},
+                            },
+                        },
+                    },
+                    "failurePolicy": {"type": "string", "enum": ["Ignore", "Fail"], "default": "Fail"},
+                    "auditAnnotations": {
+                        "type": "array",
+                        "x-kubernetes-list-type": "atomic",
+                        "items": {
+                            "type": "object",
+                            "required": ["key", "valueExpression"],
+                            "properties": {"key": {"type": "string"}, "valueExpression": {"type": "string"}},
+                        },
+                    },
+                    "matchConditions": match_conditions(),
+                    "variables": {
+                        "type": "array",
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["name"],
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "expression"],
+                            "properties": {"name": {"type": "string"}, "expression": {"type": "string"}},
+                        },
+                    },
+                },
+            },
+            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+        },
+    })
+}
+
+fn binding_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object",
+                "required": ["policyName", "validationActions"],
+                "properties": {
+                    "policyName": {"type": "string"},
+                    "paramRef": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "namespace": {"type": "string"},
+                            "selector": selector(),
+                            "parameterNotFoundAction": {"type": "string", "enum": ["Allow", "Deny"]},
+                        },
+                    },
+                    "matchResources": match_resources(),
+                    "validationActions": {
+                        "type": "array",
+                        "minItems": 1,
+                        "x-kubernetes-list-type": "set",
+                        "items": {"type": "string", "enum": ["Deny", "Warn", "Audit"]},
                     },
                 },
             },
@@ -87,24 +242,7 @@ fn webhook(mutating: bool) -> Value {
                 },
             },
         },
-        "rules": {
-            "type": "array",
-            "x-kubernetes-list-type": "atomic",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "operations": {
-                        "type": "array",
-                        "x-kubernetes-list-type": "atomic",
-                        "items": {"type": "string", "enum": ["*", "CREATE", "UPDATE", "DELETE", "CONNECT"]},
-                    },
-                    "apiGroups": strings(),
-                    "apiVersions": strings(),
-                    "resources": strings(),
-                    "scope": {"type": "string", "enum": ["*", "Cluster", "Namespaced"], "default": "*"},
-                },
-            },
-        },
+        "rules": {"type": "array", "x-kubernetes-list-type": "atomic", "items": rule(false)},
         "failurePolicy": {"type": "string", "enum": ["Ignore", "Fail"], "default": "Fail"},
         "matchPolicy": {"type": "string", "enum": ["Exact", "Equivalent"], "default": "Equivalent"},
         "namespaceSelector": label_selector(),
@@ -113,20 +251,7 @@ fn webhook(mutating: bool) -> Value {
         // older value already stored stays (kshard ratchets unchanged values).
         "sideEffects": {"type": "string", "enum": ["None", "NoneOnDryRun"]},
         "timeoutSeconds": {"type": "integer", "format": "int32", "default": 10, "minimum": 1, "maximum": 30},
-        "matchConditions": {
-            "type": "array",
-            "maxItems": 64,
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["name"],
-            "items": {
-                "type": "object",
-                "required": ["name", "expression"],
-                "properties": {
-                    "name": {"type": "string"},
-                    "expression": {"type": "string"},
-                },
-            },
-        },
+        "matchConditions": match_conditions(),
     });
     if mutating {
         properties["reinvocationPolicy"] =
@@ -139,7 +264,33 @@ fn webhook(mutating: bool) -> Value {
     })
 }
 
-fn crd(kind: &str, plural: &str, mutating: bool) -> Value {
+fn webhooks_schema(mutating: bool) -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "webhooks": {
+                "type": "array",
+                "items": webhook(mutating),
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
+        },
+    })
+}
+
+fn crd(kind: &str, plural: &str, schema: Value, status: bool) -> Value {
+    let mut version = json!({
+        "name": "v1",
+        "served": true,
+        "storage": true,
+        "schema": {"openAPIV3Schema": schema},
+    });
+    if status {
+        version["subresources"] = json!({"status": {}});
+    }
     json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -154,41 +305,33 @@ fn crd(kind: &str, plural: &str, mutating: bool) -> Value {
                 "listKind": format!("{kind}List"),
                 "categories": ["api-extensions"],
             },
-            "versions": [{
-                "name": "v1",
-                "served": true,
-                "storage": true,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "webhooks": {
-                            "type": "array",
-                            "items": webhook(mutating),
-                            "x-kubernetes-list-type": "map",
-                            "x-kubernetes-list-map-keys": ["name"],
-                        },
-                    },
-                }},
-            }],
+            "versions": [version],
         },
     })
 }
 
-/// Both CRDs as one multi-document YAML text (what the catalog loads).
+/// The CRDs as one multi-document YAML text (what the catalog loads).
 pub fn manifests_yaml() -> String {
+    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
     let mut out = String::new();
     for c in [
         crd(
             "MutatingWebhookConfiguration",
-            super::config::MUTATING,
-            true,
+            MUTATING,
+            webhooks_schema(true),
+            false,
         ),
         crd(
             "ValidatingWebhookConfiguration",
-            super::config::VALIDATING,
+            VALIDATING,
+            webhooks_schema(false),
+            false,
+        ),
+        crd("ValidatingAdmissionPolicy", POLICIES, policy_schema(), true),
+        crd(
+            "ValidatingAdmissionPolicyBinding",
+            BINDINGS,
+            binding_schema(),
             false,
         ),
     ] {

@@ -43,7 +43,7 @@ fn calling(reason: impl Into<String>) -> HookError {
 /// The kinds whose admission no webhook may take part in (kube's
 /// `IsExemptAdmissionConfigurationResource`), so a broken webhook can
 /// always be removed.
-fn exempt(kind: &Gvk) -> bool {
+pub(super) fn exempt(kind: &Gvk) -> bool {
     kind.group == super::config::GROUP
         && matches!(
             kind.kind.as_str(),
@@ -91,8 +91,65 @@ fn denied(webhook: &str, status: Option<&Value>) -> ApiError {
     ApiError::from_parts(code, reason, message, details)
 }
 
+/// The resource and kind a webhook or policy is invoked for, if its rules
+/// match the request's resource, or (match policy Equivalent) another
+/// served version of it: kube tries every rule against the request's
+/// version first, then each rule against every other version.
+pub(super) fn invocation(
+    rules: &[matching::NamedRule],
+    equivalent: bool,
+    attrs: &Attributes<'_>,
+) -> Option<Invocation> {
+    let t = attrs.target;
+    let matches = |rule: &matching::NamedRule, version: &str| {
+        let r = matching::Request {
+            operation: attrs.operation.as_str(),
+            group: &t.rt.group,
+            version,
+            resource: &t.rt.plural,
+            subresource: attrs.subresource,
+            namespace: &t.namespace,
+        };
+        rule.matches(&r, attrs.name)
+    };
+    let invocation = |version: &str, kind: Gvk| Invocation {
+        group: t.rt.group.clone(),
+        version: version.to_string(),
+        resource: t.rt.plural.clone(),
+        subresource: attrs.subresource.to_string(),
+        kind,
+    };
+    if rules.iter().any(|r| matches(r, &t.version)) {
+        return Some(invocation(&t.version, attrs.kind.clone()));
+    }
+    if !equivalent {
+        return None;
+    }
+    for rule in rules {
+        for v in
+            t.rt.versions
+                .iter()
+                .filter(|v| v.served && v.name != t.version)
+        {
+            if matches(rule, &v.name) {
+                let kind = if attrs.subresource == "scale" {
+                    attrs.kind.clone()
+                } else {
+                    Gvk {
+                        group: t.rt.group.clone(),
+                        version: v.name.clone(),
+                        kind: t.rt.kind.clone(),
+                    }
+                };
+                return Some(invocation(&v.name, kind));
+            }
+        }
+    }
+    None
+}
+
 /// The object as a webhook of version `inv` sees it.
-fn versioned<'v>(
+pub(super) fn versioned<'v>(
     t_rt: &ResourceType,
     request_version: &str,
     inv: &Invocation,
@@ -116,9 +173,32 @@ fn normalize(rt: &ResourceType, version: &str, obj: &mut Value) {
     }
 }
 
-/// A namespace's labels, looked up at most once per run.
+/// The request's namespace, looked up at most once per run.
 #[derive(Default)]
-struct NamespaceLabelsOnce(Option<Result<BTreeMap<String, String>, ApiError>>);
+pub(super) struct NamespaceOnce(Option<Result<Value, ApiError>>);
+
+impl NamespaceOnce {
+    pub(super) async fn get(&mut self, w: &Webhooks, ns: &str) -> Result<&Value, ApiError> {
+        if self.0.is_none() {
+            self.0 = Some(w.namespaces.get(ns).await);
+        }
+        match self.0.as_ref() {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(ApiError::internal("namespace lookup")),
+        }
+    }
+
+    /// The namespace's labels.
+    pub(super) async fn labels(
+        &mut self,
+        w: &Webhooks,
+        ns: &str,
+    ) -> Result<BTreeMap<String, String>, ApiError> {
+        let v = self.get(w, ns).await?;
+        Ok(matching::labels_of(Some(v)).unwrap_or_default())
+    }
+}
 
 impl Webhooks {
     async fn ready(
@@ -137,71 +217,6 @@ impl Webhooks {
         Ok(self.source.current())
     }
 
-    /// The resource and kind `hook` is called for, if its rules match the
-    /// request's resource, or (match policy Equivalent) another served
-    /// version of it.
-    fn invocation(&self, hook: &Hook, attrs: &Attributes<'_>) -> Option<Invocation> {
-        let t = attrs.target;
-        let request = |version: &'_ str| -> Invocation {
-            let kind = if attrs.subresource == "scale" {
-                attrs.kind.clone()
-            } else {
-                Gvk {
-                    group: t.rt.group.clone(),
-                    version: version.to_string(),
-                    kind: t.rt.kind.clone(),
-                }
-            };
-            Invocation {
-                group: t.rt.group.clone(),
-                version: version.to_string(),
-                resource: t.rt.plural.clone(),
-                subresource: attrs.subresource.to_string(),
-                kind,
-            }
-        };
-        let matches = |version: &str| {
-            let r = matching::Request {
-                operation: attrs.operation.as_str(),
-                group: &t.rt.group,
-                version,
-                resource: &t.rt.plural,
-                subresource: attrs.subresource,
-                namespace: &t.namespace,
-            };
-            hook.rules.iter().any(|rule| rule.matches(&r))
-        };
-        if matches(&t.version) {
-            let mut inv = request(&t.version);
-            inv.kind = attrs.kind.clone();
-            return Some(inv);
-        }
-        if !hook.equivalent {
-            return None;
-        }
-        // kube tries the rules in order, each against every equivalent version.
-        for rule in &hook.rules {
-            for v in
-                t.rt.versions
-                    .iter()
-                    .filter(|v| v.served && v.name != t.version)
-            {
-                let r = matching::Request {
-                    operation: attrs.operation.as_str(),
-                    group: &t.rt.group,
-                    version: &v.name,
-                    resource: &t.rt.plural,
-                    subresource: attrs.subresource,
-                    namespace: &t.namespace,
-                };
-                if rule.matches(&r) {
-                    return Some(request(&v.name));
-                }
-            }
-        }
-        None
-    }
-
     /// kube's `ShouldCallHook`: the namespace and object selectors and the
     /// rules decide; selector errors count only for webhooks whose rules
     /// match; then the match conditions.
@@ -210,22 +225,16 @@ impl Webhooks {
         hook: &Hook,
         attrs: &Attributes<'_>,
         object: Option<&Value>,
-        ns: &mut NamespaceLabelsOnce,
+        ns: &mut NamespaceOnce,
     ) -> Result<Option<Invocation>, ApiError> {
         let t = attrs.target;
         let ns_match = match &hook.namespace_selector {
             _ if t.namespace.is_empty() => Ok(true),
             Ok(sel) if sel.is_empty() => Ok(true),
-            Ok(sel) => {
-                if ns.0.is_none() {
-                    ns.0 = Some(self.namespaces.labels(&t.namespace).await);
-                }
-                match ns.0.as_ref() {
-                    Some(Ok(labels)) => Ok(sel.matches(labels)),
-                    Some(Err(e)) => Err(e.clone()),
-                    None => Ok(false),
-                }
-            }
+            Ok(sel) => ns
+                .labels(self, &t.namespace)
+                .await
+                .map(|labels| sel.matches(&labels)),
             Err(e) => Err(ApiError::internal(e)),
         };
         if matches!(ns_match, Ok(false)) {
@@ -238,7 +247,7 @@ impl Webhooks {
         if matches!(object_match, Ok(false)) {
             return Ok(None);
         }
-        let Some(inv) = self.invocation(hook, attrs) else {
+        let Some(inv) = invocation(&hook.rules, hook.equivalent, attrs) else {
             return Ok(None);
         };
         ns_match?;
@@ -254,10 +263,12 @@ impl Webhooks {
             .old_object
             .map(|o| versioned(&t.rt, &t.version, &inv, o))
             .transpose()?;
-        match hook
-            .conditions
-            .evaluate(obj.as_deref(), old.as_deref(), &request)
-        {
+        let ctx = matching::context(&[
+            ("object", matching::to_cel(obj.as_deref())),
+            ("oldObject", matching::to_cel(old.as_deref())),
+            ("request", matching::to_cel(Some(&request))),
+        ]);
+        match hook.conditions.evaluate(&ctx) {
             Verdict::Match => Ok(Some(inv)),
             Verdict::NoMatch => Ok(None),
             Verdict::Error(_) if hook.ignore_failures => Ok(None),
@@ -400,7 +411,7 @@ impl Webhooks {
         if hooks.mutating.is_empty() {
             return Ok(());
         }
-        let mut ns = NamespaceLabelsOnce::default();
+        let mut ns = NamespaceOnce::default();
         let mut invoked_reinvocable = HashSet::new();
         let mut reinvoke = HashSet::new();
         let mut again = false;
@@ -472,10 +483,15 @@ impl Webhooks {
             return Ok(());
         }
         let hooks = self.ready(attrs).await?;
+        let mut ns = NamespaceOnce::default();
+        // kube's ValidatingAdmissionPolicy plugin runs before its webhook plugin.
+        if !hooks.policies.is_empty() {
+            self.validate_policies(attrs, object, &hooks.policies, &mut ns)
+                .await?;
+        }
         if hooks.validating.is_empty() {
             return Ok(());
         }
-        let mut ns = NamespaceLabelsOnce::default();
         let mut relevant = Vec::new();
         for (index, hook) in hooks.validating.iter().enumerate() {
             if let Some(inv) = self.should_call(hook, attrs, object, &mut ns).await? {

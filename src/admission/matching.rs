@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::admissionregistration::v1::{MatchCondition, RuleWithOperations};
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, NamedRuleWithOperations, RuleWithOperations,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube_cel::cel;
 use serde_json::Value;
@@ -28,6 +30,41 @@ pub struct Rule {
     versions: Vec<String>,
     resources: Vec<String>,
     scope: Scope,
+}
+
+/// A rule limited to some object names (a policy's `resourceNames`; empty:
+/// any name).
+#[derive(Debug, Clone)]
+pub struct NamedRule {
+    pub rule: Rule,
+    pub names: Vec<String>,
+}
+
+impl NamedRule {
+    pub fn any_name(rule: Rule) -> Self {
+        Self {
+            rule,
+            names: Vec::new(),
+        }
+    }
+
+    pub fn from_api(r: &NamedRuleWithOperations) -> Self {
+        Self {
+            rule: Rule::from_api(&RuleWithOperations {
+                operations: r.operations.clone(),
+                api_groups: r.api_groups.clone(),
+                api_versions: r.api_versions.clone(),
+                resources: r.resources.clone(),
+                scope: r.scope.clone(),
+            }),
+            names: r.resource_names.clone().unwrap_or_default(),
+        }
+    }
+
+    /// kube compares an empty (still to be generated) name as it is.
+    pub fn matches(&self, r: &Request<'_>, name: &str) -> bool {
+        self.rule.matches(r) && (self.names.is_empty() || self.names.iter().any(|n| n == name))
+    }
 }
 
 /// What a rule is matched against: the operation and the resource (possibly
@@ -172,14 +209,57 @@ pub fn object_selected(sel: &Selector, object: Option<&Value>, old: Option<&Valu
             .any(|o| labels_of(o).is_some_and(|l| sel.matches(&l)))
 }
 
-/// One compiled match condition.
-struct Condition {
-    name: String,
-    expression: String,
+/// A CEL expression, compiled once; a compilation error is kept and
+/// reported whenever the expression would be evaluated.
+pub struct Expr {
+    pub source: String,
     program: Result<cel::Program, String>,
 }
 
-/// A webhook's `matchConditions`, compiled once.
+impl Expr {
+    pub fn compile(source: &str) -> Self {
+        Self {
+            source: source.to_string(),
+            program: cel::Program::compile(source).map_err(|e| format!("compilation error: {e}")),
+        }
+    }
+
+    /// The value, or kube's message for a failed evaluation.
+    pub fn eval(&self, ctx: &cel::Context<'_>) -> Result<cel::Value, String> {
+        match &self.program {
+            Ok(p) => p
+                .execute(ctx)
+                .map_err(|e| format!("expression '{}' resulted in error: {e}", self.source)),
+            Err(e) => Err(e.clone()),
+        }
+    }
+}
+
+/// A JSON value as CEL sees it (absent: null).
+pub fn to_cel(v: Option<&Value>) -> cel::Value {
+    v.map_or(cel::Value::Null, |v| {
+        cel::to_value(v).unwrap_or(cel::Value::Null)
+    })
+}
+
+/// A CEL context with kube's libraries and these variables.
+pub fn context(vars: &[(&str, cel::Value)]) -> cel::Context<'static> {
+    use kube_cel::KubeCelExt;
+    let mut ctx = cel::Context::default();
+    ctx.register_all();
+    for (name, v) in vars {
+        ctx.add_variable_from_value(*name, v.clone());
+    }
+    ctx
+}
+
+/// One compiled match condition.
+struct Condition {
+    name: String,
+    expr: Expr,
+}
+
+/// A webhook's or policy's `matchConditions`, compiled once.
 #[derive(Default)]
 pub struct Conditions(Vec<Condition>);
 
@@ -210,9 +290,7 @@ impl Conditions {
                 .flatten()
                 .map(|c| Condition {
                     name: c.name.clone(),
-                    expression: c.expression.clone(),
-                    program: cel::Program::compile(&c.expression)
-                        .map_err(|e| format!("compilation error: {e}")),
+                    expr: Expr::compile(&c.expression),
                 })
                 .collect(),
         )
@@ -223,39 +301,19 @@ impl Conditions {
     }
 
     /// kube's matcher: any false condition skips the webhook; otherwise any
-    /// error fails; otherwise it matches. `object`, `oldObject` and `request`
-    /// are bound; `authorizer` is not (an expression using it fails).
-    pub fn evaluate(
-        &self,
-        object: Option<&Value>,
-        old: Option<&Value>,
-        request: &Value,
-    ) -> Verdict {
-        use kube_cel::KubeCelExt;
-        let to_cel = |v: Option<&Value>| {
-            v.map_or(cel::Value::Null, |v| {
-                cel::to_value(v).unwrap_or(cel::Value::Null)
-            })
-        };
-        let mut ctx = cel::Context::default();
-        ctx.register_all();
-        ctx.add_variable_from_value("object", to_cel(object));
-        ctx.add_variable_from_value("oldObject", to_cel(old));
-        ctx.add_variable_from_value("request", to_cel(Some(request)));
+    /// error fails; otherwise it matches. The context binds `object`,
+    /// `oldObject` and `request` (and a policy's `params`); `authorizer` is
+    /// not bound (an expression using it fails).
+    pub fn evaluate(&self, ctx: &cel::Context<'_>) -> Verdict {
         let mut errors = Vec::new();
         for c in &self.0 {
-            let result = match &c.program {
-                Ok(p) => p
-                    .execute(&ctx)
-                    .map_err(|e| format!("expression '{}' resulted in error: {e}", c.expression)),
-                Err(e) => Err(e.clone()),
-            };
-            match result {
+            match c.expr.eval(ctx) {
                 Ok(cel::Value::Bool(false)) => return Verdict::NoMatch,
                 Ok(cel::Value::Bool(true)) => {}
                 Ok(other) => errors.push(format!(
-                    "expression '{}' resulted in error: no such overload: returned {other:?}, not a bool",
-                    c.expression
+                    "expression '{}' resulted in error: no such overload: returned {}, not a bool",
+                    c.expr.source,
+                    other.type_of()
                 )),
                 Err(e) => errors.push(e),
             }
@@ -370,7 +428,12 @@ mod tests {
         };
         let obj = json!({"metadata": {"name": "w"}, "spec": {"color": "red"}});
         let request = json!({"operation": "CREATE", "userInfo": {"username": "alice"}});
-        let eval = |c: &Conditions| c.evaluate(Some(&obj), None, &request);
+        let ctx = context(&[
+            ("object", to_cel(Some(&obj))),
+            ("oldObject", to_cel(None)),
+            ("request", to_cel(Some(&request))),
+        ]);
+        let eval = |c: &Conditions| c.evaluate(&ctx);
         assert_eq!(
             eval(&conds(&[
                 "object.spec.color == 'red'",

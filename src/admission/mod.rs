@@ -1,10 +1,11 @@
-//! Admission webhooks, as kube-apiserver 1.35 runs them. Requests that
-//! reach kshard through a host's aggregator skip the host's admission chain,
-//! so kshard runs its own: MutatingAdmissionWebhook after the object is
-//! decoded, defaulted and merged (before schema validation), and
-//! ValidatingAdmissionWebhook after validation (before the write), for every
-//! create, update, patch, apply and delete, subresources and dry runs too.
-//! The registry calls them through `registry::admission::Admission`.
+//! Admission webhooks and ValidatingAdmissionPolicies, as kube-apiserver 1.35
+//! runs them. Requests that reach kshard through a host's aggregator skip the
+//! host's admission chain, so kshard runs its own: MutatingAdmissionWebhook
+//! after the object is decoded, defaulted and merged (before schema
+//! validation); ValidatingAdmissionPolicy, then ValidatingAdmissionWebhook
+//! after validation (before the write), for every create, update, patch,
+//! apply and delete, subresources and dry runs too. The registry calls them
+//! through `registry::admission::Admission`.
 //!
 //! - [`config`]: the webhook configurations (kshard's own objects
 //!   standalone, the host's behind one), compiled into [`config::Hooks`];
@@ -12,6 +13,7 @@
 //! - [`matching`]: rules, selectors, match policy, match conditions;
 //! - [`review`]: the AdmissionReview sent and the answer's checks;
 //! - [`webhook`]: the HTTPS call (clients, CA bundles, timeouts, errors);
+//! - [`policy`]: ValidatingAdmissionPolicy and its bindings, in CEL;
 //! - `dispatch`: the mutating (in order, with reinvocation) and validating
 //!   (in parallel) runs, failure policy, patches, warnings, audit annotations.
 
@@ -19,10 +21,10 @@ pub mod config;
 pub mod crd;
 mod dispatch;
 pub mod matching;
+pub mod policy;
 pub mod review;
 pub mod webhook;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -34,46 +36,80 @@ use crate::status::ApiError;
 /// The label kube puts on every namespace: its own name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
-/// The labels of a namespace, for webhooks' namespace selectors.
-pub trait NamespaceLabels: Send + Sync {
-    /// A namespace that does not exist is kube's 404 for it.
-    fn labels<'a>(
-        &'a self,
-        namespace: &'a str,
-    ) -> BoxFuture<'a, Result<BTreeMap<String, String>, ApiError>>;
+/// The namespaces requests are in: their labels for namespace selectors, the
+/// object for policies' `namespaceObject`.
+pub trait Namespaces: Send + Sync {
+    /// The Namespace as kube exposes it to admission (name, labels,
+    /// annotations and the other metadata it keeps, spec, status); a
+    /// namespace that does not exist is kube's 404 for it.
+    fn get<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Value, ApiError>>;
 }
 
 /// Standalone, namespaces are implicit: each has only the label kube gives
 /// every namespace, its name.
 pub struct ImplicitNamespaces;
 
-impl NamespaceLabels for ImplicitNamespaces {
-    fn labels<'a>(
-        &'a self,
-        namespace: &'a str,
-    ) -> BoxFuture<'a, Result<BTreeMap<String, String>, ApiError>> {
-        let labels = [(NAMESPACE_NAME_LABEL.to_string(), namespace.to_string())].into();
-        Box::pin(async move { Ok(labels) })
+impl Namespaces for ImplicitNamespaces {
+    fn get<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Value, ApiError>> {
+        let ns = serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {NAMESPACE_NAME_LABEL: namespace}},
+            "spec": {}, "status": {"phase": "Active"},
+        });
+        Box::pin(async move { Ok(ns) })
     }
 }
 
-/// The admission webhooks in force and what calling them needs.
+/// A Namespace as kube's `CreateNamespaceObject` exposes it.
+pub fn namespace_view(ns: &Value) -> Value {
+    let mut meta = serde_json::Map::new();
+    for f in [
+        "name",
+        "generateName",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "finalizers",
+    ] {
+        if let Some(v) = ns.pointer(&format!("/metadata/{f}")) {
+            meta.insert(f.into(), v.clone());
+        }
+    }
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": meta,
+        "spec": ns.get("spec").cloned().unwrap_or_else(|| serde_json::json!({})),
+        "status": ns.get("status").cloned().unwrap_or_else(|| serde_json::json!({})),
+    })
+}
+
+/// The admission webhooks and policies in force, and what running them needs.
 pub struct Webhooks {
     source: config::Source,
     clients: webhook::Clients,
-    namespaces: Arc<dyn NamespaceLabels>,
+    namespaces: Arc<dyn Namespaces>,
+    /// Where policies' params are read (`None`: bindings with params fail).
+    params: Option<Arc<dyn policy::Params>>,
 }
 
 impl Webhooks {
     pub fn new(
         source: config::Source,
         clients: webhook::Clients,
-        namespaces: Arc<dyn NamespaceLabels>,
+        namespaces: Arc<dyn Namespaces>,
+        params: Option<Arc<dyn policy::Params>>,
     ) -> Self {
         Self {
             source,
             clients,
             namespaces,
+            params,
         }
     }
 

@@ -116,12 +116,9 @@ impl NamespaceLifecycle {
 }
 
 impl NamespaceLifecycle {
-    /// A namespace's labels, from the cache or (just created) the host;
-    /// kube's 404 when it has no such namespace.
-    async fn labels_of(
-        &self,
-        ns: &str,
-    ) -> Result<std::collections::BTreeMap<String, String>, ApiError> {
+    /// A namespace as admission sees it, from the cache or (just created)
+    /// the host; kube's 404 when it has no such namespace.
+    async fn admission_view(&self, ns: &str) -> Result<serde_json::Value, ApiError> {
         let found = match self.cached(ns) {
             Some(n) => Some((*n).clone()),
             None => self.api.get_opt(ns).await.map_err(|e| {
@@ -129,18 +126,17 @@ impl NamespaceLifecycle {
             })?,
         };
         match found {
-            Some(n) => Ok(n.metadata.labels.unwrap_or_default()),
+            Some(n) => Ok(crate::admission::namespace_view(
+                &serde_json::to_value(&n).map_err(ApiError::internal)?,
+            )),
             None => Err(ApiError::not_found("", "namespaces", ns)),
         }
     }
 }
 
-impl crate::admission::NamespaceLabels for NamespaceLifecycle {
-    fn labels<'a>(
-        &'a self,
-        namespace: &'a str,
-    ) -> BoxFuture<'a, Result<std::collections::BTreeMap<String, String>, ApiError>> {
-        Box::pin(self.labels_of(namespace))
+impl crate::admission::Namespaces for NamespaceLifecycle {
+    fn get<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<serde_json::Value, ApiError>> {
+        Box::pin(self.admission_view(namespace))
     }
 }
 

@@ -250,8 +250,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         .as_ref()
         .map(|(_, l)| l.clone() as Arc<dyn crate::registry::admission::CreateAdmission>);
     let registry = Registry::new(live_catalog.clone(), store.clone(), cache, admission);
-    let (source, namespaces, task): (_, Arc<dyn crate::admission::NamespaceLabels>, _) = match host
-    {
+    let (source, namespaces, task): (_, Arc<dyn crate::admission::Namespaces>, _) = match host {
         Some((client, lifecycle)) => {
             let (source, task) = crate::admission::config::Source::host(client);
             (source, lifecycle, task)
@@ -262,10 +261,16 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         }
     };
     tasks.push(task);
+    // Params of admission policies are kshard's own objects (a weak
+    // reference: the registry holds the admission).
+    let params = Arc::new(crate::admission::policy::RegistryParams(Arc::downgrade(
+        &registry,
+    )));
     let webhooks = Arc::new(crate::admission::Webhooks::new(
         source,
         crate::admission::webhook::Clients::new(&cfg.admission_webhook_resolve),
         namespaces,
+        Some(params),
     ));
     let synced = webhooks.clone();
     readiness.add("admission-webhook-configuration-sync", move || {

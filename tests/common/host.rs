@@ -2,7 +2,8 @@
 //! kube-apiserver can run on these machines. It speaks the real wire protocol
 //! over HTTPS for the parts kshard uses — TokenReview, SubjectAccessReview,
 //! `kube-system` ConfigMaps, Namespaces and `admissionregistration.k8s.io/v1`
-//! Mutating/ValidatingWebhookConfigurations with list/watch (resourceVersion,
+//! Mutating/ValidatingWebhookConfigurations, ValidatingAdmissionPolicies and
+//! their bindings with list/watch (resourceVersion,
 //! watch events, field selectors) — and acts as kube-aggregator in front of
 //! kshard: callers authenticate with bearer tokens and their requests are
 //! proxied to kshard with the front-proxy client certificate and
@@ -460,6 +461,24 @@ impl HostState {
         self.remove(webhook_kind(mutating).0, "", name);
     }
 
+    /// Creates or updates a ValidatingAdmissionPolicy (`binding` false) or
+    /// a ValidatingAdmissionPolicyBinding with this spec.
+    pub fn put_admission_policy(&self, binding: bool, name: &str, spec: Value) {
+        let (plural, kind) = if binding {
+            (
+                "validatingadmissionpolicybindings",
+                "ValidatingAdmissionPolicyBinding",
+            )
+        } else {
+            ("validatingadmissionpolicies", "ValidatingAdmissionPolicy")
+        };
+        let obj = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+            "metadata": {"name": name}, "spec": spec,
+        });
+        self.put(plural, "", name, obj);
+    }
+
     pub fn put_configmap(&self, namespace: &str, name: &str, data: Value) {
         let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {}, "data": data});
         self.put("configmaps", namespace, name, cm);
@@ -580,6 +599,16 @@ async fn handle(State(st): State<Arc<HostState>>, req: Request) -> Response {
             "GET",
             ["apis", "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations"],
         ) => collection(&st, "validatingwebhookconfigurations", "", &q).await,
+        ("GET", ["apis", "admissionregistration.k8s.io", "v1", plural])
+            if plural.starts_with("validatingadmissionpolic") =>
+        {
+            let kind = if plural.ends_with("bindings") {
+                "validatingadmissionpolicybindings"
+            } else {
+                "validatingadmissionpolicies"
+            };
+            collection(&st, kind, "", &q).await
+        }
         ("POST", ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
             st.token_reviews.fetch_add(1, Ordering::SeqCst);
             let body = body_json(req).await;
@@ -688,6 +717,14 @@ async fn collection(
             ),
             "validatingwebhookconfigurations" => (
                 "ValidatingWebhookConfigurationList",
+                "admissionregistration.k8s.io/v1",
+            ),
+            "validatingadmissionpolicies" => (
+                "ValidatingAdmissionPolicyList",
+                "admissionregistration.k8s.io/v1",
+            ),
+            "validatingadmissionpolicybindings" => (
+                "ValidatingAdmissionPolicyBindingList",
                 "admissionregistration.k8s.io/v1",
             ),
             _ => ("ConfigMapList", "v1"),

@@ -1,0 +1,793 @@
+//! ValidatingAdmissionPolicy (`admissionregistration.k8s.io/v1`), as kube's
+//! validating policy plugin runs it: a policy's match constraints, then each
+//! of its bindings' match resources and params, then its match conditions,
+//! variables, validations (message, messageExpression, reason) and audit
+//! annotations in CEL; a failed validation is denied, warned or audited as
+//! the binding's `validationActions` say. Policies run before validating
+//! webhooks (kube's plugin order).
+//!
+//! CEL binds `object`, `oldObject`, `request`, `params`, `namespaceObject`
+//! and `variables`; `authorizer` is not bound (an expression using it fails
+//! to evaluate). Params are objects of a kind kshard serves.
+
+use std::collections::BTreeMap;
+use std::sync::Weak;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchResources, ParamRef, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use kube_cel::cel;
+use serde_json::{json, Value};
+
+use super::dispatch::{invocation, versioned, NamespaceOnce};
+use super::matching::{self, Conditions, Expr, NamedRule, Selector, Verdict};
+use super::review::{self, Invocation};
+use super::Webhooks;
+use crate::registry::admission::Attributes;
+use crate::registry::{convert_value, ReadAt, Registry, Selectors, Target};
+use crate::status::ApiError;
+
+/// kube's largest evaluated `messageExpression` and audit annotation value.
+const MAX_MESSAGE_BYTES: usize = 5 * 1024;
+const MAX_ANNOTATION_BYTES: usize = 10 * 1024;
+
+/// A policy's `matchConstraints` or a binding's `matchResources`.
+#[derive(Debug)]
+struct Criteria {
+    namespace_selector: Result<Selector, String>,
+    object_selector: Result<Selector, String>,
+    rules: Vec<NamedRule>,
+    exclude: Vec<NamedRule>,
+    equivalent: bool,
+}
+
+impl Criteria {
+    fn compile(m: &MatchResources) -> Result<Self, String> {
+        // The API defaults both selectors; kube refuses to guess without them.
+        let selector = |s: Option<&_>, what: &str| match s {
+            Some(s) => Ok(Selector::parse(Some(s))),
+            None => Err(format!("a nil {what} selector is not supported")),
+        };
+        Ok(Self {
+            namespace_selector: selector(m.namespace_selector.as_ref(), "namespace")?,
+            object_selector: selector(m.object_selector.as_ref(), "object")?,
+            rules: m
+                .resource_rules
+                .iter()
+                .flatten()
+                .map(NamedRule::from_api)
+                .collect(),
+            exclude: m
+                .exclude_resource_rules
+                .iter()
+                .flatten()
+                .map(NamedRule::from_api)
+                .collect(),
+            equivalent: m.match_policy.as_deref() != Some("Exact"),
+        })
+    }
+}
+
+/// One validation.
+struct Check {
+    expr: Expr,
+    message: Option<String>,
+    message_expr: Option<Expr>,
+    reason: Option<String>,
+}
+
+/// A policy, compiled.
+pub struct Policy {
+    pub name: String,
+    /// `apiVersion` and `kind` of the params.
+    param_kind: Option<(String, String)>,
+    /// `Err`: kube's configuration error for it.
+    constraints: Result<Criteria, String>,
+    ignore_failures: bool,
+    conditions: Conditions,
+    variables: Vec<(String, Expr)>,
+    checks: Vec<Check>,
+    audit_annotations: Vec<(String, Expr)>,
+}
+
+/// A binding, compiled.
+pub struct Binding {
+    pub name: String,
+    param_ref: Option<ParamRef>,
+    /// `None`: everything its policy matches.
+    resources: Option<Result<Criteria, String>>,
+    /// `Deny`, `Warn`, `Audit`.
+    actions: Vec<String>,
+}
+
+/// A policy and its bindings, in name order.
+pub struct PolicyHook {
+    pub policy: Policy,
+    pub bindings: Vec<Binding>,
+}
+
+impl std::fmt::Debug for PolicyHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyHook")
+            .field("policy", &self.policy.name)
+            .field(
+                "bindings",
+                &self.bindings.iter().map(|b| &b.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Policy {
+    fn compile(name: &str, p: &ValidatingAdmissionPolicy) -> Self {
+        let spec = p.spec.clone().unwrap_or_default();
+        Policy {
+            name: name.to_string(),
+            param_kind: spec.param_kind.map(|k| {
+                (
+                    k.api_version.unwrap_or_default(),
+                    k.kind.unwrap_or_default(),
+                )
+            }),
+            constraints: match &spec.match_constraints {
+                Some(m) => Criteria::compile(m),
+                None => Err("policy contained no match constraints, a required field".into()),
+            },
+            ignore_failures: spec.failure_policy.as_deref() == Some("Ignore"),
+            conditions: Conditions::compile(spec.match_conditions.as_ref()),
+            variables: spec
+                .variables
+                .iter()
+                .flatten()
+                .map(|v| (v.name.clone(), Expr::compile(&v.expression)))
+                .collect(),
+            checks: spec
+                .validations
+                .iter()
+                .flatten()
+                .map(|v| Check {
+                    expr: Expr::compile(&v.expression),
+                    message: v.message.clone(),
+                    message_expr: v.message_expression.as_deref().map(Expr::compile),
+                    reason: v.reason.clone(),
+                })
+                .collect(),
+            audit_annotations: spec
+                .audit_annotations
+                .iter()
+                .flatten()
+                .map(|a| (a.key.clone(), Expr::compile(&a.value_expression)))
+                .collect(),
+        }
+    }
+}
+
+impl Binding {
+    fn compile(name: &str, b: &ValidatingAdmissionPolicyBinding) -> Self {
+        let spec = b.spec.clone();
+        Binding {
+            name: name.to_string(),
+            param_ref: spec.param_ref,
+            resources: spec.match_resources.as_ref().map(Criteria::compile),
+            actions: spec.validation_actions,
+        }
+    }
+}
+
+/// Every policy with its bindings (policies by name, bindings by name;
+/// bindings of absent policies are idle).
+pub fn compile(
+    policies: &BTreeMap<String, ValidatingAdmissionPolicy>,
+    bindings: &BTreeMap<String, ValidatingAdmissionPolicyBinding>,
+) -> Vec<PolicyHook> {
+    policies
+        .iter()
+        .map(|(name, p)| PolicyHook {
+            policy: Policy::compile(name, p),
+            bindings: bindings
+                .iter()
+                .filter(|(_, b)| &b.spec.policy_name == name)
+                .map(|(bname, b)| Binding::compile(bname, b))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Where params come from: objects of a kind kshard serves.
+pub trait Params: Send + Sync {
+    /// The params a binding's `paramRef` selects in `namespace` (the
+    /// request's, unless the ref names one): kube's `CollectParams`.
+    fn collect<'a>(
+        &'a self,
+        kind: &'a (String, String),
+        param_ref: &'a ParamRef,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Value>, String>>;
+}
+
+/// Params read from kshard's own watch cache.
+pub struct RegistryParams(pub Weak<Registry>);
+
+impl RegistryParams {
+    async fn collect_from(
+        &self,
+        (api_version, kind): &(String, String),
+        r: &ParamRef,
+        namespace: &str,
+    ) -> Result<Vec<Value>, String> {
+        let unknown = || {
+            format!(
+                "paramKind kind `&ParamKind{{APIVersion:{api_version},Kind:{kind},}}` not known"
+            )
+        };
+        let registry = self.0.upgrade().ok_or_else(unknown)?;
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let rt = registry
+            .catalog()
+            .find_by_kind(group, kind)
+            .filter(|rt| rt.version(version).is_some())
+            .cloned()
+            .ok_or_else(unknown)?;
+        let ref_ns = r.namespace.clone().unwrap_or_default();
+        let namespace = if !rt.namespaced {
+            if !ref_ns.is_empty() {
+                return Err(
+                    "paramRef.namespace must not be provided for a cluster-scoped `paramKind`"
+                        .into(),
+                );
+            }
+            String::new()
+        } else if !ref_ns.is_empty() {
+            ref_ns
+        } else if namespace.is_empty() {
+            return Err("cannot use namespaced paramRef in policy binding that matches cluster-scoped resources".into());
+        } else {
+            namespace.to_string()
+        };
+        let t = Target {
+            rt,
+            version: version.to_string(),
+            namespace,
+        };
+        let as_param = |v: &Value| convert_value(&t.rt, v, api_version).map_err(|e| e.message);
+        let params = match (r.name.as_deref().filter(|n| !n.is_empty()), &r.selector) {
+            (Some(_), Some(_)) => {
+                return Err("paramRef.name and paramRef.selector are mutually exclusive".into())
+            }
+            (Some(name), None) => match registry.get(&t, name, &ReadAt::Any).await {
+                Ok(item) => vec![as_param(&item.value)?],
+                Err(e) if e.code == 404 => Vec::new(),
+                Err(e) => return Err(e.message),
+            },
+            (None, Some(sel)) => {
+                let sel = Selector::parse(Some(sel))?;
+                let listed = registry
+                    .list(&t, &Selectors::default(), &ReadAt::Any, None)
+                    .await
+                    .map_err(|e| e.message)?;
+                listed
+                    .items
+                    .iter()
+                    .filter(|i| {
+                        sel.matches(&matching::labels_of(Some(&i.value)).unwrap_or_default())
+                    })
+                    .map(|i| as_param(&i.value))
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            (None, None) => return Err("one of name or selector must be provided".into()),
+        };
+        if params.is_empty() && r.parameter_not_found_action.as_deref() == Some("Deny") {
+            return Err(
+                "no params found for policy binding with `Deny` parameterNotFoundAction".into(),
+            );
+        }
+        Ok(params)
+    }
+}
+
+impl Params for RegistryParams {
+    fn collect<'a>(
+        &'a self,
+        kind: &'a (String, String),
+        param_ref: &'a ParamRef,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Value>, String>> {
+        Box::pin(self.collect_from(kind, param_ref, namespace))
+    }
+}
+
+/// What one evaluation of a policy decided.
+enum Decision {
+    Admit,
+    Deny {
+        message: String,
+        /// Empty: kube's `Invalid`.
+        reason: String,
+    },
+}
+
+enum Annotation {
+    Publish(String, String),
+    Exclude,
+    Error(String),
+}
+
+#[derive(Default)]
+struct Evaluation {
+    decisions: Vec<Decision>,
+    annotations: Vec<Annotation>,
+}
+
+/// The CEL variables of one evaluation.
+struct Inputs<'a> {
+    object: Option<&'a Value>,
+    old: Option<&'a Value>,
+    request: &'a Value,
+    params: Option<&'a Value>,
+    namespace: Option<&'a Value>,
+}
+
+impl Policy {
+    fn error_decision(&self, message: String) -> Decision {
+        if self.ignore_failures {
+            Decision::Admit
+        } else {
+            Decision::Deny {
+                message,
+                reason: String::new(),
+            }
+        }
+    }
+
+    /// kube's validator: match conditions, then validations, then audit
+    /// annotations, each error under the failure policy.
+    fn evaluate(&self, i: &Inputs<'_>) -> Evaluation {
+        let mut vars: Vec<(&str, cel::Value)> = vec![
+            ("object", matching::to_cel(i.object)),
+            ("oldObject", matching::to_cel(i.old)),
+            ("request", matching::to_cel(Some(i.request))),
+            ("params", matching::to_cel(i.params)),
+        ];
+        match self.conditions.evaluate(&matching::context(&vars)) {
+            Verdict::Match => {}
+            Verdict::NoMatch => return Evaluation::default(),
+            Verdict::Error(e) => {
+                return Evaluation {
+                    decisions: vec![self.error_decision(e)],
+                    annotations: Vec::new(),
+                }
+            }
+        }
+        vars.push(("namespaceObject", matching::to_cel(i.namespace)));
+        // Variables in order, each seeing the earlier ones; one that fails
+        // is left unbound, so only expressions that use it fail.
+        let mut values: std::collections::HashMap<String, cel::Value> = Default::default();
+        for (name, expr) in &self.variables {
+            let mut with = vars.clone();
+            with.push(("variables", cel::Value::from(values.clone())));
+            if let Ok(v) = expr.eval(&matching::context(&with)) {
+                values.insert(name.clone(), v);
+            }
+        }
+        vars.push(("variables", cel::Value::from(values)));
+        let ctx = matching::context(&vars);
+        let decisions = self
+            .checks
+            .iter()
+            .map(|c| match c.expr.eval(&ctx) {
+                Ok(cel::Value::Bool(true)) => Decision::Admit,
+                Ok(_) => Decision::Deny {
+                    message: failure_message(c, &ctx),
+                    reason: c.reason.clone().unwrap_or_default(),
+                },
+                Err(e) => self.error_decision(e),
+            })
+            .collect();
+        let annotations = self
+            .audit_annotations
+            .iter()
+            .map(|(key, expr)| match expr.eval(&ctx) {
+                Ok(cel::Value::String(s)) => match s.trim() {
+                    "" => Annotation::Exclude,
+                    v => Annotation::Publish(key.clone(), truncate(v, MAX_ANNOTATION_BYTES)),
+                },
+                Ok(cel::Value::Null) => Annotation::Exclude,
+                Ok(other) => Annotation::Error(format!(
+                    "valueExpression '{}' resulted in unsupported return type: {}. Return type must be either string or null.",
+                    expr.source,
+                    other.type_of()
+                )),
+                Err(_) if self.ignore_failures => Annotation::Exclude,
+                Err(e) => Annotation::Error(e),
+            })
+            .collect();
+        Evaluation {
+            decisions,
+            annotations,
+        }
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// A failed validation's message: its messageExpression (a one-line string
+/// within kube's size), else its message, else the expression.
+fn failure_message(c: &Check, ctx: &cel::Context<'_>) -> String {
+    let evaluated = c
+        .message_expr
+        .as_ref()
+        .and_then(|m| match m.eval(ctx) {
+            Ok(cel::Value::String(s)) => Some(s.trim().to_string()),
+            _ => None,
+        })
+        .filter(|m| !m.is_empty() && m.len() <= MAX_MESSAGE_BYTES && !m.contains('\n'));
+    evaluated
+        .or_else(|| {
+            c.message
+                .as_deref()
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| format!("failed expression: {}", c.expr.source.trim()))
+}
+
+fn reason_code(reason: &str) -> u16 {
+    match reason {
+        "Forbidden" => 403,
+        "Unauthorized" => 401,
+        "RequestEntityTooLarge" => 413,
+        _ => 422,
+    }
+}
+
+/// A denial: which policy (and binding), why.
+struct Denied {
+    policy: String,
+    binding: Option<String>,
+    message: String,
+    reason: String,
+}
+
+impl Webhooks {
+    /// Does `criteria` take this request, and as which resource?
+    async fn criteria_match(
+        &self,
+        c: &Criteria,
+        attrs: &Attributes<'_>,
+        object: Option<&Value>,
+        ns: &mut NamespaceOnce,
+    ) -> Result<Option<Invocation>, String> {
+        let t = attrs.target;
+        let ns_match = match &c.namespace_selector {
+            _ if t.namespace.is_empty() => Ok(true),
+            Ok(sel) if sel.is_empty() => Ok(true),
+            Ok(sel) => ns
+                .labels(self, &t.namespace)
+                .await
+                .map(|l| sel.matches(&l))
+                .map_err(|e| e.message),
+            Err(e) => Err(e.clone()),
+        };
+        if matches!(ns_match, Ok(false)) {
+            return Ok(None);
+        }
+        let object_match = c
+            .object_selector
+            .as_ref()
+            .map(|sel| matching::object_selected(sel, object, attrs.old_object))
+            .map_err(Clone::clone);
+        if matches!(object_match, Ok(false)) {
+            return Ok(None);
+        }
+        if invocation(&c.exclude, c.equivalent, attrs).is_some() {
+            return Ok(None);
+        }
+        // No resource rules: everything the selectors take, as the request's resource.
+        let inv = if c.rules.is_empty() {
+            Some(Invocation {
+                group: t.rt.group.clone(),
+                version: t.version.clone(),
+                resource: t.rt.plural.clone(),
+                subresource: attrs.subresource.to_string(),
+                kind: attrs.kind.clone(),
+            })
+        } else {
+            invocation(&c.rules, c.equivalent, attrs)
+        };
+        let Some(inv) = inv else {
+            return Ok(None);
+        };
+        ns_match?;
+        object_match?;
+        Ok(Some(inv))
+    }
+
+    /// kube's validating policy dispatcher: every matching policy and
+    /// binding, params, evaluation, and the binding's actions; the first
+    /// denial is the answer.
+    pub(super) async fn validate_policies(
+        &self,
+        attrs: &Attributes<'_>,
+        object: Option<&Value>,
+        hooks: &[PolicyHook],
+        ns: &mut NamespaceOnce,
+    ) -> Result<(), ApiError> {
+        let t = attrs.target;
+        let mut denied: Vec<Denied> = Vec::new();
+        let config_error =
+            |denied: &mut Vec<Denied>, p: &Policy, b: Option<&Binding>, e: String| {
+                if p.ignore_failures {
+                    return;
+                }
+                let what = if b.is_some() { "binding" } else { "policy" };
+                denied.push(Denied {
+                    policy: p.name.clone(),
+                    binding: b.map(|b| b.name.clone()),
+                    message: format!("failed to configure {what}: {e}"),
+                    reason: String::new(),
+                });
+            };
+        for hook in hooks {
+            let policy = &hook.policy;
+            let inv = match &policy.constraints {
+                Err(e) => {
+                    config_error(&mut denied, policy, None, e.clone());
+                    continue;
+                }
+                Ok(c) => match self.criteria_match(c, attrs, object, ns).await {
+                    Err(e) => {
+                        config_error(&mut denied, policy, None, e);
+                        continue;
+                    }
+                    Ok(None) => continue,
+                    Ok(Some(inv)) => inv,
+                },
+            };
+            let mut published: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for binding in &hook.bindings {
+                match &binding.resources {
+                    None => {}
+                    Some(Err(e)) => {
+                        config_error(&mut denied, policy, Some(binding), e.clone());
+                        continue;
+                    }
+                    Some(Ok(c)) => match self.criteria_match(c, attrs, object, ns).await {
+                        Err(e) => {
+                            config_error(&mut denied, policy, Some(binding), e);
+                            continue;
+                        }
+                        Ok(None) => continue,
+                        Ok(Some(_)) => {}
+                    },
+                }
+                let params: Vec<Option<Value>> = match (&policy.param_kind, &binding.param_ref) {
+                    (Some(kind), Some(r)) => {
+                        let Some(source) = &self.params else {
+                            config_error(
+                                &mut denied,
+                                policy,
+                                Some(binding),
+                                "params are not available".into(),
+                            );
+                            continue;
+                        };
+                        match source.collect(kind, r, &t.namespace).await {
+                            Ok(ps) => ps.into_iter().map(Some).collect(),
+                            Err(e) => {
+                                config_error(&mut denied, policy, Some(binding), e);
+                                continue;
+                            }
+                        }
+                    }
+                    _ => vec![None],
+                };
+                let namespace = if t.namespace.is_empty() {
+                    None
+                } else {
+                    Some(ns.get(self, &t.namespace).await?.clone())
+                };
+                let request = Value::Object(review::request("", attrs, &inv));
+                let obj = object
+                    .map(|o| versioned(&t.rt, &t.version, &inv, o))
+                    .transpose()?;
+                let old = attrs
+                    .old_object
+                    .map(|o| versioned(&t.rt, &t.version, &inv, o))
+                    .transpose()?;
+                for param in &params {
+                    let result = policy.evaluate(&Inputs {
+                        object: obj.as_deref(),
+                        old: old.as_deref(),
+                        request: &request,
+                        params: param.as_ref(),
+                        namespace: namespace.as_ref(),
+                    });
+                    for (index, decision) in result.decisions.iter().enumerate() {
+                        let Decision::Deny { message, reason } = decision else {
+                            continue;
+                        };
+                        for action in &binding.actions {
+                            match action.as_str() {
+                                "Deny" => denied.push(Denied {
+                                    policy: policy.name.clone(),
+                                    binding: Some(binding.name.clone()),
+                                    message: message.clone(),
+                                    reason: reason.clone(),
+                                }),
+                                "Warn" => attrs.caller.warnings.add(&format!(
+                                    "Validation failed for ValidatingAdmissionPolicy '{}' with binding '{}': {message}",
+                                    policy.name, binding.name
+                                )),
+                                "Audit" => {
+                                    if let Some(annotate) = &attrs.caller.annotate {
+                                        let value = json!([{
+                                            "message": message,
+                                            "policy": policy.name,
+                                            "binding": binding.name,
+                                            "expressionIndex": index,
+                                            "validationActions": binding.actions,
+                                        }]);
+                                        annotate(
+                                            "validation.policy.admission.k8s.io/validation_failure",
+                                            &value.to_string(),
+                                        );
+                                    }
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                    for a in result.annotations {
+                        match a {
+                            Annotation::Publish(k, v) => {
+                                let values = published.entry(k).or_default();
+                                if !values.contains(&v) {
+                                    values.push(v);
+                                }
+                            }
+                            Annotation::Exclude => {}
+                            Annotation::Error(message) => denied.push(Denied {
+                                policy: policy.name.clone(),
+                                binding: Some(binding.name.clone()),
+                                message,
+                                reason: String::new(),
+                            }),
+                        }
+                    }
+                }
+            }
+            if let Some(annotate) = &attrs.caller.annotate {
+                for (k, vs) in &published {
+                    annotate(&format!("{}/{k}", policy.name), &vs.join(", "));
+                }
+            }
+        }
+        let Some(d) = denied.into_iter().next() else {
+            return Ok(());
+        };
+        let message = match &d.binding {
+            Some(b) => format!(
+                "ValidatingAdmissionPolicy '{}' with binding '{b}' denied request: {}",
+                d.policy, d.message
+            ),
+            None => format!(
+                "ValidatingAdmissionPolicy '{}' denied request: {}",
+                d.policy, d.message
+            ),
+        };
+        let name = match attrs.name {
+            "" => object
+                .and_then(|o| o.pointer("/metadata/name"))
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+            n => n,
+        };
+        let reason = if d.reason.is_empty() {
+            "Invalid".to_string()
+        } else {
+            d.reason
+        };
+        let mut e = ApiError::forbidden_resource(&t.rt.group, &t.rt.plural, name, &message)
+            .with_cause("", &message, "");
+        e.code = reason_code(&reason);
+        e.reason = reason.into();
+        Err(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(spec: Value) -> Policy {
+        let p: ValidatingAdmissionPolicy =
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec}))
+                .expect("policy");
+        Policy::compile("p", &p)
+    }
+
+    fn inputs<'a>(object: &'a Value, request: &'a Value, params: Option<&'a Value>) -> Inputs<'a> {
+        Inputs {
+            object: Some(object),
+            old: None,
+            request,
+            params,
+            namespace: None,
+        }
+    }
+
+    fn denials(e: &Evaluation) -> Vec<(String, String)> {
+        e.decisions
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Deny { message, reason } => Some((message.clone(), reason.clone())),
+                Decision::Admit => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn validations_are_worded_as_kube_words_them() {
+        let p = policy(json!({
+            "variables": [{"name": "replicas", "expression": "object.spec.replicas"}],
+            "validations": [
+                {"expression": "variables.replicas <= params.max", "messageExpression": "'at most ' + string(params.max) + ' replicas'", "reason": "Forbidden"},
+                {"expression": "object.spec.color != 'red'", "message": "no red"},
+                {"expression": "object.spec.size == 'L' "},
+                {"expression": "object.spec.nope == 1"},
+            ],
+            "auditAnnotations": [
+                {"key": "replicas", "valueExpression": "string(variables.replicas)"},
+                {"key": "skipped", "valueExpression": "null"},
+            ],
+        }));
+        let obj = json!({"spec": {"replicas": 5, "color": "red", "size": "S"}});
+        let request = json!({"operation": "CREATE"});
+        let params = json!({"max": 3});
+        let e = p.evaluate(&inputs(&obj, &request, Some(&params)));
+        let d = denials(&e);
+        assert_eq!(
+            d[0],
+            ("at most 3 replicas".to_string(), "Forbidden".to_string())
+        );
+        assert_eq!(d[1], ("no red".to_string(), String::new()));
+        assert_eq!(d[2].0, "failed expression: object.spec.size == 'L'");
+        assert!(
+            d[3].0
+                .starts_with("expression 'object.spec.nope == 1' resulted in error: "),
+            "{:?}",
+            d[3]
+        );
+        assert!(
+            matches!(&e.annotations[0], Annotation::Publish(k, v) if k == "replicas" && v == "5")
+        );
+        assert!(matches!(e.annotations[1], Annotation::Exclude));
+    }
+
+    #[test]
+    fn failure_policy_ignore_admits_errors() {
+        let p = policy(json!({
+            "failurePolicy": "Ignore",
+            "validations": [{"expression": "object.spec.nope == 1"}],
+        }));
+        let obj = json!({"spec": {}});
+        let request = json!({});
+        assert!(denials(&p.evaluate(&inputs(&obj, &request, None))).is_empty());
+        let p = policy(json!({
+            "matchConditions": [{"name": "only-red", "expression": "object.spec.color == 'red'"}],
+            "validations": [{"expression": "false"}],
+        }));
+        let blue = json!({"spec": {"color": "blue"}});
+        assert!(denials(&p.evaluate(&inputs(&blue, &request, None))).is_empty());
+        // A condition that fails to evaluate denies under Fail.
+        assert_eq!(denials(&p.evaluate(&inputs(&obj, &request, None))).len(), 1);
+    }
+}
