@@ -812,9 +812,12 @@ async fn a_leader_stopped_with_sigterm_hands_over_without_waiting_for_its_lease(
     let failures = failures.lock().expect("lock");
     assert!(
         failures.answered.is_empty() && failures.no_answer == 0,
-        "writes failed during the hand-over: {:?} ({} without an answer)",
+        "writes failed during the hand-over: {:?} ({} without an answer)\n--- r0\n{}\n--- r1\n{}\n--- r2\n{}",
         failures.answered,
-        failures.no_answer
+        failures.no_answer,
+        log("r0"),
+        log("r1"),
+        log("r2")
     );
     // Documented: under 0.5 s; generous here for a loaded CI machine.
     assert!(gap < Duration::from_secs(2), "writes paused for {gap:?}");

@@ -75,6 +75,16 @@ impl ReplicaConfig {
     /// resolve what a dead leader left (at worst TiKV's lock TTL,
     /// [`STORE_LOCK_TTL`]). Past that something else is wrong (the store)
     /// and the client is better told to retry.
+    /// How long a forwarded write still waits for the old leader's answer
+    /// once the lease has moved on. A leader handing over (SIGTERM) answers
+    /// its last writes before it gives the lease up, but on a loaded machine
+    /// that answer can trail the follower's view of the new lease by more
+    /// than one renewal; a whole lease covers it, and a frozen leader's
+    /// writes still end well within a request's deadline.
+    pub fn answer_grace(&self) -> Duration {
+        self.lease_duration.max(Duration::from_millis(500))
+    }
+
     pub fn leader_patience(&self) -> Duration {
         self.lease_duration * 3 + STORE_LOCK_TTL
     }
@@ -898,7 +908,7 @@ impl Replica {
             _ = moved => {}
         }
         // The lease moved on: an answer already on its way still counts.
-        let grace = self.cfg.renew_interval();
+        let grace = self.cfg.answer_grace();
         tokio::select! {
             r = &mut answer => classify(r),
             _ = &mut until_deadline => Sent::Deadline,
@@ -915,9 +925,25 @@ fn classify(
         Ok(resp) => Sent::Answered(resp),
         // Not connected: the leader never saw the request, so it may go again.
         Err(e) if e.is_connect() => Sent::Unreachable(e.to_string()),
+        // Refused by the leader's GOAWAY (it is shutting down): HTTP/2
+        // guarantees a stream past the GOAWAY's last stream was not
+        // processed, so it may go again too.
+        Err(e) if refused_by_go_away(&e) => Sent::Unreachable(e.to_string()),
         // The leader may or may not have carried it out: never repeat it.
-        Err(e) => Sent::Lost(e.to_string()),
+        Err(e) => Sent::Lost(format!("{e:?}")),
     }
+}
+
+/// Whether a request failed because the server's GOAWAY refused its stream.
+fn refused_by_go_away(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_remote();
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Sleeps `pause`, or less if the view changes; true if it changed.
