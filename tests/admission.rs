@@ -840,6 +840,10 @@ async fn the_host_s_configurations_are_honoured() {
         )
         .await;
 
+        (r.0 == 201).then_some(())
+    })
+    .await;
+
     // A ValidatingAdmissionPolicy of the host's.
     host.state.put_admission_policy(
         false,
@@ -856,7 +860,12 @@ async fn the_host_s_configurations_are_honoured() {
         json!({"policyName": "no-purple", "validationActions": ["Deny"]}),
     );
     let (code, body) = until("the host's policy to take effect", PATIENCE, || async {
-        let r = send("POST", format!("{WIDGETS}?dryRun=All"), Some(widget("p1", "purple"))).await;
+        let r = send(
+            "POST",
+            format!("{WIDGETS}?dryRun=All"),
+            Some(widget("p1", "purple")),
+        )
+        .await;
         (r.0 != 201).then_some(r)
     })
     .await;
@@ -865,9 +874,52 @@ async fn the_host_s_configurations_are_honoured() {
         body["message"],
         "widgets.demo.kshard.dev \"p1\" is forbidden: ValidatingAdmissionPolicy 'no-purple' with binding 'no-purple' denied request: no purple"
     );
-        (r.0 == 201).then_some(())
-    })
+
+    // A policy whose params are an object of a kind kshard does not serve:
+    // the host's ConfigMap.
+    host.state
+        .put_configmap("default", "widget-limits", json!({"max": "3"}));
+    host.state.put_admission_policy(
+        false,
+        "replica-cap",
+        json!({"failurePolicy": "Fail",
+               "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+               "matchConstraints": {"namespaceSelector": {}, "objectSelector": {}, "matchPolicy": "Equivalent",
+                   "resourceRules": [{"apiGroups": ["demo.kshard.dev"], "apiVersions": ["*"],
+                                      "operations": ["CREATE"], "resources": ["widgets"], "scope": "*"}]},
+               "validations": [{"expression": "object.spec.replicas <= int(params.data.max)",
+                                "message": "too many replicas"}]}),
+    );
+    host.state.put_admission_policy(
+        true,
+        "replica-cap",
+        json!({"policyName": "replica-cap", "validationActions": ["Deny"],
+               "paramRef": {"name": "widget-limits", "namespace": "default",
+                            "parameterNotFoundAction": "Deny"}}),
+    );
+    let mut big = widget("big", "blue");
+    big["spec"]["replicas"] = json!(5);
+    let (code, body) = until(
+        "the host's param policy to take effect",
+        PATIENCE,
+        || async {
+            let r = send("POST", format!("{WIDGETS}?dryRun=All"), Some(big.clone())).await;
+            (r.0 != 201).then_some(r)
+        },
+    )
     .await;
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(
+        body["message"],
+        "widgets.demo.kshard.dev \"big\" is forbidden: ValidatingAdmissionPolicy 'replica-cap' with binding 'replica-cap' denied request: too many replicas"
+    );
+    let (code, body) = send(
+        "POST",
+        format!("{WIDGETS}?dryRun=All"),
+        Some(widget("small", "blue")),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
 }
 
 /// A server that audits every request at Metadata level to `<dir>/audit.log`.

@@ -263,6 +263,15 @@ async fn watcher_streaming_lists_and_bookmarks() {
         .await
         .expect("create");
     }
+    // kube-rs starts streaming lists at resourceVersion "0", which reads the
+    // watch cache as it is (kube's too); it may trail the acknowledged creates.
+    common::eventually("the watch cache holds s2", || async {
+        s.get("/apis/demo.kshard.dev/v1/namespaces/default/widgets/s2?resourceVersion=0")
+            .await
+            .status
+            == 200
+    })
+    .await;
     // kube-rs watcher with streaming lists (sendInitialEvents + initial-events-end bookmark).
     let cfg = watcher::Config::default().streaming_lists();
     let mut events = watcher(api.clone(), cfg).boxed();

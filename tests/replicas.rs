@@ -113,6 +113,9 @@ struct Failed {
     kind: &'static str,
     name: String,
     code: u16,
+    /// Shown (through Debug) when an assertion about failures fails.
+    #[allow(dead_code)]
+    message: String,
 }
 
 /// Whatever the writers did not get acknowledged, by answer.
@@ -130,6 +133,7 @@ impl Failures {
                 kind,
                 name: name.to_string(),
                 code: s.code,
+                message: s.message.clone(),
             }),
             _ => self.no_answer += 1,
         }
@@ -623,6 +627,7 @@ async fn a_paused_leader_is_fenced_and_rejoins_as_a_follower() {
             kind: "create",
             name: "frozen".into(),
             code,
+            message: body.to_string(),
         });
     }
     // Paused until another replica has taken the lease over.

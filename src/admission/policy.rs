@@ -297,6 +297,128 @@ impl Params for RegistryParams {
     }
 }
 
+/// Behind a host: params of kinds kshard does not serve (a ConfigMap, most
+/// often) are the host's objects, read when a request needs them.
+pub struct HostParams {
+    pub local: RegistryParams,
+    pub client: kube::Client,
+}
+
+/// The namespace a `paramRef` reads from, as kube's `CollectParams` decides it.
+fn param_namespace(namespaced: bool, r: &ParamRef, request_ns: &str) -> Result<String, String> {
+    let ref_ns = r.namespace.clone().unwrap_or_default();
+    if !namespaced {
+        if !ref_ns.is_empty() {
+            return Err(
+                "paramRef.namespace must not be provided for a cluster-scoped `paramKind`".into(),
+            );
+        }
+        Ok(String::new())
+    } else if !ref_ns.is_empty() {
+        Ok(ref_ns)
+    } else if request_ns.is_empty() {
+        Err("cannot use namespaced paramRef in policy binding that matches cluster-scoped resources".into())
+    } else {
+        Ok(request_ns.to_string())
+    }
+}
+
+/// A `LabelSelector` in the label-selector query syntax.
+fn selector_query(sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector) -> String {
+    let mut parts: Vec<String> = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in sel.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            _ => format!("!{}", e.key),
+        });
+    }
+    parts.join(",")
+}
+
+impl HostParams {
+    async fn collect_from_host(
+        &self,
+        (api_version, kind): &(String, String),
+        r: &ParamRef,
+        namespace: &str,
+    ) -> Result<Vec<Value>, String> {
+        use kube::api::{Api, DynamicObject, ListParams};
+        let unknown = || {
+            format!(
+                "paramKind kind `&ParamKind{{APIVersion:{api_version},Kind:{kind},}}` not known"
+            )
+        };
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        let (ar, caps) = kube::discovery::pinned_kind(&self.client, &gvk)
+            .await
+            .map_err(|_| unknown())?;
+        let namespaced = caps.scope == kube::discovery::Scope::Namespaced;
+        let ns = param_namespace(namespaced, r, namespace)?;
+        let api: Api<DynamicObject> = if namespaced {
+            Api::namespaced_with(self.client.clone(), &ns, &ar)
+        } else {
+            Api::all_with(self.client.clone(), &ar)
+        };
+        let to_value = |o: DynamicObject| serde_json::to_value(o).map_err(|e| e.to_string());
+        let params = match (r.name.as_deref().filter(|n| !n.is_empty()), &r.selector) {
+            (Some(_), Some(_)) => {
+                return Err("paramRef.name and paramRef.selector are mutually exclusive".into())
+            }
+            (Some(name), None) => match api.get_opt(name).await.map_err(|e| e.to_string())? {
+                Some(o) => vec![to_value(o)?],
+                None => Vec::new(),
+            },
+            (None, Some(sel)) => api
+                .list(&ListParams::default().labels(&selector_query(sel)))
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .map(to_value)
+                .collect::<Result<Vec<_>, _>>()?,
+            (None, None) => return Err("one of name or selector must be provided".into()),
+        };
+        if params.is_empty() && r.parameter_not_found_action.as_deref() == Some("Deny") {
+            return Err(
+                "no params found for policy binding with `Deny` parameterNotFoundAction".into(),
+            );
+        }
+        Ok(params)
+    }
+}
+
+impl Params for HostParams {
+    fn collect<'a>(
+        &'a self,
+        kind: &'a (String, String),
+        param_ref: &'a ParamRef,
+        namespace: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Value>, String>> {
+        Box::pin(async move {
+            let (group, _) = kind.0.rsplit_once('/').unwrap_or(("", &kind.0));
+            let served = self
+                .local
+                .0
+                .upgrade()
+                .is_some_and(|r| r.catalog().find_by_kind(group, &kind.1).is_some());
+            if served {
+                self.local.collect_from(kind, param_ref, namespace).await
+            } else {
+                self.collect_from_host(kind, param_ref, namespace).await
+            }
+        })
+    }
+}
+
 /// What one evaluation of a policy decided.
 enum Decision {
     Admit,

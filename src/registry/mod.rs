@@ -298,8 +298,11 @@ pub fn convert_value(
 /// Maps storage failures that are not the caller's fault.
 pub(crate) fn storage_error(e: StorageError) -> ApiError {
     match e {
-        // A replica that lost the lease wrote nothing: the client may retry.
-        StorageError::NotLeader(_) => ApiError::unavailable(e.to_string()),
+        // A replica that lost the lease wrote nothing, and a transaction
+        // rolled back (verified) wrote nothing: the client may retry.
+        StorageError::NotLeader(_) | StorageError::Aborted(_) => {
+            ApiError::unavailable(e.to_string())
+        }
         e => ApiError::internal(e),
     }
 }

@@ -250,6 +250,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         .as_ref()
         .map(|(_, l)| l.clone() as Arc<dyn crate::registry::admission::CreateAdmission>);
     let registry = Registry::new(live_catalog.clone(), store.clone(), cache, admission);
+    let host_client = host.as_ref().map(|(c, _)| c.clone());
     let (source, namespaces, task): (_, Arc<dyn crate::admission::Namespaces>, _) = match host {
         Some((client, lifecycle)) => {
             let (source, task) = crate::admission::config::Source::host(client);
@@ -262,10 +263,16 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     };
     tasks.push(task);
     // Params of admission policies are kshard's own objects (a weak
-    // reference: the registry holds the admission).
-    let params = Arc::new(crate::admission::policy::RegistryParams(Arc::downgrade(
-        &registry,
-    )));
+    // reference: the registry holds the admission); behind a host, objects
+    // of kinds kshard does not serve are the host's.
+    let local_params = crate::admission::policy::RegistryParams(Arc::downgrade(&registry));
+    let params: Arc<dyn crate::admission::policy::Params> = match host_client {
+        Some(client) => Arc::new(crate::admission::policy::HostParams {
+            local: local_params,
+            client,
+        }),
+        None => Arc::new(local_params),
+    };
     let webhooks = Arc::new(crate::admission::Webhooks::new(
         source,
         crate::admission::webhook::Clients::new(&cfg.admission_webhook_resolve),
