@@ -283,6 +283,14 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     readiness.add("admission-webhook-configuration-sync", move || {
         synced.is_synced()
     });
+    if admission_host.is_none() {
+        // Standalone the configuration is kshard's own, already in the watch
+        // cache: serve only once it is read, as listening waits for the caches.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !webhooks.is_synced() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
     registry.set_admission(webhooks);
     tasks.push(gc::spawn(registry.clone()));
     tasks.push(store.spawn_compactor(cfg.compaction_interval));
