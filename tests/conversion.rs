@@ -68,44 +68,11 @@ async fn review(
 /// Starts the webhook over HTTPS; returns its port and the CA's PEM.
 async fn start_webhook(hook: Arc<Hook>) -> (u16, String) {
     let ca = Ca::new("webhook-ca");
-    let (cert, key) = ca.server(&["127.0.0.1"]);
-    use rustls::pki_types::pem::PemObject;
-    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .expect("certs");
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
-    let mut tls = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .expect("tls");
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("addr").port();
     let app = axum::Router::new()
         .route("/convert", axum::routing::post(review))
         .with_state(hook);
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let (acceptor, app) = (acceptor.clone(), app.clone());
-            tokio::spawn(async move {
-                let Ok(stream) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let service = hyper_util::service::TowerToHyperService::new(app);
-                let _ = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
-            });
-        }
-    });
+    let (addr, _task) = common::host::serve_https(&ca, &["127.0.0.1"], app).await;
+    let port = addr.port();
     (port, ca.pem)
 }
 

@@ -229,22 +229,7 @@ impl RegistryParams {
             .filter(|rt| rt.version(version).is_some())
             .cloned()
             .ok_or_else(unknown)?;
-        let ref_ns = r.namespace.clone().unwrap_or_default();
-        let namespace = if !rt.namespaced {
-            if !ref_ns.is_empty() {
-                return Err(
-                    "paramRef.namespace must not be provided for a cluster-scoped `paramKind`"
-                        .into(),
-                );
-            }
-            String::new()
-        } else if !ref_ns.is_empty() {
-            ref_ns
-        } else if namespace.is_empty() {
-            return Err("cannot use namespaced paramRef in policy binding that matches cluster-scoped resources".into());
-        } else {
-            namespace.to_string()
-        };
+        let namespace = param_namespace(rt.namespaced, r, namespace)?;
         let t = Target {
             rt,
             version: version.to_string(),
@@ -277,12 +262,7 @@ impl RegistryParams {
             }
             (None, None) => return Err("one of name or selector must be provided".into()),
         };
-        if params.is_empty() && r.parameter_not_found_action.as_deref() == Some("Deny") {
-            return Err(
-                "no params found for policy binding with `Deny` parameterNotFoundAction".into(),
-            );
-        }
-        Ok(params)
+        found_or_denied(params, r)
     }
 }
 
@@ -321,6 +301,16 @@ fn param_namespace(namespaced: bool, r: &ParamRef, request_ns: &str) -> Result<S
     } else {
         Ok(request_ns.to_string())
     }
+}
+
+/// kube's `parameterNotFoundAction: Deny`: no params is an error.
+fn found_or_denied(params: Vec<Value>, r: &ParamRef) -> Result<Vec<Value>, String> {
+    if params.is_empty() && r.parameter_not_found_action.as_deref() == Some("Deny") {
+        return Err(
+            "no params found for policy binding with `Deny` parameterNotFoundAction".into(),
+        );
+    }
+    Ok(params)
 }
 
 /// A `LabelSelector` in the label-selector query syntax.
@@ -387,12 +377,7 @@ impl HostParams {
                 .collect::<Result<Vec<_>, _>>()?,
             (None, None) => return Err("one of name or selector must be provided".into()),
         };
-        if params.is_empty() && r.parameter_not_found_action.as_deref() == Some("Deny") {
-            return Err(
-                "no params found for policy binding with `Deny` parameterNotFoundAction".into(),
-            );
-        }
-        Ok(params)
+        found_or_denied(params, r)
     }
 }
 

@@ -25,7 +25,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-use rustls::pki_types::pem::PemObject;
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
@@ -78,6 +77,52 @@ impl Ca {
             key.serialize_pem(),
         )
     }
+}
+
+/// Serves `app` over HTTPS on a free loopback port with a certificate of
+/// `ca` for `sans` (HTTP/2 and HTTP/1.1, upgrades allowed).
+pub async fn serve_https(
+    ca: &Ca,
+    sans: &[&str],
+    app: axum::Router,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use rustls::pki_types::pem::PemObject;
+    let (cert, key) = ca.server(sans);
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("certs");
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+    let mut tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("tls");
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let app = app.clone();
+            tokio::spawn(async move {
+                let Ok(stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            });
+        }
+    });
+    (addr, task)
 }
 
 fn b64(s: &str) -> String {
@@ -251,44 +296,10 @@ impl HostDouble {
             ),
         );
 
-        let (cert, key) = ca.server(&["localhost", "127.0.0.1"]);
-        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .expect("certs");
-        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
-        let mut tls = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .expect("tls");
-        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let app = axum::Router::new()
             .fallback(handle)
             .with_state(state.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let acceptor = acceptor.clone();
-                let app = app.clone();
-                tokio::spawn(async move {
-                    let Ok(stream) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let service = hyper_util::service::TowerToHyperService::new(app);
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-                });
-            }
-        });
+        let (addr, task) = serve_https(&ca, &["localhost", "127.0.0.1"], app).await;
         let kubeconfig = dir.join("host.kubeconfig");
         write_kubeconfig(
             &kubeconfig,

@@ -14,7 +14,6 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use base64::Engine as _;
-use rustls::pki_types::pem::PemObject;
 use serde_json::{json, Value};
 
 use super::host::Ca;
@@ -110,45 +109,12 @@ impl WebhookServer {
     pub async fn start() -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let ca = Ca::new("webhook-ca");
-        let (cert, key) = ca.server(&[SERVICE_HOST, "localhost", "127.0.0.1"]);
-        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .expect("certs");
-        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
-        let mut tls = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .expect("tls");
-        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let hooks = Arc::new(Hooks::default());
         let app = axum::Router::new()
             .fallback(serve)
             .with_state(hooks.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let acceptor = acceptor.clone();
-                let app = app.clone();
-                tokio::spawn(async move {
-                    let Ok(stream) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let service = hyper_util::service::TowerToHyperService::new(app);
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-                });
-            }
-        });
+        let (addr, task) =
+            super::host::serve_https(&ca, &[SERVICE_HOST, "localhost", "127.0.0.1"], app).await;
         WebhookServer {
             addr,
             ca,
