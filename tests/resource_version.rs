@@ -12,7 +12,8 @@ use common::{TestServer, WIDGETS};
 use serde_json::{json, Value};
 
 async fn history() -> TestServer {
-    let s = common::start_with(|c| c.watch_history = 1).await;
+    // Two events of history: enough for watches from revision 3 on.
+    let s = common::start_with(|c| c.watch_history = 2).await;
     for i in 0..3 {
         let r = s
             .post_json(WIDGETS, &common::widget(&format!("w{i}"), i))
@@ -438,7 +439,7 @@ async fn watch_table() {
 #[tokio::test(flavor = "multi_thread")]
 async fn watch_from_a_revision_the_cache_no_longer_has() {
     let s = history().await;
-    // The cache keeps 4 events at most with history 1: revision 1 has fallen out.
+    // The cache keeps 2 events: revision 1 has fallen out.
     for i in 0..6 {
         s.post_json(WIDGETS, &common::widget(&format!("x{i}"), i))
             .await;

@@ -352,7 +352,7 @@ async fn follow_local(
     let mut objects = Objects::default();
     for (plural, sub) in &mut subs {
         for ev in sub.initial.drain(..) {
-            objects.apply(plural, ev.kind, &ev.object.value);
+            objects.apply(plural, ev.kind, &ev.object.value());
         }
     }
     hooks.send_replace(objects.compile());
@@ -369,7 +369,7 @@ async fn follow_local(
         let Some(ev) = ev else {
             return Ok(());
         };
-        objects.apply(plural, ev.kind, &ev.object.value);
+        objects.apply(plural, ev.kind, &ev.object.value());
         hooks.send_replace(objects.compile());
     }
     Ok(())

@@ -241,7 +241,7 @@ impl RegistryParams {
                 return Err("paramRef.name and paramRef.selector are mutually exclusive".into())
             }
             (Some(name), None) => match registry.get(&t, name, &ReadAt::Any).await {
-                Ok(item) => vec![as_param(&item.value)?],
+                Ok(item) => vec![as_param(item.value())?],
                 Err(e) if e.code == 404 => Vec::new(),
                 Err(e) => return Err(e.message),
             },
@@ -255,9 +255,9 @@ impl RegistryParams {
                     .items
                     .iter()
                     .filter(|i| {
-                        sel.matches(&matching::labels_of(Some(&i.value)).unwrap_or_default())
+                        sel.matches(&matching::labels_of(Some(i.value())).unwrap_or_default())
                     })
-                    .map(|i| as_param(&i.value))
+                    .map(|i| as_param(i.value()))
                     .collect::<Result<Vec<_>, _>>()?
             }
             (None, None) => return Err("one of name or selector must be provided".into()),

@@ -347,7 +347,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 }
                 DeleteOutcome::Deleted(item) => {
                     let uid = item
-                        .value
+                        .value()
                         .pointer("/metadata/uid")
                         .and_then(Value::as_str)
                         .unwrap_or("");
@@ -479,7 +479,7 @@ fn scale_spec(t: &Target) -> Result<crate::registry::catalog::ScaleSpec, ApiErro
 
 fn scale_response(t: &Target, item: &Item, code: StatusCode) -> Response {
     match scale_spec(t) {
-        Ok(spec) => response::json_response(code, &to_scale(&spec, &item.value)),
+        Ok(spec) => response::json_response(code, &to_scale(&spec, item.value())),
         Err(e) => error_response(&e),
     }
 }

@@ -161,15 +161,12 @@ fn yaml_response(code: StatusCode, value: &Value) -> Response {
 /// version's schema, when it is stored in another).
 pub fn in_version(t: &Target, item: &Item) -> Result<Item, ApiError> {
     let api_version = t.api_version();
-    if item.value.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
+    if item.api_version() == api_version {
         return Ok(item.clone());
     }
-    let value = crate::registry::convert_value(&t.rt, &item.value, &api_version)?;
+    let value = crate::registry::convert_value(&t.rt, item.value(), &api_version)?;
     let json = serde_json::to_vec(&value).map_err(ApiError::internal)?;
-    Ok(Item {
-        json: Bytes::from(json),
-        value: std::sync::Arc::new(value),
-    })
+    Ok(Item::new(value, Bytes::from(json)))
 }
 
 /// One object in the negotiated form.
@@ -187,23 +184,23 @@ pub fn object(
     let item = &item;
     match out {
         Output::Json => bytes_response(code, JSON, item.json.clone()),
-        Output::Yaml => yaml_response(code, &item.value),
-        Output::Cbor => cbor_response(code, &item.value),
-        Output::ProtoMeta(v) => proto_meta_response(code, v, &item.value, false),
+        Output::Yaml => yaml_response(code, item.value()),
+        Output::Cbor => cbor_response(code, item.value()),
+        Output::ProtoMeta(v) => proto_meta_response(code, v, item.value(), false),
         Output::Table(v) => {
             let cols = Columns::for_target(t);
             let mut doc = table(
                 Some(&cols),
-                vec![cols.row(&item.value, include)],
+                vec![cols.row(item.value(), include)],
                 json!({
-                    "resourceVersion": item.value.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)
+                    "resourceVersion": item.value().pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)
                 }),
             );
             doc["apiVersion"] = json!(v);
             json_response(code, &doc)
         }
         Output::PartialMeta(v) => {
-            let mut doc = partial_metadata(&item.value);
+            let mut doc = partial_metadata(item.value());
             doc["apiVersion"] = json!(v);
             json_response(code, &doc)
         }
@@ -279,7 +276,7 @@ pub fn list(
             r
         }
         Output::Yaml | Output::Cbor => {
-            let values: Vec<Value> = items.iter().map(|i| (*i.value).clone()).collect();
+            let values: Vec<Value> = items.iter().map(|i| i.value().clone()).collect();
             let doc = json!({"apiVersion": api_version, "kind": t.rt.list_kind, "metadata": meta.to_json(), "items": values});
             if *out == Output::Cbor {
                 cbor_response(StatusCode::OK, &doc)
@@ -288,7 +285,7 @@ pub fn list(
             }
         }
         Output::ProtoMeta(v) => {
-            let values: Vec<Value> = items.iter().map(|i| (*i.value).clone()).collect();
+            let values: Vec<Value> = items.iter().map(|i| i.value().clone()).collect();
             proto_meta_response(
                 StatusCode::OK,
                 v,
@@ -298,7 +295,7 @@ pub fn list(
         }
         Output::Table(v) => {
             let cols = Columns::for_target(t);
-            let rows: Vec<Value> = items.iter().map(|i| cols.row(&i.value, include)).collect();
+            let rows: Vec<Value> = items.iter().map(|i| cols.row(i.value(), include)).collect();
             let mut doc = table(Some(&cols), rows, meta.to_json());
             doc["apiVersion"] = json!(v);
             json_response(StatusCode::OK, &doc)
@@ -307,7 +304,7 @@ pub fn list(
             let metas: Vec<Value> = items
                 .iter()
                 .map(|i| {
-                    let mut m = partial_metadata(&i.value);
+                    let mut m = partial_metadata(i.value());
                     m["apiVersion"] = json!(v);
                     m
                 })

@@ -238,35 +238,57 @@ impl Stream {
             .is_some()
     }
 
-    /// The frame for one event as this watcher sees it (selector transitions applied).
+    /// The frame for one event as this watcher sees it (selector transitions
+    /// applied). Frames are built once per form and shared by every watcher
+    /// of that form through the event; only a table's first frame, which
+    /// carries this watcher's column headers, is its own.
     fn encode(&mut self, ev: &WatchEvent) -> Option<Bytes> {
         let cur = self.filter.matches(&ev.object);
         let prev = ev.prev.as_ref().is_some_and(|p| self.filter.matches(p));
-        let (kind, obj_json, obj_value): (&str, Bytes, Value) = match ev.kind {
-            EventType::Added if cur => ("ADDED", ev.object.json.clone(), Value::Null),
-            EventType::Deleted if cur => ("DELETED", ev.object.json.clone(), Value::Null),
-            EventType::Modified if cur && prev => ("MODIFIED", ev.object.json.clone(), Value::Null),
-            EventType::Modified if cur => ("ADDED", ev.object.json.clone(), Value::Null),
-            EventType::Modified if prev => {
-                // Left the selector: the old state, at the event's revision.
-                let mut v = (*ev.prev.as_ref()?.value).clone();
-                v["metadata"]["resourceVersion"] = json!(ev.revision.to_string());
-                ("DELETED", Bytes::from(serde_json::to_vec(&v).ok()?), v)
-            }
+        // `left`: the object left the selector; the watcher sees its old state deleted.
+        let (kind, left) = match ev.kind {
+            EventType::Added if cur => ("ADDED", false),
+            EventType::Deleted if cur => ("DELETED", false),
+            EventType::Modified if cur && prev => ("MODIFIED", false),
+            EventType::Modified if cur => ("ADDED", false),
+            EventType::Modified if prev => ("DELETED", true),
             _ => return None,
         };
         let api_version = self.t.api_version();
-        let value = if obj_value.is_null() {
-            ev.object.value.as_ref().clone()
+        if self.out == Output::Json
+            && !left
+            && kind == ev.kind.as_str()
+            && ev.object.api_version() == api_version
+        {
+            return Some(ev.json_frame());
+        }
+        if matches!(self.out, Output::Table(_)) && !self.headers_sent {
+            self.headers_sent = true;
+            return self.build(ev, kind, left, true);
+        }
+        let form = format!(
+            "{kind} {left} {api_version} {:?} {:?}",
+            self.out, self.include
+        );
+        ev.encoded(&form, || self.build(ev, kind, left, false))
+    }
+
+    /// Encodes one event in this watcher's form.
+    fn build(&self, ev: &WatchEvent, kind: &str, left: bool, headers: bool) -> Option<Bytes> {
+        let (value, obj_json) = if left {
+            // The old state, at the event's revision.
+            let mut v = ev.prev.as_ref()?.value();
+            v["metadata"]["resourceVersion"] = json!(ev.revision.to_string());
+            let json = Bytes::from(serde_json::to_vec(&v).ok()?);
+            (v, json)
         } else {
-            obj_value
+            (ev.object.value(), ev.object.json.clone())
         };
+        let api_version = self.t.api_version();
         match &self.out {
             Output::Json | Output::Yaml => {
-                let same_version =
-                    value.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str());
-                if same_version && kind == ev.kind.as_str() {
-                    Some(ev.json_frame())
+                if value.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
+                    Some(frame(kind, &obj_json))
                 } else {
                     match convert_json(&self.t.rt, &obj_json, &value, &api_version) {
                         Ok(json) => Some(frame(kind, &json)),
@@ -282,10 +304,8 @@ impl Stream {
                     Ok(o) => o,
                     Err(e) => return Some(error_frame(&self.out, &e)),
                 };
-                let headers = (!self.headers_sent).then_some(&cols);
-                self.headers_sent = true;
                 let mut doc = table(
-                    headers,
+                    headers.then_some(&cols),
                     vec![cols.row(&obj, self.include)],
                     json!({
                         "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)

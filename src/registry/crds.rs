@@ -122,7 +122,7 @@ pub async fn stored(registry: &Registry) -> Vec<Value> {
         .list(&t, &Selectors::default(), &ReadAt::Any, None)
         .await
     {
-        Ok(l) => l.items.iter().map(|i| (*i.value).clone()).collect(),
+        Ok(l) => l.items.iter().map(|i| i.value().clone()).collect(),
         Err(e) => {
             tracing::warn!(error = %e, "listing stored definitions failed");
             Vec::new()
@@ -309,7 +309,7 @@ async fn cleanup(
             Ok(list) => {
                 for item in &list.items {
                     let ns = item
-                        .value
+                        .value()
                         .pointer("/metadata/namespace")
                         .and_then(Value::as_str)
                         .unwrap_or_default();
@@ -322,7 +322,7 @@ async fn cleanup(
                         ..Default::default()
                     };
                     if registry
-                        .delete(&one, name_of(&item.value), &del)
+                        .delete(&one, name_of(item.value()), &del)
                         .await
                         .is_err()
                     {
@@ -333,7 +333,7 @@ async fn cleanup(
                     .items
                     .iter()
                     .filter(|i| {
-                        i.value
+                        i.value()
                             .pointer("/metadata/finalizers")
                             .and_then(Value::as_array)
                             .is_some_and(|f| !f.is_empty())

@@ -147,10 +147,7 @@ impl Registry {
         }
         let plan = if stored.unchanged_by(&new) {
             let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
-            Plan::Done(Item {
-                json,
-                value: Arc::new(current.clone()),
-            })
+            Plan::Done(Item::new(current.clone(), json))
         } else if opts.dry_run {
             Plan::Done(self.dry_run_item(t, new)?)
         } else {
@@ -169,13 +166,13 @@ impl Registry {
         let listed = self.list(t, sel, &ReadAt::Consistent, None).await?;
         let mut out = Vec::with_capacity(listed.items.len());
         for item in listed.items {
-            let name = meta_str(&item.value, "name").to_string();
+            let name = meta_str(item.value(), "name").to_string();
             let mut target = t.clone();
             if t.rt.namespaced {
-                target.namespace = meta_str(&item.value, "namespace").to_string();
+                target.namespace = meta_str(item.value(), "namespace").to_string();
             }
             match self.delete_admitted_as(&target, &name, "", opts).await {
-                Ok(_) => out.push(self.item(t, &item.value, &item.json)?),
+                Ok(_) => out.push(self.item(t, &Arc::new(item.value().clone()), &item.json)?),
                 // Already gone: someone else deleted it meanwhile.
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(e),

@@ -226,7 +226,9 @@ mod tests {
             .expect("widgets");
         let engine = Arc::new(Embedded::open(&dir.join("db")).expect("open"));
         let store = Store::open(engine).expect("store");
-        let cache = Cache::start(store.clone(), 1000).await.expect("cache");
+        let cache = Cache::start(store.clone(), Default::default())
+            .await
+            .expect("cache");
         let t = Target {
             rt,
             version: "v1".into(),
@@ -283,7 +285,7 @@ mod tests {
             .get(&t, "g", &super::super::ReadAt::Consistent)
             .await
             .expect("get");
-        assert_eq!(got.value["spec"]["n"], 8);
+        assert_eq!(got.value()["spec"]["n"], 8);
     }
 
     /// A client's resourceVersion is a precondition: a stale one is a 409 at once.
@@ -292,7 +294,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let (reg, t) = registry(dir.path()).await;
         let created = reg.create(&t, widget(), &opts()).await.expect("create");
-        let mut stale = (*created.item.value).clone();
+        let mut stale = created.item.value().clone();
         stale["spec"]["n"] = json!(1);
         reg.update(&t, "g", stale.clone(), Subresource::Main, &opts())
             .await
@@ -340,7 +342,7 @@ mod tests {
             .get(&t, "ok", &super::super::ReadAt::Consistent)
             .await
             .expect("get");
-        assert!(got.value["metadata"]["managedFields"].is_array());
+        assert!(got.value()["metadata"]["managedFields"].is_array());
         let e = reg
             .update_with(&t, "ok", Subresource::Main, &opts(), |cur| {
                 let mut v = cur.clone();

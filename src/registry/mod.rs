@@ -130,6 +130,28 @@ impl Selectors {
                 field_value(obj.pointer(&pointer))
             })
     }
+
+    /// Matches a cached object: labels and name/namespace without parsing
+    /// it, other selectable fields from its parsed value.
+    pub fn matches_cached(&self, o: &CachedObject) -> bool {
+        if !self.labels.matches_with(|k| o.label(k)) {
+            return false;
+        }
+        if self.fields.is_empty() {
+            return true;
+        }
+        if self
+            .fields
+            .fields()
+            .all(|f| f == "metadata.name" || f == "metadata.namespace")
+        {
+            return self.fields.matches(|f| match f {
+                "metadata.name" => o.name().to_string(),
+                _ => o.namespace().to_string(),
+            });
+        }
+        self.matches(&o.value())
+    }
 }
 
 pub struct Registry {
@@ -196,7 +218,7 @@ impl Registry {
         let predicate: Arc<dyn Fn(&CachedObject) -> bool + Send + Sync> = if sel.is_empty() {
             Arc::new(|_| true)
         } else {
-            Arc::new(move |o: &CachedObject| sel.matches(&o.value))
+            Arc::new(move |o: &CachedObject| sel.matches_cached(o))
         };
         Filter {
             key_prefix: t.cache_key_prefix(),

@@ -1,7 +1,7 @@
 //! get and list: from the watch cache or from the store's history, as
 //! `resource_version` decides for the requested `ReadAt`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -10,11 +10,63 @@ use super::resource_version::{continue_error, list_error, ReadAt};
 use super::{storage_error, ContinueToken, Registry, Selectors, Target};
 use crate::status::ApiError;
 use crate::storage::Revision;
+use crate::watch::CachedObject;
 
+/// An object read or written: its JSON, and its parsed value on demand. An
+/// item from the watch cache is parsed only when something needs more than
+/// its bytes (a JSON answer in its own version needs none).
 #[derive(Clone)]
 pub struct Item {
     pub json: Bytes,
-    pub value: Arc<Value>,
+    value: ItemValue,
+    /// Known without parsing for cached objects.
+    api_version: Option<Arc<str>>,
+}
+
+#[derive(Clone)]
+enum ItemValue {
+    Ready(Arc<Value>),
+    Lazy(Arc<OnceLock<Value>>),
+}
+
+impl Item {
+    pub fn new(value: impl Into<Arc<Value>>, json: Bytes) -> Self {
+        Self {
+            json,
+            value: ItemValue::Ready(value.into()),
+            api_version: None,
+        }
+    }
+
+    pub fn cached(o: &CachedObject) -> Self {
+        Self {
+            json: o.json.clone(),
+            value: ItemValue::Lazy(Arc::new(OnceLock::new())),
+            api_version: Some(o.api_version_shared()),
+        }
+    }
+
+    /// The parsed object. Cached bytes were parsed on their way into the
+    /// cache, so parsing them again does not fail; `Null` if it ever did.
+    pub fn value(&self) -> &Value {
+        match &self.value {
+            ItemValue::Ready(v) => v,
+            ItemValue::Lazy(cell) => {
+                cell.get_or_init(|| serde_json::from_slice(&self.json).unwrap_or(Value::Null))
+            }
+        }
+    }
+
+    pub fn api_version(&self) -> &str {
+        match &self.api_version {
+            Some(av) => av,
+            None => self
+                .value()
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+        }
+    }
 }
 
 pub struct ListResult {
@@ -43,10 +95,7 @@ impl Registry {
                 }
                 let (_, obj) = self.cache.get(&t.rt.id(), &t.cache_key(name));
                 let obj = obj.ok_or_else(not_found)?;
-                Ok(Item {
-                    json: obj.json.clone(),
-                    value: obj.value.clone(),
-                })
+                Ok(Item::cached(&obj))
             }
         }
     }
@@ -87,13 +136,7 @@ impl Registry {
         let (revision, objects) = self.cache.list(&t.rt.id(), &filter);
         let total = objects.len();
         let take = limit.unwrap_or(total).min(total);
-        let items: Vec<Item> = objects[..take]
-            .iter()
-            .map(|o| Item {
-                json: o.json.clone(),
-                value: o.value.clone(),
-            })
-            .collect();
+        let items: Vec<Item> = objects[..take].iter().map(|o| Item::cached(o)).collect();
         let more = take < total;
         ListResult {
             revision,
@@ -145,13 +188,10 @@ impl Registry {
 fn stored_item(t: &Target, json: Bytes) -> Result<Item, ApiError> {
     let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
     Ok(match super::read_defaults(&t.rt, &value) {
-        Some(v) => Item {
-            json: Bytes::from(serde_json::to_vec(&v).map_err(ApiError::internal)?),
-            value: Arc::new(v),
-        },
-        None => Item {
-            json,
-            value: Arc::new(value),
-        },
+        Some(v) => {
+            let json = Bytes::from(serde_json::to_vec(&v).map_err(ApiError::internal)?);
+            Item::new(v, json)
+        }
+        None => Item::new(value, json),
     })
 }

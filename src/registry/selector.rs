@@ -311,8 +311,13 @@ impl LabelSelector {
 
     /// Matches the `metadata.labels` of an object.
     pub fn matches(&self, labels: Option<&serde_json::Map<String, Value>>) -> bool {
+        self.matches_with(|k| labels.and_then(|l| l.get(k)).and_then(Value::as_str))
+    }
+
+    /// Matches labels looked up by `label` (the watch cache keeps them apart).
+    pub fn matches_with<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.requirements.iter().all(|r| {
-            let v = labels.and_then(|l| l.get(&r.key)).and_then(Value::as_str);
+            let v = label(&r.key);
             match r.op {
                 Op::Exists => v.is_some(),
                 Op::DoesNotExist => v.is_none(),

@@ -363,16 +363,13 @@ impl Registry {
         };
         let api_version = t.api_version();
         if object.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
-            Ok(Item {
-                json,
-                value: object,
-            })
+            Ok(Item::new(object, json))
         } else {
             let value = convert_value(&t.rt, &object, &api_version)?;
-            Ok(Item {
-                json: convert_json(&t.rt, &json, &object, &api_version)?,
-                value: Arc::new(value),
-            })
+            Ok(Item::new(
+                value,
+                convert_json(&t.rt, &json, &object, &api_version)?,
+            ))
         }
     }
 
@@ -386,10 +383,8 @@ impl Registry {
             defaulted.as_ref().unwrap_or(&stored),
             &t.api_version(),
         )?;
-        Ok(Item {
-            json: Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
-            value: Arc::new(v),
-        })
+        let json = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+        Ok(Item::new(v, json))
     }
 
     pub async fn create(
@@ -795,10 +790,7 @@ impl Registry {
         if stored.unchanged_by(&new) {
             // Nothing changed: no write, no new revision (as kube does).
             let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
-            return Ok(Plan::Done(Item {
-                json,
-                value: Arc::new(current.clone()),
-            }));
+            return Ok(Plan::Done(Item::new(current.clone(), json)));
         }
         if dry_run {
             return Ok(Plan::Done(self.dry_run_item(t, new)?));

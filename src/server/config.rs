@@ -36,13 +36,16 @@ pub struct ServeConfig {
     /// How often watchers that allow bookmarks get one.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub bookmark_interval: Duration,
-    /// Events kept per resource by the watch cache before old ones may be dropped.
-    #[arg(skip = crate::watch::DEFAULT_RING_CAPACITY)]
+    /// Events the watch cache keeps per resource at most (kube's upper bound).
+    #[arg(skip = crate::watch::DEFAULT_HISTORY_EVENTS)]
     pub watch_history: usize,
-    /// Memory (estimated) the watch cache's event history of one resource may
-    /// hold; beyond it the oldest events are dropped whatever their age
-    /// (watchers resuming from them get 410 Gone and re-list). Bytes, or with
-    /// a Ki/Mi/Gi suffix.
+    /// How long the watch cache keeps events (kube-apiserver keeps 75 s);
+    /// watchers resuming from an older revision get 410 Gone and re-list.
+    #[arg(long, default_value = "75s", value_parser = parse_duration)]
+    pub watch_cache_history: Duration,
+    /// Memory (estimated: objects and the frames encoded for them) the watch
+    /// cache's event history of one resource may hold; beyond it the oldest
+    /// events are dropped whatever their age. Bytes, or with a Ki/Mi/Gi suffix.
     #[arg(long, default_value = "64Mi", value_parser = parse_bytes)]
     pub watch_cache_history_bytes: u64,
     /// Non-mutating share of the server concurrency limit (API Priority and
@@ -299,7 +302,8 @@ mod tests {
         assert_eq!(c.authorization_allow_ttl, crate::authz::DEFAULT_ALLOW_TTL);
         assert_eq!(c.authorization_deny_ttl, crate::authz::DEFAULT_DENY_TTL);
         assert!(c.flowcontrol_controller && !c.in_cluster);
-        assert_eq!(c.watch_history, crate::watch::DEFAULT_RING_CAPACITY);
+        assert_eq!(c.watch_history, crate::watch::DEFAULT_HISTORY_EVENTS);
+        assert_eq!(c.watch_cache_history, crate::watch::DEFAULT_HISTORY_WINDOW);
     }
 
     #[test]

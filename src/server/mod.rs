@@ -225,11 +225,12 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     tracing::info!(resources = catalog.resources.len(), "catalog loaded");
     let live_catalog = crate::registry::definitions::LiveCatalog::new(catalog);
     let on_load = crate::registry::read_defaulter(live_catalog.clone());
-    let ring = crate::watch::RingLimits {
-        events: cfg.watch_history,
+    let history = crate::watch::HistoryLimits {
+        window: cfg.watch_cache_history,
         bytes: cfg.watch_cache_history_bytes,
+        events: cfg.watch_history,
     };
-    let cache = Cache::start_with(store.clone(), ring, Some(on_load)).await?;
+    let cache = Cache::start_with(store.clone(), history, Some(on_load)).await?;
     let readiness = Arc::new(crate::api::health::Readiness::default());
     let mut tasks = Vec::new();
     // Behind a host: creates pass its namespace lifecycle (kube's admission),

@@ -1,4 +1,4 @@
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -8,110 +8,17 @@ use tokio::sync::{mpsc, watch};
 
 use crate::storage::{Batch, Event, EventType, Revision, StorageError, Store};
 
-use super::split_key;
+use super::history::{History, HistoryLimits};
+use super::{split_key, CachedObject, WatchEvent};
 
 /// How an object of a resource (`group/resource`) reads, as it enters the
 /// cache (loaded or from a write): `Some` rewritten value, `None` unchanged.
 pub type OnLoad = Arc<dyn Fn(&str, &Value) -> Option<Value> + Send + Sync>;
 
-/// Events kept per resource before trimming (older than 75 s) may begin.
-pub const DEFAULT_RING_CAPACITY: usize = 10_000;
-/// Memory the event history of one resource may hold (estimated), whatever
-/// the events' age: beyond it the oldest events go (watchers resuming from
-/// them get 410 and re-list). Without it, a user with update rights could
-/// grow memory by `capacity × object size` (10,000 updates of a 1 MB object).
-pub const DEFAULT_RING_MAX_BYTES: u64 = 64 * 1024 * 1024;
-/// An event keeps its object alive twice over beside the JSON bytes (the
-/// parsed value is about twice the JSON) and may cache its watch frame.
-const EVENT_COST_FACTOR: u64 = 4;
-
-/// How much event history each resource keeps.
-#[derive(Debug, Clone, Copy)]
-pub struct RingLimits {
-    /// Events kept before those older than 75 s may be trimmed.
-    pub events: usize,
-    /// Estimated bytes the history may hold, whatever its age.
-    pub bytes: u64,
-}
-
-impl From<usize> for RingLimits {
-    fn from(events: usize) -> Self {
-        RingLimits {
-            events,
-            bytes: DEFAULT_RING_MAX_BYTES,
-        }
-    }
-}
-
-fn event_cost(ev: &WatchEvent) -> u64 {
-    (ev.object.json.len() as u64).saturating_mul(EVENT_COST_FACTOR)
-}
-/// Events younger than this are never trimmed unless the ring is far over capacity.
-const MIN_HISTORY: Duration = Duration::from_secs(75);
 /// Buffered events per watcher; a watcher that falls this far behind is closed.
 const WATCHER_BUFFER: usize = 4096;
-
-/// An object as the cache holds it: parsed once, encoded once.
-#[derive(Debug)]
-pub struct CachedObject {
-    /// Key within the resource: `namespace/name` (namespace empty when cluster-scoped).
-    pub key: String,
-    pub revision: Revision,
-    pub value: Arc<Value>,
-    pub json: Bytes,
-}
-
-impl CachedObject {
-    pub fn namespace(&self) -> &str {
-        self.key.split_once('/').map_or("", |(ns, _)| ns)
-    }
-}
-
-#[derive(Debug)]
-pub struct WatchEvent {
-    pub kind: EventType,
-    pub revision: Revision,
-    pub object: Arc<CachedObject>,
-    /// The previous state for modifications and deletions (selector transitions need it).
-    pub prev: Option<Arc<CachedObject>>,
-    /// `{"type":...,"object":...}\n` for the storage version, built on first use and shared.
-    frame: std::sync::OnceLock<Bytes>,
-}
-
-impl WatchEvent {
-    pub fn new(
-        kind: EventType,
-        revision: Revision,
-        object: Arc<CachedObject>,
-        prev: Option<Arc<CachedObject>>,
-    ) -> Self {
-        Self {
-            kind,
-            revision,
-            object,
-            prev,
-            frame: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The JSON watch frame for this event's own type and object, encoded once.
-    pub fn json_frame(&self) -> Bytes {
-        self.frame
-            .get_or_init(|| frame(self.kind.as_str(), &self.object.json))
-            .clone()
-    }
-}
-
-/// Builds one JSON watch frame around already-encoded object bytes.
-pub fn frame(kind: &str, object_json: &[u8]) -> Bytes {
-    let mut buf = Vec::with_capacity(object_json.len() + 32);
-    buf.extend_from_slice(b"{\"type\":\"");
-    buf.extend_from_slice(kind.as_bytes());
-    buf.extend_from_slice(b"\",\"object\":");
-    buf.extend_from_slice(object_json);
-    buf.extend_from_slice(b"}\n");
-    Bytes::from(buf)
-}
+/// How often expired history is dropped when no write comes to trim it.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Which objects a watcher or list wants: a key prefix (namespace, or one name)
 /// and a predicate (selectors).
@@ -181,17 +88,56 @@ struct Watcher {
     tx: mpsc::Sender<Arc<WatchEvent>>,
 }
 
-#[derive(Default)]
 struct ResourceState {
     objects: BTreeMap<String, Arc<CachedObject>>,
-    ring: VecDeque<(Instant, Arc<WatchEvent>)>,
-    /// Every event of this resource after this revision is in `ring`.
-    complete_after: Revision,
+    history: History,
     /// Encoded size of all current objects (for cost estimates).
     bytes: u64,
-    /// Estimated memory of the events in `ring`.
-    ring_bytes: u64,
     watchers: Vec<Watcher>,
+    /// The apiVersions of its objects, shared by them.
+    api_versions: Vec<Arc<str>>,
+}
+
+impl ResourceState {
+    fn new(complete_after: Revision) -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            history: History::new(complete_after),
+            bytes: 0,
+            watchers: Vec::new(),
+            api_versions: Vec::new(),
+        }
+    }
+
+    fn api_version(&mut self, value: &Value) -> Arc<str> {
+        let av = value
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if let Some(known) = self.api_versions.iter().find(|a| a.as_ref() == av) {
+            return known.clone();
+        }
+        let new: Arc<str> = av.into();
+        self.api_versions.push(new.clone());
+        new
+    }
+
+    fn object(
+        &mut self,
+        key: &str,
+        revision: Revision,
+        value: &Value,
+        json: Bytes,
+    ) -> Arc<CachedObject> {
+        let api_version = self.api_version(value);
+        Arc::new(CachedObject::new(
+            key.to_string(),
+            revision,
+            value,
+            json,
+            api_version,
+        ))
+    }
 }
 
 struct State {
@@ -202,7 +148,7 @@ struct State {
 pub struct Cache {
     state: RwLock<State>,
     revision: watch::Sender<Revision>,
-    ring: RingLimits,
+    limits: HistoryLimits,
     /// The revision the cache loaded its objects at. A resource with no state
     /// yet has had no event since, so its history is complete from here.
     loaded_at: Revision,
@@ -214,9 +160,9 @@ impl Cache {
     /// Loads the current state from `store` and follows its change feed.
     pub async fn start(
         store: Arc<Store>,
-        ring: impl Into<RingLimits>,
+        limits: HistoryLimits,
     ) -> Result<Arc<Self>, StorageError> {
-        Self::start_with(store, ring, None).await
+        Self::start_with(store, limits, None).await
     }
 
     /// Like [`Cache::start`]; `on_load` may rewrite stored objects as they
@@ -225,10 +171,9 @@ impl Cache {
     /// and watchers all share the rewritten bytes.
     pub async fn start_with(
         store: Arc<Store>,
-        ring: impl Into<RingLimits>,
+        limits: HistoryLimits,
         on_load: Option<OnLoad>,
     ) -> Result<Arc<Self>, StorageError> {
-        let ring = ring.into();
         let (rev, mut feed) = store.subscribe();
         let page = store.list("", rev, None, None, Arc::new(|_| true)).await?;
         let mut resources: HashMap<String, ResourceState> = HashMap::new();
@@ -248,20 +193,10 @@ impl Cache {
             let revision = object_revision(&value);
             let state = resources
                 .entry(resource.to_string())
-                .or_insert_with(|| ResourceState {
-                    complete_after: rev,
-                    ..Default::default()
-                });
+                .or_insert_with(|| ResourceState::new(rev));
             state.bytes += json.len() as u64;
-            state.objects.insert(
-                sub.to_string(),
-                Arc::new(CachedObject {
-                    key: sub.to_string(),
-                    revision,
-                    value: Arc::new(value),
-                    json,
-                }),
-            );
+            let object = state.object(sub, revision, &value, json);
+            state.objects.insert(sub.to_string(), object);
         }
         let (tx, _) = watch::channel(rev);
         let cache = Arc::new(Self {
@@ -270,15 +205,26 @@ impl Cache {
                 resources,
             }),
             revision: tx,
-            ring,
+            limits,
             loaded_at: rev,
             on_load,
         });
         let weak = Arc::downgrade(&cache);
         tokio::spawn(async move {
-            while let Some(batch) = feed.recv().await {
-                let Some(cache) = weak.upgrade() else { return };
-                cache.apply(&batch);
+            let mut sweep = tokio::time::interval(SWEEP_EVERY);
+            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    batch = feed.recv() => {
+                        let Some(batch) = batch else { return };
+                        let Some(cache) = weak.upgrade() else { return };
+                        cache.apply(&batch);
+                    }
+                    _ = sweep.tick() => {
+                        let Some(cache) = weak.upgrade() else { return };
+                        cache.sweep();
+                    }
+                }
             }
         });
         Ok(cache)
@@ -339,16 +285,8 @@ impl Cache {
             let res = state
                 .resources
                 .entry(resource.to_string())
-                .or_insert_with(|| ResourceState {
-                    complete_after,
-                    ..Default::default()
-                });
-            let object = Arc::new(CachedObject {
-                key: sub.to_string(),
-                revision: event.revision,
-                value,
-                json,
-            });
+                .or_insert_with(|| ResourceState::new(complete_after));
+            let object = res.object(sub, event.revision, &value, json);
             let prev = if event.kind == EventType::Deleted {
                 res.objects.remove(sub)
             } else {
@@ -358,7 +296,13 @@ impl Cache {
             if let Some(p) = &prev {
                 res.bytes = res.bytes.saturating_sub(p.json.len() as u64);
             }
-            let ev = Arc::new(WatchEvent::new(event.kind, event.revision, object, prev));
+            let ev = Arc::new(WatchEvent::new(
+                event.kind,
+                event.revision,
+                object,
+                prev,
+                res.history.ledger(),
+            ));
             res.watchers.retain(|w| {
                 if ev.revision <= w.after || !interested(&w.filter, &ev) {
                     return true;
@@ -366,13 +310,20 @@ impl Cache {
                 // A watcher that cannot keep up is closed; its client re-watches.
                 w.tx.try_send(ev.clone()).is_ok()
             });
-            res.ring_bytes += event_cost(&ev);
-            res.ring.push_back((now, ev));
-            trim(res, self.ring, now);
+            res.history.push(now, ev, &self.limits);
         }
         state.revision = batch.revision;
         drop(state);
         self.revision.send_replace(batch.revision);
+    }
+
+    /// Drops history that expired while nothing was written.
+    fn sweep(&self) {
+        let now = Instant::now();
+        let mut state = self.write();
+        for res in state.resources.values_mut() {
+            res.history.trim(now, &self.limits);
+        }
     }
 
     /// The current objects of `resource` that pass `filter`, and the revision they are at.
@@ -443,12 +394,11 @@ impl Cache {
         let res = state
             .resources
             .entry(resource.to_string())
-            .or_insert_with(|| ResourceState {
-                complete_after: loaded_at,
-                ..Default::default()
-            });
+            .or_insert_with(|| ResourceState::new(loaded_at));
         let (initial, after) = match start {
             Start::InitialState => {
+                // Synthetic events are not history: their frames are this watch's own.
+                let ledger = Arc::new(std::sync::atomic::AtomicU64::new(0));
                 let initial = res
                     .objects
                     .values()
@@ -459,24 +409,20 @@ impl Cache {
                             o.revision,
                             o.clone(),
                             None,
+                            ledger.clone(),
                         ))
                     })
                     .collect();
                 (initial, current)
             }
             Start::After(rev) => {
-                if rev < res.complete_after {
-                    return Err(WatchError::TooOld {
-                        requested: rev,
-                        oldest: res.complete_after,
-                    });
-                }
-                let replay = res
-                    .ring
-                    .iter()
-                    .filter(|(_, e)| e.revision > rev && interested(&filter, e))
-                    .map(|(_, e)| e.clone())
-                    .collect();
+                let replay =
+                    res.history
+                        .since(rev, &filter)
+                        .map_err(|oldest| WatchError::TooOld {
+                            requested: rev,
+                            oldest,
+                        })?;
                 // Events between the cache and a future `rev` are skipped by `after`.
                 (replay, rev.max(current))
             }
@@ -492,22 +438,8 @@ impl Cache {
 }
 
 /// An event concerns a watcher if the object passes its filter now or did before.
-fn interested(filter: &Filter, ev: &WatchEvent) -> bool {
+pub(super) fn interested(filter: &Filter, ev: &WatchEvent) -> bool {
     filter.matches(&ev.object) || ev.prev.as_ref().is_some_and(|p| filter.matches(p))
-}
-
-fn trim(res: &mut ResourceState, limits: RingLimits, now: Instant) {
-    while let Some((at, ev)) = res.ring.front() {
-        let over_bytes = res.ring_bytes > limits.bytes && res.ring.len() > 1;
-        let over_count = res.ring.len() > limits.events
-            && (now.duration_since(*at) >= MIN_HISTORY || res.ring.len() > limits.events * 4);
-        if !over_bytes && !over_count {
-            break;
-        }
-        res.complete_after = ev.revision;
-        res.ring_bytes = res.ring_bytes.saturating_sub(event_cost(ev));
-        res.ring.pop_front();
-    }
 }
 
 pub fn object_revision(value: &Value) -> Revision {
@@ -525,11 +457,19 @@ mod tests {
     use crate::storage::Write;
     use serde_json::json;
 
-    async fn setup(capacity: usize) -> (tempfile::TempDir, Arc<Store>, Arc<Cache>) {
+    async fn setup(events: usize) -> (tempfile::TempDir, Arc<Store>, Arc<Cache>) {
+        setup_with(HistoryLimits {
+            events,
+            ..Default::default()
+        })
+        .await
+    }
+
+    async fn setup_with(limits: HistoryLimits) -> (tempfile::TempDir, Arc<Store>, Arc<Cache>) {
         let dir = tempfile::tempdir().expect("tmp");
         let engine = Arc::new(Embedded::open(&dir.path().join("db")).expect("open"));
         let store = Store::open(engine).expect("store");
-        let cache = Cache::start(store.clone(), capacity).await.expect("cache");
+        let cache = Cache::start(store.clone(), limits).await.expect("cache");
         (dir, store, cache)
     }
 
@@ -560,6 +500,15 @@ mod tests {
         let (fa, fb) = (ea.json_frame(), eb.json_frame());
         assert_eq!(fa.as_ptr(), fb.as_ptr(), "frame encoded once, bytes shared");
         assert!(fa.starts_with(b"{\"type\":\"ADDED\",\"object\":{"));
+        // Another form (a version, a media type) is encoded once too.
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let encode = || {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Some(Bytes::from_static(b"other"))
+        };
+        let (oa, ob) = (ea.encoded("v2 cbor", encode), eb.encoded("v2 cbor", encode));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(oa.expect("a").as_ptr(), ob.expect("b").as_ptr());
     }
 
     #[tokio::test]
@@ -600,42 +549,41 @@ mod tests {
         assert!(sub.initial.is_empty());
     }
 
+    async fn create_big(store: &Store, name: &str, bytes: usize) -> Revision {
+        store
+            .write(Write::Create {
+                key: format!("g/r/ns/{name}"),
+                object: json!({"apiVersion": "g/v1", "kind": "K", "metadata": {"name": name}, "data": "x".repeat(bytes)}),
+            })
+            .await
+            .expect("create")
+            .revision
+    }
+
+    fn history_of(cache: &Cache, resource: &str) -> (usize, u64) {
+        let state = cache.read();
+        let h = &state.resources[resource].history;
+        (h.len(), h.bytes())
+    }
+
     #[tokio::test]
     async fn history_is_bounded_in_bytes_whatever_its_age() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let engine = Arc::new(Embedded::open(&dir.path().join("db")).expect("open"));
-        let store = Store::open(engine).expect("store");
-        // Room for many events by count, for about 10 events of 10 KB by bytes.
-        let limits = RingLimits {
-            events: 10_000,
-            bytes: 10 * 10_000 * EVENT_COST_FACTOR,
+        // Room for many events by count and time, for about 10 of 10 KB by bytes.
+        let limits = HistoryLimits {
+            bytes: 10 * 10_300,
+            ..Default::default()
         };
-        let cache = Cache::start(store.clone(), limits).await.expect("cache");
+        let (_d, store, cache) = setup_with(limits).await;
         let first = create(&store, "a").await;
         for i in 0..40 {
-            store
-                .write(Write::Create {
-                    key: format!("g/r/ns/big{i}"),
-                    object: json!({"apiVersion": "g/v1", "kind": "K", "metadata": {"name": format!("big{i}")}, "data": "x".repeat(10_000)}),
-                })
-                .await
-                .expect("create");
+            create_big(&store, &format!("big{i}"), 10_000).await;
         }
         cache
             .wait_for(store.revision(), Duration::from_secs(2))
             .await
             .expect("caught up");
-        let kept = {
-            let state = cache.read();
-            let res = &state.resources["g/r"];
-            assert!(
-                res.ring_bytes <= limits.bytes,
-                "{} > {}",
-                res.ring_bytes,
-                limits.bytes
-            );
-            res.ring.len()
-        };
+        let (kept, bytes) = history_of(&cache, "g/r");
+        assert!(bytes <= limits.bytes, "{bytes} > {}", limits.bytes);
         assert!((5..=10).contains(&kept), "kept {kept} events");
         // Young events were dropped for their size: resuming from them is 410.
         assert!(matches!(
@@ -647,8 +595,82 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn old_revisions_fall_out_of_a_full_ring() {
-        let (_d, store, cache) = setup(1).await;
+    async fn frames_built_for_watchers_count_against_the_byte_budget() {
+        let limits = HistoryLimits {
+            bytes: 20 * 10_300,
+            ..Default::default()
+        };
+        let (_d, store, cache) = setup_with(limits).await;
+        for i in 0..10 {
+            create_big(&store, &format!("big{i}"), 10_000).await;
+        }
+        cache
+            .wait_for(store.revision(), Duration::from_secs(2))
+            .await
+            .expect("caught up");
+        let (_, before) = history_of(&cache, "g/r");
+        let sub = cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("replay");
+        for ev in &sub.initial {
+            ev.json_frame();
+            ev.encoded("v2 json", || Some(Bytes::from(vec![b'y'; 10_000])));
+        }
+        let (_, after) = history_of(&cache, "g/r");
+        assert!(after >= before + 10 * 20_000, "{before} → {after}");
+        // Over budget now: the next write trims the oldest events, frames included.
+        create_big(&store, "more", 10_000).await;
+        cache
+            .wait_for(store.revision(), Duration::from_secs(2))
+            .await
+            .expect("caught up");
+        let (kept, bytes) = history_of(&cache, "g/r");
+        assert!(bytes <= limits.bytes, "{bytes} > {}", limits.bytes);
+        assert!(kept < 11, "kept {kept}");
+    }
+
+    #[tokio::test]
+    async fn history_older_than_the_window_goes_even_when_nothing_is_written() {
+        let limits = HistoryLimits {
+            window: Duration::from_millis(300),
+            ..Default::default()
+        };
+        let (_d, store, cache) = setup_with(limits).await;
+        let first = create(&store, "a").await;
+        let second = create(&store, "b").await;
+        cache
+            .wait_for(second, Duration::from_secs(2))
+            .await
+            .expect("caught up");
+        assert_eq!(history_of(&cache, "g/r").0, 2);
+        // Within the window, a watch resumes from the first event.
+        let sub = cache
+            .watch("g/r", Start::After(first - 1), Filter::everything())
+            .expect("within the window");
+        assert_eq!(sub.initial.len(), 2);
+        // The periodic sweep drops both, with no write to trigger it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while history_of(&cache, "g/r").0 > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            history_of(&cache, "g/r"),
+            (0, 0),
+            "history empty, bytes returned"
+        );
+        assert!(matches!(
+            cache.watch("g/r", Start::After(first - 1), Filter::everything()),
+            Err(WatchError::TooOld { .. })
+        ));
+        // Resuming from the newest revision needs nothing that was dropped.
+        cache
+            .watch("g/r", Start::After(second), Filter::everything())
+            .expect("nothing missed");
+    }
+
+    #[tokio::test]
+    async fn old_revisions_fall_out_of_a_full_history() {
+        let (_d, store, cache) = setup(2).await;
         let first = create(&store, "a").await;
         for i in 0..6 {
             create(&store, &format!("b{i}")).await;

@@ -1,13 +1,19 @@
-//! Watch cache: per resource, the current objects and a ring of recent events,
-//! fed only by the store's change feed; serves watches and cached lists, and
-//! fans events out to watchers (each event's bytes shared by all of them).
+//! Watch cache: per resource, the current objects and a history of recent
+//! events, fed only by the store's change feed; serves watches and cached
+//! lists, and fans events out to watchers (each event's frames encoded once
+//! per form and shared by all of them).
 
 mod cache;
+mod event;
+mod history;
+mod object;
 
-pub use cache::{
-    frame, Cache, CachedObject, Filter, OnLoad, RingLimits, Start, Subscription, WatchError,
-    WatchEvent, DEFAULT_RING_CAPACITY, DEFAULT_RING_MAX_BYTES,
+pub use cache::{Cache, Filter, OnLoad, Start, Subscription, WatchError};
+pub use event::{frame, WatchEvent};
+pub use history::{
+    HistoryLimits, DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_EVENTS, DEFAULT_HISTORY_WINDOW,
 };
+pub use object::CachedObject;
 
 /// Splits a storage key `group/resource/namespace/name` into the resource id
 /// (`group/resource`) and the object key within it (`namespace/name`).
