@@ -14,7 +14,9 @@
 //!
 //! `cargo bench --bench etcd`; writes `target/bench/etcd.{json,svg}`.
 //! Env: `KSHARD_ETCD_SECS` (per round, 10), `KSHARD_ETCD_OBJECTS` (40000),
-//! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run).
+//! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run),
+//! `KSHARD_ETCD_ONLY` (`creates`, `memory` or `fanout`: one part),
+//! `KSHARD_ETCD_ARGS` (extra kshard flags).
 //!
 //! The etcd client is written here (a gRPC unary `KV/Put` over one HTTP/2
 //! connection per worker, the protobuf message encoded by hand): the etcd
@@ -44,6 +46,11 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 fn smoke() -> bool {
     std::env::var("KSHARD_ETCD_SMOKE").is_ok_and(|v| v == "1")
+}
+
+/// `KSHARD_ETCD_ONLY=creates|memory|fanout` runs one part (for profiling).
+fn wanted(part: &str) -> bool {
+    std::env::var("KSHARD_ETCD_ONLY").map_or(true, |only| only.split(',').any(|p| p == part))
 }
 
 fn progress(msg: &str) {
@@ -347,6 +354,17 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// The object's name in a watch frame: the first `"name":"…"` after
+/// `"metadata":` (the bench's objects have no other `name` key before it).
+fn frame_name(line: &[u8]) -> Option<String> {
+    let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle);
+    let meta = find(line, b"\"metadata\":")?;
+    let key = b"\"name\":\"";
+    let at = meta + find(&line[meta..], key)? + key.len();
+    let len = line[at..].iter().position(|b| *b == b'"')?;
+    Some(String::from_utf8_lossy(&line[at..at + len]).into_owned())
+}
+
 struct FanOut {
     watchers: usize,
     events: usize,
@@ -355,28 +373,94 @@ struct FanOut {
     cpu_us_per_delivery: f64,
 }
 
+/// An HTTP/2 connection to kshard as the admin, as client-go opens one per
+/// host and multiplexes every watch over it.
+async fn h2_connection(
+    data: &Path,
+    addr: &str,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let pki = data.join("pki");
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(pki.join("ca.crt")).expect("ca") {
+        roots.add(c.expect("ca cert")).expect("root");
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.join("admin.crt"))
+        .expect("admin cert")
+        .map(|c| c.expect("pem"))
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(pki.join("admin.key")).expect("admin key");
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .expect("client auth");
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let _ = tcp.set_nodelay(true);
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").expect("name"), tcp)
+        .await
+        .expect("tls");
+    let (send, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    send
+}
+
+/// kshard's address, from the kubeconfig it wrote.
+fn server_addr(kubeconfig: &Path) -> String {
+    let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server:"))
+        .expect("server")
+        .trim()
+        .trim_matches('"');
+    server
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .to_string()
+}
+
 async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) -> FanOut {
     const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/fanout/widgets";
-    // Several connections: HTTP/2 allows 1000 streams on one.
+    let data = kubeconfig.parent().expect("data dir");
+    let addr = server_addr(kubeconfig);
+    // Several connections, each carrying up to 250 watch streams over HTTP/2.
     let conns = watchers.div_ceil(250).max(1);
-    let mut clients = Vec::new();
+    let mut senders = Vec::new();
     for _ in 0..conns {
-        clients.push(common::client_for(kubeconfig).await);
+        senders.push(h2_connection(data, &addr).await);
     }
     let received: Arc<Mutex<HashMap<String, (usize, Instant)>>> = Arc::default();
     let mut tasks = Vec::new();
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(watchers);
     for w in 0..watchers {
-        let client = clients[w % conns].clone();
+        let mut send = senders[w % conns].clone();
         let received = received.clone();
         let ready = ready_tx.clone();
         tasks.push(tokio::spawn(async move {
-            let req = http::Request::get(format!("{NS}?watch=1&timeoutSeconds=600"))
-                .body(kube::client::Body::empty())
-                .expect("request");
-            let Ok(resp) = client.send(req).await else {
+            let req =
+                http::Request::get(format!("https://localhost{NS}?watch=1&timeoutSeconds=600"))
+                    .body(http_body_util::Empty::new())
+                    .expect("request");
+            if send.ready().await.is_err() {
+                return;
+            }
+            let Ok(resp) = send.send_request(req).await else {
                 return;
             };
+            if w == 0 {
+                progress(&format!("fan-out: watches over {:?}", resp.version()));
+            }
             let _ = ready.send(()).await;
             let mut body = resp.into_body();
             let mut buf = Vec::new();
@@ -387,13 +471,12 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
                 buf.extend_from_slice(&data);
                 while let Some(i) = buf.iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = buf.drain(..=i).collect();
-                    let Ok(ev) = serde_json::from_slice::<Value>(&line) else {
+                    // The client only needs the name: finding it costs far
+                    // less than parsing the frame, so 1000 watchers in one
+                    // process leave the machine to the server.
+                    let Some(name) = frame_name(&line) else {
                         continue;
                     };
-                    let name = ev["object"]["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string();
                     let now = Instant::now();
                     let mut r = received.lock().expect("lock");
                     let e = r.entry(name).or_insert((0, now));
@@ -412,7 +495,7 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
     progress(&format!(
         "fan-out: {watchers} watchers open; writing {writes} objects"
     ));
-    let writer = clients[0].clone();
+    let writer = common::client_for(kubeconfig).await;
     let cpu_before = cpu_seconds(pid);
     let mut acked = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -553,7 +636,10 @@ async fn run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let etcd = etcd_binary().map(|bin| start_etcd(&bin, dir.path()));
     let data = dir.path().join("kshard");
-    let kshard = common::spawn_kshard(&data, &[]);
+    // `KSHARD_ETCD_ARGS`: extra flags for kshard (space-separated).
+    let extra = std::env::var("KSHARD_ETCD_ARGS").unwrap_or_default();
+    let extra: Vec<&str> = extra.split_whitespace().collect();
+    let kshard = common::spawn_kshard(&data, &extra);
     let pid = kshard.id();
     let kubeconfig = data.join("kubeconfig");
     // The fixed base: an idle server with nothing stored.
@@ -567,7 +653,8 @@ async fn run() {
     }
 
     let mut rounds = Vec::new();
-    for (r, clients) in [1usize, 16, 64].into_iter().enumerate() {
+    let concurrencies: &[usize] = if wanted("creates") { &[1, 16, 64] } else { &[] };
+    for (r, clients) in concurrencies.iter().copied().enumerate() {
         progress(&format!("round c={clients}: kshard creates for {secs} s…"));
         let k = kshard_creates(&kubeconfig, clients, secs, r).await;
         let e = match &etcd {
@@ -593,7 +680,11 @@ async fn run() {
         rounds.push((clients, k, e));
     }
 
-    let (count, json_bytes, rss) = memory(&kubeconfig, pid, objects).await;
+    let (count, json_bytes, rss) = if wanted("memory") {
+        memory(&kubeconfig, pid, objects).await
+    } else {
+        (0, 0, base_rss)
+    };
     // Memory above the idle base, against the data it holds.
     let mem_ratio = rss.saturating_sub(base_rss) as f64 / json_bytes.max(1) as f64;
     println!(
@@ -604,7 +695,17 @@ async fn run() {
         rss.saturating_sub(base_rss) as f64 / count.max(1) as f64
     );
 
-    let fan = fan_out(&kubeconfig, pid, watchers, if smoke() { 20 } else { 500 }).await;
+    let fan = if wanted("fanout") {
+        fan_out(&kubeconfig, pid, watchers, if smoke() { 20 } else { 500 }).await
+    } else {
+        FanOut {
+            watchers: 0,
+            events: 0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            cpu_us_per_delivery: 0.0,
+        }
+    };
     println!(
         "fan-out: {} watchers, {} events, last receipt p50 {:.1} ms p99 {:.1} ms, {:.2} µs CPU per delivery",
         fan.watchers, fan.events, fan.p50_ms, fan.p99_ms, fan.cpu_us_per_delivery

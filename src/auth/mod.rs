@@ -272,8 +272,9 @@ impl Authenticator {
                 // A certificate that does not chain to the client CA (a front
                 // proxy's that named no user included) is an error, as kube's
                 // x509 authenticator makes it.
-                rejected |= !ca.verifies(chain);
-                if ca.verifies(chain) {
+                let verified = ca.verifies(chain);
+                rejected |= !verified;
+                if verified {
                     // kube: a certificate without a common name names no user.
                     if let Some((cn, orgs)) = x509::subject(leaf).filter(|(cn, _)| !cn.is_empty()) {
                         identity = Some(Identity {

@@ -311,7 +311,7 @@ fn event_from_log(r: &dyn ReadTxn, rev: Revision, record: &[u8]) -> Result<Event
         serde_json::from_slice(&stored).map_err(|e| StorageError::Corrupt(e.to_string()))?;
     let json = if kind == EventType::Deleted {
         set_resource_version(&mut object, rev)?;
-        Bytes::from(serde_json::to_vec(&object).map_err(|e| StorageError::Corrupt(e.to_string()))?)
+        super::json_bytes(&object).map_err(|e| StorageError::Corrupt(e.to_string()))?
     } else {
         Bytes::from(stored)
     };
@@ -398,8 +398,7 @@ fn apply(txn: &mut dyn WriteTxn, write: &Write, rev: Revision) -> Result<Event, 
     }
     let mut object = object;
     set_resource_version(&mut object, rev)?;
-    let json =
-        Bytes::from(serde_json::to_vec(&object).map_err(|e| StorageError::Invalid(e.to_string()))?);
+    let json = super::json_bytes(&object).map_err(|e| StorageError::Invalid(e.to_string()))?;
     if !deleted && json.len() > super::MAX_OBJECT_BYTES {
         return Err(StorageError::TooLarge {
             size: json.len(),

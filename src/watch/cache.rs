@@ -185,9 +185,8 @@ impl Cache {
                 serde_json::from_slice(&json).map_err(|e| StorageError::Corrupt(e.to_string()))?;
             let mut json = json;
             if let Some(v) = on_load.as_ref().and_then(|f| f(resource, &value)) {
-                json = Bytes::from(
-                    serde_json::to_vec(&v).map_err(|e| StorageError::Corrupt(e.to_string()))?,
-                );
+                json = crate::storage::json_bytes(&v)
+                    .map_err(|e| StorageError::Corrupt(e.to_string()))?;
                 value = v;
             }
             let revision = object_revision(&value);
@@ -265,7 +264,7 @@ impl Cache {
         let on_load = self.on_load.as_ref()?;
         let value = on_load(resource, &event.object)?;
         // Encoding a Value cannot fail (string keys only); keep the stored bytes if it did.
-        let json = Bytes::from(serde_json::to_vec(&value).ok()?);
+        let json = crate::storage::json_bytes(&value).ok()?;
         Some((Arc::new(value), json))
     }
 
