@@ -133,17 +133,18 @@ impl Registry {
 
     fn list_cached(&self, t: &Target, sel: &Selectors, limit: Option<usize>) -> ListResult {
         let filter = self.filter(t, None, sel);
-        let (revision, objects) = self.cache.list(&t.rt.id(), &filter);
-        let total = objects.len();
-        let take = limit.unwrap_or(total).min(total);
-        let items: Vec<Item> = objects[..take].iter().map(|o| Item::cached(o)).collect();
-        let more = take < total;
+        let page = self
+            .cache
+            .list_page(&t.rt.id(), &filter, limit.unwrap_or(usize::MAX));
+        let more = page.more > 0;
         ListResult {
-            revision,
-            continue_token: (more && take > 0)
-                .then(|| ContinueToken::new(revision, &objects[take - 1].key).encode()),
-            remaining: (more && sel.is_empty()).then_some((total - take) as u64),
-            items,
+            revision: page.revision,
+            continue_token: more
+                .then(|| page.items.last())
+                .flatten()
+                .map(|last| ContinueToken::new(page.revision, &last.key).encode()),
+            remaining: (more && sel.is_empty()).then_some(page.more as u64),
+            items: page.items.iter().map(|o| Item::cached(o)).collect(),
         }
     }
 

@@ -74,6 +74,14 @@ pub enum WatchError {
     Storage(#[from] StorageError),
 }
 
+/// One page of a cached list.
+pub struct Page {
+    pub revision: Revision,
+    pub items: Vec<Arc<CachedObject>>,
+    /// Objects that pass the filter after the page.
+    pub more: usize,
+}
+
 pub struct Subscription {
     /// Events to send before anything from `rx`, in order.
     pub initial: Vec<Arc<WatchEvent>>,
@@ -327,25 +335,44 @@ impl Cache {
 
     /// The current objects of `resource` that pass `filter`, and the revision they are at.
     pub fn list(&self, resource: &str, filter: &Filter) -> (Revision, Vec<Arc<CachedObject>>) {
+        let page = self.list_page(resource, filter, usize::MAX);
+        (page.revision, page.items)
+    }
+
+    /// The first `limit` objects of `resource` that pass `filter`, and how
+    /// many more pass it. Only the page is copied out: the rest is counted.
+    pub fn list_page(&self, resource: &str, filter: &Filter, limit: usize) -> Page {
         let state = self.read();
-        let items = state.resources.get(resource).map_or_else(Vec::new, |res| {
-            if let Some(k) = &filter.exact_key {
-                return res
-                    .objects
+        let mut page = Page {
+            revision: state.revision,
+            items: Vec::new(),
+            more: 0,
+        };
+        let Some(res) = state.resources.get(resource) else {
+            return page;
+        };
+        if let Some(k) = &filter.exact_key {
+            page.items.extend(
+                res.objects
                     .get(k)
                     .filter(|o| (filter.predicate)(o))
-                    .cloned()
-                    .into_iter()
-                    .collect();
+                    .cloned(),
+            );
+            if page.items.len() > limit {
+                page.items.clear();
+                page.more = 1;
             }
-            res.objects
-                .range(filter.key_prefix.clone()..)
-                .take_while(|(k, _)| k.starts_with(&filter.key_prefix))
-                .filter(|(_, o)| (filter.predicate)(o))
-                .map(|(_, o)| o.clone())
-                .collect()
-        });
-        (state.revision, items)
+            return page;
+        }
+        let mut matching = res
+            .objects
+            .range(filter.key_prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&filter.key_prefix))
+            .map(|(_, o)| o)
+            .filter(|o| (filter.predicate)(o));
+        page.items.extend(matching.by_ref().take(limit).cloned());
+        page.more = matching.count();
+        page
     }
 
     pub fn get(&self, resource: &str, key: &str) -> (Revision, Option<Arc<CachedObject>>) {

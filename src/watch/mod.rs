@@ -8,7 +8,7 @@ mod event;
 mod history;
 mod object;
 
-pub use cache::{Cache, Filter, OnLoad, Start, Subscription, WatchError};
+pub use cache::{Cache, Filter, OnLoad, Page, Start, Subscription, WatchError};
 pub use event::{frame, WatchEvent};
 pub use history::{
     HistoryLimits, DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_EVENTS, DEFAULT_HISTORY_WINDOW,
