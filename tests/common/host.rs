@@ -765,6 +765,9 @@ pub const APISERVICE: CustomKind = CustomKind {
 };
 const CUSTOM: [CustomKind; 2] = [SRD, APISERVICE];
 
+/// The answer instead of a write (boxed: a Response is large).
+type Refusal = Box<Response>;
+
 /// What a write decided, under the store's lock.
 enum Outcome {
     Put(Value),
@@ -793,8 +796,8 @@ impl HostState {
         &self,
         kind: &CustomKind,
         name: &str,
-        decide: impl FnOnce(Option<&Value>) -> Result<Outcome, Response>,
-    ) -> Result<Value, Response> {
+        decide: impl FnOnce(Option<&Value>) -> Result<Outcome, Refusal>,
+    ) -> Result<Value, Refusal> {
         let mut o = self.objects.lock().expect("objects");
         let at = o
             .items
@@ -839,23 +842,23 @@ impl HostState {
     }
 }
 
-fn conflict(kind: &CustomKind, name: &str) -> Response {
-    status(
+fn conflict(kind: &CustomKind, name: &str) -> Refusal {
+    Box::new(status(
         409,
         "Conflict",
         &format!(
             "Operation cannot be fulfilled on {}.{} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
             kind.plural, kind.group
         ),
-    )
+    ))
 }
 
-fn not_found(kind: &CustomKind, name: &str) -> Response {
-    status(
+fn not_found(kind: &CustomKind, name: &str) -> Refusal {
+    Box::new(status(
         404,
         "NotFound",
         &format!("{}.{} \"{name}\" not found", kind.plural, kind.group),
-    )
+    ))
 }
 
 /// A stale `resourceVersion` in an update is a conflict; none means "any".
@@ -882,7 +885,7 @@ async fn custom(
         ("GET", 1 | 2) => {
             return match st.object(kind, name) {
                 Some(o) => json_response(200, &o),
-                None => not_found(kind, name),
+                None => *not_found(kind, name),
             }
         }
         ("POST", 0) => {
@@ -906,11 +909,11 @@ async fn custom(
             body["metadata"]["creationTimestamp"] = json!("2026-11-22T00:00:00Z");
             body["metadata"]["generation"] = json!(1);
             st.write(kind, &name, |cur| match cur {
-                Some(_) => Err(status(
+                Some(_) => Err(Box::new(status(
                     409,
                     "AlreadyExists",
                     &format!("{}.{} \"{name}\" already exists", kind.plural, kind.group),
-                )),
+                ))),
                 None => Ok(Outcome::Put(body)),
             })
             .map(|o| (201, o))
@@ -997,15 +1000,15 @@ async fn custom(
                 Ok(Outcome::Put(next))
             })
             .map(|o| (200, o)),
-        _ => Err(status(
+        _ => Err(Box::new(status(
             405,
             "MethodNotAllowed",
             "the server does not allow this method on the requested resource",
-        )),
+        ))),
     };
     match result {
         Ok((code, obj)) => json_response(code, &obj),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
