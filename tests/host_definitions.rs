@@ -495,3 +495,33 @@ async fn a_definition_kshard_cannot_serve_says_why_and_the_others_still_serve() 
     })
     .await;
 }
+
+/// The host-side CRD (`crds/apiextensions/`) takes a real definition's spec
+/// unchanged: served by kshard itself (its schema engine prunes and
+/// validates as the host's apiextensions-apiserver does), a CRD turned into
+/// a ShardResourceDefinition by changing apiVersion and kind reads back with
+/// the same spec, and kube's name rule holds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crd_becomes_a_shard_resource_definition_by_its_apiversion_and_kind() {
+    let s = common::start_with(|c| c.crds.push(common::repo_path("crds/apiextensions"))).await;
+    let text =
+        std::fs::read_to_string(common::repo_path("crds/examples/widgets.yaml")).expect("crd");
+    let mut def: Value = serde_saphyr::from_str(&text).expect("yaml");
+    def["apiVersion"] = json!("apiextensions.kshard.dev/v1");
+    def["kind"] = json!("ShardResourceDefinition");
+    let uri = "/apis/apiextensions.kshard.dev/v1/shardresourcedefinitions";
+    let r = s.post_json(uri, &def).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["spec"], def["spec"], "the spec is kept whole");
+
+    let mut misnamed = def.clone();
+    misnamed["metadata"]["name"] = json!("widgets.elsewhere.dev");
+    let r = s.post_json(uri, &misnamed).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("metadata.name must be spec.names.plural+\\\".\\\"+spec.group"),
+        "{}",
+        r.text()
+    );
+}
