@@ -194,3 +194,57 @@ pub async fn sync(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_apiservice_per_served_group_version_with_kube_crd_priorities() {
+        let mut catalog = Catalog::default();
+        let crd = r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gadgets.things.dev}
+spec:
+  group: things.dev
+  scope: Namespaced
+  names: {plural: gadgets, kind: Gadget}
+  versions:
+  - {name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object}}}
+  - {name: v2beta1, served: true, storage: false, schema: {openAPIV3Schema: {type: object}}}
+  - {name: v0, served: false, storage: false, schema: {openAPIV3Schema: {type: object}}}
+"#;
+        catalog
+            .add_manifests(std::path::Path::new("gadgets.yaml"), crd)
+            .expect("crd");
+        let target = Target {
+            namespace: "shard-a".into(),
+            name: "kshard".into(),
+            port: 8443,
+            ca_file: PathBuf::new(),
+        };
+        let want = desired(&catalog, &target, b"PEM");
+        assert_eq!(
+            want.keys().collect::<Vec<_>>(),
+            ["v1.things.dev", "v2beta1.things.dev"]
+        );
+        let a = &want["v1.things.dev"];
+        assert!(target.points_here(a));
+        let spec = a.spec.as_ref().expect("spec");
+        assert_eq!(
+            (spec.group_priority_minimum, spec.version_priority),
+            (1000, 100)
+        );
+        assert_eq!(
+            spec.ca_bundle.as_ref().map(|b| b.0.as_slice()),
+            Some(&b"PEM"[..])
+        );
+        assert_eq!(
+            a.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MANAGED_BY_LABEL)),
+            Some(&MANAGED_BY.to_string())
+        );
+    }
+}

@@ -290,3 +290,55 @@ async fn follow(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_host_crd_is_a_definition_kshard_itself_can_serve() {
+        let mut catalog = Catalog::default();
+        catalog
+            .add_manifests(std::path::Path::new("srd.yaml"), MANIFEST)
+            .expect("the ShardResourceDefinition CRD loads");
+        let rt = catalog
+            .find(GROUP, VERSION, PLURAL)
+            .expect("shardresourcedefinitions served");
+        assert_eq!(rt.kind, KIND);
+    }
+
+    #[test]
+    fn a_refused_definition_says_whether_it_conflicts_or_is_invalid() {
+        let def = |storage2: bool| {
+            json!({"metadata": {"name": "gadgets.things.dev"}, "spec": {
+                "group": "things.dev", "scope": "Namespaced",
+                "names": {"plural": "gadgets", "kind": "Gadget"},
+                "versions": [
+                    {"name": "v1", "served": true, "storage": true},
+                    {"name": "v2", "served": true, "storage": storage2}]}})
+        };
+        let reason_of = |status: &Value, kind: &str| {
+            status["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
+                .map(|c| c["reason"].clone())
+        };
+        let ok = status_for(&def(false), None);
+        assert_eq!(
+            reason_of(&ok, "Established"),
+            Some(json!("InitialNamesAccepted"))
+        );
+        assert_eq!(ok["storedVersions"], json!(["v1"]));
+        let conflict = status_for(&def(false), Some("already defined by widgets.yaml"));
+        assert_eq!(
+            reason_of(&conflict, "NamesAccepted"),
+            Some(json!("NameConflict"))
+        );
+        let invalid = status_for(&def(true), Some("two storage versions"));
+        assert_eq!(
+            reason_of(&invalid, "Established"),
+            Some(json!("InvalidDefinition"))
+        );
+    }
+}
