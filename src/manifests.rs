@@ -121,6 +121,7 @@ pub fn render(args: &ManifestsArgs) -> Result<String, ManifestsError> {
     let mut docs: Vec<Value> = Vec::new();
     docs.extend(template("namespace.yaml", NAMESPACE, ns)?);
     docs.extend(flowcontrol_crds()?);
+    docs.extend(host_definition_crd()?);
     docs.extend(template("serviceaccount.yaml", SERVICE_ACCOUNT, ns)?);
     docs.extend(template("rbac.yaml", RBAC, ns)?);
 
@@ -232,6 +233,14 @@ fn flowcontrol_crds() -> Result<Vec<Value>, ManifestsError> {
     let text = crate::controller::crd::manifests_yaml();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
         .map_err(|e| ManifestsError::Yaml(format!("flow-control CRDs: {e}")))?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// The ShardResourceDefinition CRD (`crds/apiextensions/`): definitions
+/// managed through the host.
+fn host_definition_crd() -> Result<Vec<Value>, ManifestsError> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(crate::host::definitions::MANIFEST)
+        .map_err(|e| ManifestsError::Yaml(format!("ShardResourceDefinition CRD: {e}")))?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
 

@@ -2,7 +2,7 @@
 //! the real `kubectl kustomize`) and `kshard manifests`, which must describe
 //! the same objects.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -121,6 +121,7 @@ const COMMON: &[&str] = &[
     "ConfigMap/kshard-crds",
     "CustomResourceDefinition/flowschemas.flowcontrol.kshard.dev",
     "CustomResourceDefinition/prioritylevelconfigurations.flowcontrol.kshard.dev",
+    "CustomResourceDefinition/shardresourcedefinitions.apiextensions.kshard.dev",
     "Deployment/kshard",
     "Namespace/kshard-system",
     "RoleBinding/kshard:extension-apiserver-authentication-reader",
@@ -542,38 +543,79 @@ fn rbac_grants_what_kshard_needs_from_the_host() {
                 );
             }
         }
-        // kshard never writes APIServices (nor may anything else of ours).
-        for verb in ["create", "update", "patch", "delete"] {
-            assert!(!allows(
-                &rules,
-                "apiregistration.k8s.io",
-                "apiservices",
-                verb
-            ));
+        // Definitions managed through the host (ShardResourceDefinitions):
+        // followed, finalized, their status written.
+        for verb in ["get", "list", "watch", "update"] {
+            assert!(
+                allows(
+                    &rules,
+                    "apiextensions.kshard.dev",
+                    "shardresourcedefinitions",
+                    verb
+                ),
+                "shardresourcedefinitions {verb}"
+            );
         }
+        assert!(allows(
+            &rules,
+            "apiextensions.kshard.dev",
+            "shardresourcedefinitions/status",
+            "update"
+        ));
+        assert!(allows(
+            &rules,
+            "apiextensions.kshard.dev",
+            "shardresourcedefinitions/finalizers",
+            "update"
+        ));
+        // --manage-apiservices keeps the APIServices of its group-versions.
+        for verb in ["get", "list", "create", "update", "delete"] {
+            assert!(
+                allows(&rules, "apiregistration.k8s.io", "apiservices", verb),
+                "apiservices {verb}"
+            );
+        }
+        let a = args(&docs);
+        assert!(a.iter().any(|x| x == "--manage-apiservices"), "{a:?}");
+        assert!(
+            a.iter()
+                .any(|x| x == "--apiservice-service-namespace=$(POD_NAMESPACE)"),
+            "{a:?}"
+        );
     }
 }
 
 #[test]
 fn copied_crds_match_their_sources() {
     // kustomize reads nothing outside its root, so the base holds copies.
-    let pairs = [
-        ("manifests/base/crds", "crds/flowcontrol"),
-        ("manifests/base/served-crds", "crds/examples"),
+    // base/crds holds kshard's own kinds installed in the host: flow control
+    // and the ShardResourceDefinition.
+    let pairs: [(&str, &[&str]); 2] = [
+        (
+            "manifests/base/crds",
+            &["crds/flowcontrol", "crds/apiextensions"],
+        ),
+        ("manifests/base/served-crds", &["crds/examples"]),
     ];
-    for (copies, sources) in pairs {
-        let names = |dir: &str| -> BTreeSet<String> {
-            std::fs::read_dir(repo(dir))
-                .expect("dir")
-                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-                .collect()
-        };
+    let names = |dir: &str| -> BTreeSet<String> {
+        std::fs::read_dir(repo(dir))
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    for (copies, dirs) in pairs {
+        let mut sources = BTreeMap::new();
+        for dir in dirs {
+            for name in names(dir) {
+                sources.insert(name, dir.to_string());
+            }
+        }
         assert_eq!(
             names(copies),
-            names(sources),
-            "{copies} must hold exactly the files of {sources}"
+            sources.keys().cloned().collect::<BTreeSet<_>>(),
+            "{copies} must hold exactly the files of {dirs:?}"
         );
-        for name in names(copies) {
+        for (name, sources) in &sources {
             let copy = std::fs::read(repo(&format!("{copies}/{name}"))).expect("copy");
             let source = std::fs::read(repo(&format!("{sources}/{name}"))).expect("source");
             assert!(

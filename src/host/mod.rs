@@ -2,6 +2,8 @@
 //! kubeconfig, or the pod's in-cluster service account) and the namespace
 //! lifecycle its namespaces impose on kshard's objects.
 
+pub mod apiservices;
+pub mod definitions;
 pub mod namespaces;
 
 use std::path::Path;

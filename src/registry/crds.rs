@@ -156,20 +156,20 @@ pub async fn stored_in(store: &crate::storage::Store) -> Vec<Value> {
     }
 }
 
-fn name_of(v: &Value) -> &str {
+pub(crate) fn name_of(v: &Value) -> &str {
     v.pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default()
 }
 
-fn deleting(v: &Value) -> bool {
+pub(crate) fn deleting(v: &Value) -> bool {
     v.pointer("/metadata/deletionTimestamp")
         .is_some_and(|t| !t.is_null())
 }
 
 /// The status the controllers would write for `def`, given whether the
 /// catalog took it (`rejected` holds the reason when not).
-fn desired_status(def: &Value, rejected: Option<&str>) -> Value {
+pub(crate) fn desired_status(def: &Value, rejected: Option<&str>) -> Value {
     let mut out = def.clone();
     match rejected {
         None => {
@@ -282,83 +282,20 @@ async fn cleanup(
     opts: &WriteOptions,
 ) {
     let name = name_of(def).to_string();
-    let group = def
-        .pointer("/spec/group")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let plural = def
-        .pointer("/spec/names/plural")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let served = catalog
-        .resources
-        .iter()
-        .find(|r| r.group == group && r.plural == plural && r.source == source_of(&name))
-        .cloned();
-    let mut remaining = 0;
-    if let Some(rt) = served {
-        let objects = Target {
-            version: rt.storage_version.clone(),
-            namespace: String::new(),
-            rt,
-        };
-        match registry
-            .list(&objects, &Selectors::default(), &ReadAt::Consistent, None)
-            .await
-        {
-            Ok(list) => {
-                for item in &list.items {
-                    let ns = item
-                        .value()
-                        .pointer("/metadata/namespace")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default();
-                    let one = Target {
-                        namespace: ns.to_string(),
-                        ..objects.clone()
-                    };
-                    let del = DeleteOptions {
-                        propagation: Some(Propagation::Background),
-                        ..Default::default()
-                    };
-                    if registry
-                        .delete(&one, name_of(item.value()), &del)
-                        .await
-                        .is_err()
-                    {
-                        remaining += 1;
-                    }
-                }
-                remaining += list
-                    .items
-                    .iter()
-                    .filter(|i| {
-                        i.value()
-                            .pointer("/metadata/finalizers")
-                            .and_then(Value::as_array)
-                            .is_some_and(|f| !f.is_empty())
-                    })
-                    .count();
-            }
-            Err(e) => {
-                tracing::warn!(definition = %name, error = %e, "listing a definition's objects failed");
-                return;
-            }
-        }
-        if remaining > 0 || !list_empty(registry, &objects).await {
+    match delete_objects(registry, catalog, &source_of(&name), def).await {
+        Ok(true) => {}
+        Ok(false) => {
             let _ = registry
                 .update_with(t, &name, Subresource::Status, opts, |cur| {
                     let mut v = cur.clone();
-                    set_condition(
-                        &mut v,
-                        "Terminating",
-                        "True",
-                        "InstanceDeletionInProgress",
-                        "CustomResource deletion is in progress",
-                    );
+                    set_deletion_in_progress(&mut v);
                     Ok(v)
                 })
                 .await;
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(definition = %name, error = %e, "listing a definition's objects failed");
             return;
         }
     }
@@ -379,6 +316,87 @@ async fn cleanup(
     }
 }
 
+/// The condition of a definition whose objects are being deleted.
+pub(crate) fn set_deletion_in_progress(def: &mut Value) {
+    set_condition(
+        def,
+        "Terminating",
+        "True",
+        "InstanceDeletionInProgress",
+        "CustomResource deletion is in progress",
+    );
+}
+
+/// Deletes the objects of the resource that `def` (catalog source `source`)
+/// defines, as kube's CRD finalizer does; `Ok(true)` once none are left (or
+/// it was never served), `Ok(false)` while some remain (finalizers, failed
+/// deletes).
+pub(crate) async fn delete_objects(
+    registry: &Registry,
+    catalog: &Catalog,
+    source: &str,
+    def: &Value,
+) -> Result<bool, crate::status::ApiError> {
+    let group = def
+        .pointer("/spec/group")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let plural = def
+        .pointer("/spec/names/plural")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let Some(rt) = catalog
+        .resources
+        .iter()
+        .find(|r| r.group == group && r.plural == plural && r.source == source)
+        .cloned()
+    else {
+        return Ok(true);
+    };
+    let objects = Target {
+        version: rt.storage_version.clone(),
+        namespace: String::new(),
+        rt,
+    };
+    let list = registry
+        .list(&objects, &Selectors::default(), &ReadAt::Consistent, None)
+        .await?;
+    let mut remaining = 0;
+    for item in &list.items {
+        let ns = item
+            .value()
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let one = Target {
+            namespace: ns.to_string(),
+            ..objects.clone()
+        };
+        let del = DeleteOptions {
+            propagation: Some(Propagation::Background),
+            ..Default::default()
+        };
+        if registry
+            .delete(&one, name_of(item.value()), &del)
+            .await
+            .is_err()
+        {
+            remaining += 1;
+        }
+    }
+    remaining += list
+        .items
+        .iter()
+        .filter(|i| {
+            i.value()
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty())
+        })
+        .count();
+    Ok(remaining == 0 && list_empty(registry, &objects).await)
+}
+
 async fn list_empty(registry: &Registry, t: &Target) -> bool {
     registry
         .list(t, &Selectors::default(), &ReadAt::Consistent, Some(1))
@@ -394,17 +412,31 @@ pub fn source_of(name: &str) -> String {
 /// Adds the stored definitions to a catalog; the ones it cannot take are
 /// returned with the reason (their status says it).
 pub fn add_stored(catalog: &mut Catalog, stored: &[Value]) -> HashMap<String, String> {
+    add_definitions(catalog, stored, source_of)
+}
+
+/// Adds definition objects (CustomResourceDefinitions, or kinds with the same
+/// spec) to a catalog, each under `source(name)`, terminating while deleted;
+/// the ones it cannot take are returned by name with the reason.
+pub fn add_definitions(
+    catalog: &mut Catalog,
+    defs: &[Value],
+    source: fn(&str) -> String,
+) -> HashMap<String, String> {
     let mut rejected = HashMap::new();
-    for def in stored {
+    for def in defs {
         let name = name_of(def).to_string();
         let mut doc = def.clone();
         if let Some(m) = doc.as_object_mut() {
             m.remove("status");
+            // Read as the CustomResourceDefinition it carries.
+            m.insert("apiVersion".into(), json!(format!("{GROUP}/v1")));
+            m.insert("kind".into(), json!("CustomResourceDefinition"));
         }
-        match catalog.add_definition(&source_of(&name), doc) {
+        match catalog.add_definition(&source(&name), doc) {
             Ok(()) => {
                 if deleting(def) {
-                    catalog.mark_terminating(&source_of(&name));
+                    catalog.mark_terminating(&source(&name));
                 }
             }
             Err(e) => {

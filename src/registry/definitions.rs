@@ -52,13 +52,23 @@ impl LiveCatalog {
     }
 }
 
-/// Where the catalog comes from: definition files, built-in manifests and,
-/// when kshard serves the CustomResourceDefinition API, stored definitions.
+/// Where the catalog comes from: definition files, built-in manifests,
+/// when kshard serves the CustomResourceDefinition API, stored definitions,
+/// and behind a host, the host's ShardResourceDefinitions.
 #[derive(Clone)]
 pub struct Sources {
     pub paths: Vec<PathBuf>,
     pub builtin: Vec<(PathBuf, String)>,
     pub serve_definitions: bool,
+    pub host: Option<crate::host::definitions::HostDefinitions>,
+}
+
+/// A loaded catalog, and the definition objects it could not take, by name
+/// with the reason (their status says it).
+pub struct Loaded {
+    pub catalog: Catalog,
+    pub rejected_stored: HashMap<String, String>,
+    pub rejected_host: HashMap<String, String>,
 }
 
 impl Sources {
@@ -70,15 +80,23 @@ impl Sources {
         Ok(catalog)
     }
 
-    /// [`Sources::load`] plus stored definitions; those the catalog cannot
-    /// take are returned by name with the reason.
+    /// [`Sources::load`] plus definition objects: stored ones and the
+    /// host's. Files come first, so a definition object that collides with
+    /// a file is the one refused.
     pub fn load_with(
         &self,
         stored: &[serde_json::Value],
-    ) -> Result<(Catalog, HashMap<String, String>), CatalogError> {
+        host: &[serde_json::Value],
+    ) -> Result<Loaded, CatalogError> {
         let mut catalog = self.load()?;
-        let rejected = super::crds::add_stored(&mut catalog, stored);
-        Ok((catalog, rejected))
+        let rejected_stored = super::crds::add_stored(&mut catalog, stored);
+        let rejected_host =
+            super::crds::add_definitions(&mut catalog, host, crate::host::definitions::source_of);
+        Ok(Loaded {
+            catalog,
+            rejected_stored,
+            rejected_host,
+        })
     }
 }
 
@@ -118,9 +136,10 @@ fn collect(p: &Path, top: bool, out: &mut Vec<(PathBuf, u64, Option<SystemTime>)
     }
 }
 
-/// Follows the definition files (polled) and the stored definitions (read
-/// from the watch cache), replaces the catalog when either changes, and keeps
-/// the stored definitions' status and cleanup.
+/// Follows the definition files (polled), the stored definitions (read
+/// from the watch cache) and the host's definitions (pushed by their
+/// reflector, so a change is served at once), replaces the catalog when any
+/// of them changes, and keeps the definition objects' status and cleanup.
 pub fn spawn_watcher(
     sources: Sources,
     registry: Arc<super::Registry>,
@@ -133,11 +152,20 @@ pub fn spawn_watcher(
             .await
             .unwrap_or_default();
         let mut seen_stored: Option<Vec<(String, String)>> = None;
+        let mut seen_host: Option<Vec<serde_json::Value>> = None;
+        let mut host_changes = sources.host.as_ref().map(|h| h.subscribe());
         let mut rejected = HashMap::new();
+        let mut rejected_host = HashMap::new();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(every) => {}
+                Ok(()) = async {
+                    match host_changes.as_mut() {
+                        Some(rx) => rx.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
             }
             let paths = sources.paths.clone();
             let Ok(files) = tokio::task::spawn_blocking(move || fingerprint(&paths)).await else {
@@ -158,10 +186,29 @@ pub fn spawn_watcher(
                     )
                 })
                 .collect();
-            if files != seen_files || seen_stored.as_ref() != Some(&stored_now) {
+            let host_defs = sources.host.as_ref().and_then(|h| h.current());
+            // What is served from a host definition: its spec, and whether it
+            // is being deleted (status and finalizer writes change nothing).
+            let host_now = host_defs.as_ref().map(|defs| {
+                defs.iter()
+                    .map(|d| {
+                        serde_json::json!([
+                            d.pointer("/metadata/name"),
+                            d.get("spec"),
+                            super::crds::deleting(d)
+                        ])
+                    })
+                    .collect::<Vec<_>>()
+            });
+            if files != seen_files
+                || seen_stored.as_ref() != Some(&stored_now)
+                || seen_host != host_now
+            {
                 let s = sources.clone();
-                match tokio::task::spawn_blocking(move || s.load_with(&stored)).await {
-                    Ok(Ok((catalog, refused))) => {
+                let host_list = host_defs.clone().unwrap_or_default();
+                match tokio::task::spawn_blocking(move || s.load_with(&stored, &host_list)).await {
+                    Ok(Ok(loaded)) => {
+                        let catalog = loaded.catalog;
                         let same = registry.catalog().same_resources(&catalog);
                         if !same {
                             tracing::info!(
@@ -172,7 +219,18 @@ pub fn spawn_watcher(
                             metrics::counter!("kshard_definitions_reloads_total", "result" => "ok")
                                 .increment(1);
                         }
-                        rejected = refused;
+                        for (name, reason) in &loaded.rejected_host {
+                            if rejected_host.get(name) != Some(reason) {
+                                tracing::warn!(definition = %name, %reason, "a host definition is not served");
+                            }
+                        }
+                        rejected = loaded.rejected_stored;
+                        rejected_host = loaded.rejected_host;
+                        if host_defs.is_some() {
+                            if let Some(h) = &sources.host {
+                                h.mark_loaded();
+                            }
+                        }
                     }
                     Ok(Err(e)) => {
                         tracing::error!(error = %e, "definitions changed but do not load; still serving the previous ones");
@@ -183,10 +241,15 @@ pub fn spawn_watcher(
                 }
                 seen_files = files;
                 seen_stored = Some(stored_now);
+                seen_host = host_now;
             }
             if sources.serve_definitions {
                 let catalog = registry.catalog();
                 super::crds::reconcile(&registry, &catalog, &rejected).await;
+            }
+            if let Some(h) = &sources.host {
+                let catalog = registry.catalog();
+                h.reconcile(&registry, &catalog, &rejected_host).await;
             }
         }
     })

@@ -191,6 +191,12 @@ impl Registry {
         &self.catalog
     }
 
+    /// Whether another replica sequences writes (controllers that write
+    /// leave the work to the leader).
+    pub fn is_follower(&self) -> bool {
+        self.store.is_follower()
+    }
+
     /// The newest committed revision.
     pub fn revision(&self) -> Revision {
         self.store.revision()

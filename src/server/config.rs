@@ -150,6 +150,30 @@ pub struct ServeConfig {
     /// webhooks name. The certificate must still carry the name. Repeatable.
     #[arg(long = "admission-webhook-resolve", value_parser = parse_resolve)]
     pub admission_webhook_resolve: Vec<(String, SocketAddr)>,
+    /// Behind a host: keep the host's APIService objects for the served
+    /// group-versions in step (create, update, and remove those kshard
+    /// registered); needs RBAC for `apiregistration.k8s.io` apiservices.
+    #[arg(long)]
+    pub manage_apiservices: bool,
+    /// Namespace of the Service the managed APIServices point at.
+    #[arg(long, default_value = "kshard-system")]
+    pub apiservice_service_namespace: String,
+    /// Name of that Service.
+    #[arg(long, default_value = "kshard")]
+    pub apiservice_service_name: String,
+    /// Port of that Service.
+    #[arg(long, default_value_t = 443)]
+    pub apiservice_service_port: i32,
+    /// CA (PEM) written as the managed APIServices' `caBundle`. Default: the
+    /// `ca.crt` beside --tls-cert-file (cert-manager's and kubernetes.io/tls
+    /// Secrets carry one), else the certificate itself (self-signed), else the
+    /// generated dev CA.
+    #[arg(long)]
+    pub apiservice_ca_file: Option<PathBuf>,
+    /// Behind a host: follow only the ShardResourceDefinitions with these
+    /// labels (a label selector), for several shards behind one host.
+    #[arg(long)]
+    pub host_definitions_selector: Option<String>,
     #[command(flatten)]
     pub connections: super::conn::ConnectionLimits,
     #[command(flatten)]

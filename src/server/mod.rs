@@ -137,6 +137,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         paths: cfg.crds.clone(),
         builtin: Vec::new(),
         serve_definitions: false,
+        host: None,
     };
     let mut catalog = Catalog::load(&cfg.crds)?;
     // Standalone, definitions are API objects too (`kubectl apply -f
@@ -252,6 +253,22 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         .map(|(_, l)| l.clone() as Arc<dyn crate::registry::admission::CreateAdmission>);
     let registry = Registry::new(live_catalog.clone(), store.clone(), cache, admission);
     let host_client = host.as_ref().map(|(c, _)| c.clone());
+    // Behind a host, definitions are managed through its API too
+    // (ShardResourceDefinitions), served once the first list is loaded.
+    if let Some(client) = &host_client {
+        let (defs, task) = crate::host::definitions::HostDefinitions::spawn(
+            client.clone(),
+            cfg.host_definitions_selector.as_deref(),
+        );
+        tasks.push(task);
+        let loaded = defs.clone();
+        readiness.add("host-definitions-sync", move || loaded.is_loaded());
+        sources.host = Some(defs);
+    } else if cfg.manage_apiservices {
+        return Err(ServerError::Config(
+            "--manage-apiservices needs a host cluster (--kubeconfig, or running in a pod)".into(),
+        ));
+    }
     let (source, namespaces, task): (_, Arc<dyn crate::admission::Namespaces>, _) = match host {
         Some((client, lifecycle)) => {
             let (source, task) = crate::admission::config::Source::host(client);
@@ -267,7 +284,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // reference: the registry holds the admission); behind a host, objects
     // of kinds kshard does not serve are the host's.
     let local_params = crate::admission::policy::RegistryParams(Arc::downgrade(&registry));
-    let params: Arc<dyn crate::admission::policy::Params> = match host_client {
+    let params: Arc<dyn crate::admission::policy::Params> = match host_client.clone() {
         Some(client) => Arc::new(crate::admission::policy::HostParams {
             local: local_params,
             client,
@@ -319,7 +336,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let connections = conn::Connections::default();
     // Definitions change without a restart: the files are followed, and
     // discovery, OpenAPI and every request use the catalog of the moment.
-    if !cfg.crds.is_empty() || sources.serve_definitions {
+    let host_definitions = sources.host.clone();
+    if !cfg.crds.is_empty() || sources.serve_definitions || sources.host.is_some() {
         tasks.push(crate::registry::definitions::spawn_watcher(
             sources,
             registry.clone(),
@@ -431,6 +449,25 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             connections.clone(),
         )));
     }
+    if let (true, Some(client)) = (cfg.manage_apiservices, &host_client) {
+        let target = crate::host::apiservices::Target {
+            namespace: cfg.apiservice_service_namespace.clone(),
+            name: cfg.apiservice_service_name.clone(),
+            port: cfg.apiservice_service_port,
+            ca_file: apiservice_ca_file(&cfg, &pki),
+        };
+        tracing::info!(ca = %target.ca_file.display(), service = %format!("{}/{}", target.namespace, target.name), "keeping the host's APIServices in step");
+        let ready: Arc<dyn Fn() -> bool + Send + Sync> = match host_definitions {
+            Some(h) => Arc::new(move || h.is_loaded()),
+            None => Arc::new(|| true),
+        };
+        tasks.push(crate::host::apiservices::spawn(
+            client.clone(),
+            registry.clone(),
+            target,
+            ready,
+        ));
+    }
     if cfg.flowcontrol_controller {
         let client = match &flowcontrol_host {
             Some(host) => crate::host::client(host.as_deref())
@@ -462,6 +499,27 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         replica,
         limits,
     })
+}
+
+/// The CA the host's aggregator verifies kshard with: the flag; else the
+/// `ca.crt` a cert-manager or `kubernetes.io/tls` Secret mounts beside the
+/// serving certificate; else that certificate itself (self-signed); else,
+/// with the generated dev PKI, its CA.
+fn apiservice_ca_file(cfg: &ServeConfig, pki: &pki::Pki) -> PathBuf {
+    if let Some(f) = &cfg.apiservice_ca_file {
+        return f.clone();
+    }
+    match &cfg.tls_cert_file {
+        Some(cert) => {
+            let beside = cert.with_file_name("ca.crt");
+            if beside.exists() {
+                beside
+            } else {
+                cert.clone()
+            }
+        }
+        None => pki.ca_cert(),
+    }
 }
 
 /// Opens the storage engine; a cluster that cannot be reached yet (TiKV still

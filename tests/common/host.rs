@@ -4,7 +4,11 @@
 //! `kube-system` ConfigMaps, Namespaces and `admissionregistration.k8s.io/v1`
 //! Mutating/ValidatingWebhookConfigurations, ValidatingAdmissionPolicies and
 //! their bindings with list/watch (resourceVersion,
-//! watch events, field selectors) — and acts as kube-aggregator in front of
+//! watch events, field selectors), and with create/update/delete
+//! kshard's `apiextensions.kshard.dev/v1` ShardResourceDefinitions (a custom
+//! resource with the status subresource, finalizers and deletionTimestamp,
+//! conflicts on a stale resourceVersion) and `apiregistration.k8s.io/v1`
+//! APIServices (label selectors) — and acts as kube-aggregator in front of
 //! kshard: callers authenticate with bearer tokens and their requests are
 //! proxied to kshard with the front-proxy client certificate and
 //! `X-Remote-*` headers, so kubectl pointed at it reaches kshard as it would
@@ -558,7 +562,9 @@ async fn handle(State(st): State<Arc<HostState>>, req: Request) -> Response {
         ["api"] | ["api", "v1"] | ["api", "v1", "namespaces", ..]
     ) || path.starts_with("/apis/authentication.k8s.io/")
         || path.starts_with("/apis/authorization.k8s.io/")
-        || path.starts_with("/apis/admissionregistration.k8s.io/");
+        || path.starts_with("/apis/admissionregistration.k8s.io/")
+        || path.starts_with("/apis/apiextensions.kshard.dev/")
+        || path.starts_with("/apis/apiregistration.k8s.io/");
     if !own {
         return proxy(st, req).await;
     }
@@ -619,6 +625,21 @@ async fn handle(State(st): State<Arc<HostState>>, req: Request) -> Response {
                 "validatingadmissionpolicies"
             };
             collection(&st, kind, "", &q).await
+        }
+        (_, ["apis", group, "v1", plural, rest @ ..])
+            if CUSTOM
+                .iter()
+                .any(|k| k.group == *group && k.plural == *plural) =>
+        {
+            let Some(kind) = CUSTOM
+                .iter()
+                .find(|k| k.group == *group && k.plural == *plural)
+            else {
+                return status(404, "NotFound", "not found");
+            };
+            let method = req.method().as_str().to_string();
+            let rest: Vec<String> = rest.iter().map(|r| r.to_string()).collect();
+            custom(&st, kind, &method, &rest, &q, req).await
         }
         ("POST", ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
             st.token_reviews.fetch_add(1, Ordering::SeqCst);
@@ -702,6 +723,295 @@ fn selected(obj: &Value, field_selector: Option<&String>) -> bool {
     })
 }
 
+/// Equality-based label selector terms (`a=b,c==d,e!=f`, `g`, `!h`).
+fn labelled(obj: &Value, label_selector: Option<&String>) -> bool {
+    let Some(sel) = label_selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
+    let labels = &obj["metadata"]["labels"];
+    sel.split(',').all(|term| {
+        if let Some((k, v)) = term.split_once("!=") {
+            labels[k] != v
+        } else if let Some((k, v)) = term.split_once('=') {
+            labels[k] == v.trim_start_matches('=')
+        } else if let Some(k) = term.strip_prefix('!') {
+            labels[k].is_null()
+        } else {
+            !labels[term].is_null()
+        }
+    })
+}
+
+/// A cluster-scoped kind the double stores with create/update/delete.
+pub struct CustomKind {
+    pub group: &'static str,
+    pub plural: &'static str,
+    pub kind: &'static str,
+    /// Has the status subresource (status ignored on main-resource writes).
+    pub status: bool,
+}
+
+pub const SRD: CustomKind = CustomKind {
+    group: "apiextensions.kshard.dev",
+    plural: "shardresourcedefinitions",
+    kind: "ShardResourceDefinition",
+    status: true,
+};
+pub const APISERVICE: CustomKind = CustomKind {
+    group: "apiregistration.k8s.io",
+    plural: "apiservices",
+    kind: "APIService",
+    status: true,
+};
+const CUSTOM: [CustomKind; 2] = [SRD, APISERVICE];
+
+/// The answer instead of a write (boxed: a Response is large).
+type Refusal = Box<Response>;
+
+/// What a write decided, under the store's lock.
+enum Outcome {
+    Put(Value),
+    Remove(Value),
+}
+
+impl HostState {
+    /// One object of a custom kind, as stored.
+    pub fn object(&self, kind: &CustomKind, name: &str) -> Option<Value> {
+        self.get(kind.plural, "", name)
+    }
+
+    /// Every object of a custom kind.
+    pub fn objects(&self, kind: &CustomKind) -> Vec<Value> {
+        let o = self.objects.lock().expect("objects");
+        o.items
+            .iter()
+            .filter(|s| s.kind == kind.plural)
+            .map(|s| s.object.clone())
+            .collect()
+    }
+
+    /// Reads the current object and decides, atomically, as kube-apiserver's
+    /// guaranteed update does; `Err` is the answer to send instead.
+    fn write(
+        &self,
+        kind: &CustomKind,
+        name: &str,
+        decide: impl FnOnce(Option<&Value>) -> Result<Outcome, Refusal>,
+    ) -> Result<Value, Refusal> {
+        let mut o = self.objects.lock().expect("objects");
+        let at = o
+            .items
+            .iter()
+            .position(|s| s.kind == kind.plural && s.name == name);
+        let outcome = decide(at.map(|i| &o.items[i].object))?;
+        o.rv += 1;
+        let rv = o.rv;
+        let (ev_type, mut object) = match (outcome, at) {
+            (Outcome::Remove(obj), Some(i)) => {
+                o.items.remove(i);
+                ("DELETED", obj)
+            }
+            (Outcome::Put(obj), Some(i)) => {
+                o.items[i].object = obj.clone();
+                ("MODIFIED", obj)
+            }
+            (Outcome::Put(obj), None) | (Outcome::Remove(obj), None) => {
+                o.items.push(Stored {
+                    kind: kind.plural,
+                    namespace: String::new(),
+                    name: name.into(),
+                    object: obj.clone(),
+                });
+                ("ADDED", obj)
+            }
+        };
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        if ev_type != "DELETED" {
+            if let Some(i) = o
+                .items
+                .iter()
+                .position(|s| s.kind == kind.plural && s.name == name)
+            {
+                o.items[i].object = object.clone();
+            }
+        }
+        let ev = json!({"type": ev_type, "object": object});
+        o.history.push((rv, kind.plural, ev.clone()));
+        let _ = self.events.send((rv, kind.plural, ev));
+        Ok(object)
+    }
+}
+
+fn conflict(kind: &CustomKind, name: &str) -> Refusal {
+    Box::new(status(
+        409,
+        "Conflict",
+        &format!(
+            "Operation cannot be fulfilled on {}.{} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            kind.plural, kind.group
+        ),
+    ))
+}
+
+fn not_found(kind: &CustomKind, name: &str) -> Refusal {
+    Box::new(status(
+        404,
+        "NotFound",
+        &format!("{}.{} \"{name}\" not found", kind.plural, kind.group),
+    ))
+}
+
+/// A stale `resourceVersion` in an update is a conflict; none means "any".
+fn stale(body: &Value, cur: &Value) -> bool {
+    let sent = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
+    !sent.is_empty() && sent != cur["metadata"]["resourceVersion"].as_str().unwrap_or("")
+}
+
+/// create, get, list/watch, update (main and status), delete of a custom
+/// kind, with kube's finalizer and deletionTimestamp rules.
+async fn custom(
+    st: &Arc<HostState>,
+    kind: &CustomKind,
+    method: &str,
+    rest: &[String],
+    q: &HashMap<String, String>,
+    req: Request,
+) -> Response {
+    let name = rest.first().map(String::as_str).unwrap_or("");
+    let sub = rest.get(1).map(String::as_str);
+    let api_version = format!("{}/v1", kind.group);
+    let result = match (method, rest.len()) {
+        ("GET", 0) => return collection(st, kind.plural, "", q).await,
+        ("GET", 1 | 2) => {
+            return match st.object(kind, name) {
+                Some(o) => json_response(200, &o),
+                None => *not_found(kind, name),
+            }
+        }
+        ("POST", 0) => {
+            let mut body = body_json(req).await;
+            let name = body["metadata"]["name"].as_str().unwrap_or("").to_string();
+            if name.is_empty() {
+                return status(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value: name is required",
+                );
+            }
+            body["apiVersion"] = json!(api_version);
+            body["kind"] = json!(kind.kind);
+            if kind.status {
+                if let Some(m) = body.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+            body["metadata"]["uid"] = json!(uuid::Uuid::new_v4().to_string());
+            body["metadata"]["creationTimestamp"] = json!("2026-11-22T00:00:00Z");
+            body["metadata"]["generation"] = json!(1);
+            st.write(kind, &name, |cur| match cur {
+                Some(_) => Err(Box::new(status(
+                    409,
+                    "AlreadyExists",
+                    &format!("{}.{} \"{name}\" already exists", kind.plural, kind.group),
+                ))),
+                None => Ok(Outcome::Put(body)),
+            })
+            .map(|o| (201, o))
+        }
+        ("PUT", 1) => {
+            let mut body = body_json(req).await;
+            st.write(kind, name, |cur| {
+                let Some(cur) = cur else {
+                    return Err(not_found(kind, name));
+                };
+                if stale(&body, cur) {
+                    return Err(conflict(kind, name));
+                }
+                if kind.status {
+                    body["status"] = cur["status"].clone();
+                    if body["status"].is_null() {
+                        if let Some(m) = body.as_object_mut() {
+                            m.remove("status");
+                        }
+                    }
+                }
+                for f in [
+                    "uid",
+                    "creationTimestamp",
+                    "deletionTimestamp",
+                    "deletionGracePeriodSeconds",
+                ] {
+                    body["metadata"][f] = cur["metadata"][f].clone();
+                    if body["metadata"][f].is_null() {
+                        if let Some(m) = body["metadata"].as_object_mut() {
+                            m.remove(f);
+                        }
+                    }
+                }
+                let generation = cur["metadata"]["generation"].as_i64().unwrap_or(1);
+                body["metadata"]["generation"] = json!(if body["spec"] != cur["spec"] {
+                    generation + 1
+                } else {
+                    generation
+                });
+                body["apiVersion"] = json!(api_version);
+                body["kind"] = json!(kind.kind);
+                let finalizers_left = body["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| !f.is_empty());
+                if !cur["metadata"]["deletionTimestamp"].is_null() && !finalizers_left {
+                    return Ok(Outcome::Remove(body));
+                }
+                Ok(Outcome::Put(body))
+            })
+            .map(|o| (200, o))
+        }
+        ("PUT", 2) if sub == Some("status") && kind.status => {
+            let body = body_json(req).await;
+            st.write(kind, name, |cur| {
+                let Some(cur) = cur else {
+                    return Err(not_found(kind, name));
+                };
+                if stale(&body, cur) {
+                    return Err(conflict(kind, name));
+                }
+                let mut next = cur.clone();
+                next["status"] = body["status"].clone();
+                Ok(Outcome::Put(next))
+            })
+            .map(|o| (200, o))
+        }
+        ("DELETE", 1) => st
+            .write(kind, name, |cur| {
+                let Some(cur) = cur else {
+                    return Err(not_found(kind, name));
+                };
+                let finalizers = cur["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| !f.is_empty());
+                if !finalizers {
+                    return Ok(Outcome::Remove(cur.clone()));
+                }
+                let mut next = cur.clone();
+                if next["metadata"]["deletionTimestamp"].is_null() {
+                    next["metadata"]["deletionTimestamp"] = json!("2026-11-22T00:00:01Z");
+                    next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+                }
+                Ok(Outcome::Put(next))
+            })
+            .map(|o| (200, o)),
+        _ => Err(Box::new(status(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        ))),
+    };
+    match result {
+        Ok((code, obj)) => json_response(code, &obj),
+        Err(r) => *r,
+    }
+}
+
 /// List, or with `watch=true` a watch stream, of one kind in one namespace.
 async fn collection(
     st: &Arc<HostState>,
@@ -710,6 +1020,7 @@ async fn collection(
     q: &HashMap<String, String>,
 ) -> Response {
     let fs = q.get("fieldSelector");
+    let ls = q.get("labelSelector").cloned();
     let watching = q.get("watch").is_some_and(|v| v == "true" || v == "1");
     if !watching {
         let o = st.objects.lock().expect("objects");
@@ -718,7 +1029,7 @@ async fn collection(
             .iter()
             .filter(|s| s.kind == kind && (namespace.is_empty() || s.namespace == namespace))
             .map(|s| s.object.clone())
-            .filter(|v| selected(v, fs))
+            .filter(|v| selected(v, fs) && labelled(v, ls.as_ref()))
             .collect();
         let (list_kind, api_version) = match kind {
             "namespaces" => ("NamespaceList", "v1"),
@@ -738,6 +1049,10 @@ async fn collection(
                 "ValidatingAdmissionPolicyBindingList",
                 "admissionregistration.k8s.io/v1",
             ),
+            "shardresourcedefinitions" => {
+                ("ShardResourceDefinitionList", "apiextensions.kshard.dev/v1")
+            }
+            "apiservices" => ("APIServiceList", "apiregistration.k8s.io/v1"),
             _ => ("ConfigMapList", "v1"),
         };
         return json_response(
@@ -769,6 +1084,7 @@ async fn collection(
     let wanted = move |ev: &Value| {
         (ns.is_empty() || ev["object"]["metadata"]["namespace"] == ns.as_str())
             && selected(&ev["object"], fs.as_ref())
+            && labelled(&ev["object"], ls.as_ref())
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(async move {
