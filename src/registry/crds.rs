@@ -64,11 +64,12 @@ pub fn is_definition(t: &Target) -> bool {
 pub fn check(obj: &Value) -> Vec<FieldError> {
     match check_definition(obj) {
         Ok(()) => Vec::new(),
+        Err(super::catalog::DefinitionError::Fields(errs)) => errs,
         Err(reason) => vec![FieldError::new(
             FieldErrorKind::Invalid,
             "spec",
             None,
-            reason,
+            reason.to_string(),
         )],
     }
 }
