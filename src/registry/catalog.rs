@@ -181,6 +181,23 @@ impl Catalog {
     }
 
     pub fn add_manifests(&mut self, file: &Path, text: &str) -> Result<(), CatalogError> {
+        self.add_manifests_as(file, text, Origin::User)
+    }
+
+    /// kshard's own definitions (the CustomResourceDefinition, flow-control and admission
+    /// APIs): they stand in for kube's built-in types, whose validation is Go code with no
+    /// cost limits, so their rules skip the static cost checks (they still run under the
+    /// runtime budget).
+    pub fn add_builtin_manifests(&mut self, file: &Path, text: &str) -> Result<(), CatalogError> {
+        self.add_manifests_as(file, text, Origin::BuiltIn)
+    }
+
+    fn add_manifests_as(
+        &mut self,
+        file: &Path,
+        text: &str,
+        origin: Origin,
+    ) -> Result<(), CatalogError> {
         let docs: Vec<Value> =
             serde_saphyr::from_multiple(text).map_err(|e| CatalogError::File {
                 file: file.to_path_buf(),
@@ -211,7 +228,7 @@ impl Catalog {
                     "expected apiextensions.k8s.io/v1 CustomResourceDefinition, found {api_version:?} {kind:?}"
                 )));
             }
-            self.add_definition(&file.display().to_string(), doc)
+            self.add_definition_as(&file.display().to_string(), doc, origin)
                 .map_err(|e| match e {
                     e @ DefinitionError::Fields(_) => doc_err(e.to_string()),
                     DefinitionError::Invalid(reason) => doc_err(reason),
@@ -250,9 +267,18 @@ impl Catalog {
 
     /// Adds one CustomResourceDefinition document, from `source`.
     pub fn add_definition(&mut self, source: &str, doc: Value) -> Result<(), DefinitionError> {
+        self.add_definition_as(source, doc, Origin::User)
+    }
+
+    fn add_definition_as(
+        &mut self,
+        source: &str,
+        doc: Value,
+        origin: Origin,
+    ) -> Result<(), DefinitionError> {
         let crd: CustomResourceDefinition =
             serde_json::from_value(doc).map_err(|e| DefinitionError::Invalid(e.to_string()))?;
-        let rt = resource_from_crd(&crd, source)?;
+        let rt = resource_from_crd(&crd, source, origin)?;
         if let Some(other) = self
             .resources
             .iter()
@@ -310,6 +336,13 @@ impl Catalog {
     }
 }
 
+/// Where a definition comes from: the user's, or one of kshard's own APIs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    User,
+    BuiltIn,
+}
+
 /// Why one definition cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum DefinitionError {
@@ -326,7 +359,7 @@ pub enum DefinitionError {
 pub fn check_definition(doc: &Value) -> Result<(), DefinitionError> {
     let crd: CustomResourceDefinition =
         serde_json::from_value(doc.clone()).map_err(|e| DefinitionError::Invalid(e.to_string()))?;
-    resource_from_crd(&crd, "").map(|_| ())
+    resource_from_crd(&crd, "", Origin::User).map(|_| ())
 }
 
 /// Whether a file in a definitions directory is read (by its extension).
@@ -373,6 +406,7 @@ fn collect_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), CatalogError
 fn resource_from_crd(
     crd: &CustomResourceDefinition,
     source: &str,
+    origin: Origin,
 ) -> Result<ResourceType, DefinitionError> {
     let invalid = DefinitionError::Invalid;
     let spec = &crd.spec;
@@ -438,7 +472,7 @@ fn resource_from_crd(
             } else {
                 format!("spec.versions[{i}].schema")
             };
-            version_from_crd(v, &at)
+            version_from_crd(v, &at, origin)
         })
         .collect::<Result<Vec<_>, DefinitionError>>()?;
     let schemas: Vec<Option<Value>> = versions.iter().map(|v| v.schema.clone()).collect();
@@ -532,6 +566,7 @@ fn is_printable(c: char) -> bool {
 fn version_from_crd(
     v: &CustomResourceDefinitionVersion,
     schema_at: &str,
+    origin: Origin,
 ) -> Result<Version, DefinitionError> {
     check_deprecation_warning(v).map_err(DefinitionError::Invalid)?;
     let sub = v.subresources.as_ref();
@@ -575,22 +610,24 @@ fn version_from_crd(
     let validation = schema
         .as_ref()
         .map(|s| {
-            crate::schema::Schema::compile(s)
-                .map(Arc::new)
-                .map_err(|e| match e {
-                    CompileError::Invalid(e) => DefinitionError::Invalid(format!(
-                        "spec.versions[{}].schema.openAPIV3Schema: {e}",
-                        v.name
-                    )),
-                    CompileError::Fields(errs) => DefinitionError::Fields(
-                        errs.into_iter()
-                            .map(|mut f| {
-                                f.field = format!("{schema_at}.{}", f.field);
-                                f
-                            })
-                            .collect(),
-                    ),
-                })
+            let compiled = match origin {
+                Origin::User => crate::schema::Schema::compile(s),
+                Origin::BuiltIn => crate::schema::Schema::compile_builtin(s),
+            };
+            compiled.map(Arc::new).map_err(|e| match e {
+                CompileError::Invalid(e) => DefinitionError::Invalid(format!(
+                    "spec.versions[{}].schema.openAPIV3Schema: {e}",
+                    v.name
+                )),
+                CompileError::Fields(errs) => DefinitionError::Fields(
+                    errs.into_iter()
+                        .map(|mut f| {
+                            f.field = format!("{schema_at}.{}", f.field);
+                            f
+                        })
+                        .collect(),
+                ),
+            })
         })
         .transpose()?;
     let merge = Arc::new(crate::apply::MergeSchema::from_openapi(schema.as_ref()));
@@ -776,5 +813,19 @@ spec:
         assert!(Catalog::default()
             .add_manifests(Path::new("d.yaml"), &text)
             .is_err());
+    }
+}
+#[cfg(test)]
+mod cost_limits {
+    /// The flow-control CRDs are installed into host clusters, whose kube-apiserver
+    /// checks their rules' estimated cost: they must pass as a user's definition.
+    #[test]
+    fn flowcontrol_crds_pass_kubes_cost_limits() {
+        let mut c = super::Catalog::default();
+        c.add_manifests(
+            std::path::Path::new("flowcontrol"),
+            &crate::controller::crd::manifests_yaml(),
+        )
+        .expect("within kube's limits");
     }
 }

@@ -65,7 +65,7 @@ impl Sources {
     pub fn load(&self) -> Result<Catalog, CatalogError> {
         let mut catalog = Catalog::load(&self.paths)?;
         for (name, text) in &self.builtin {
-            catalog.add_manifests(name, text)?;
+            catalog.add_builtin_manifests(name, text)?;
         }
         Ok(catalog)
     }

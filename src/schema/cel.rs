@@ -74,8 +74,8 @@ struct StaticCheck {
 impl Rules {
     /// Compiles every rule of the schema rooted at `n`; `None` when it has no rules.
     /// A rule that does not compile fails the whole schema, as kube rejects such a CRD;
-    /// so do rules over kube's estimated cost limits.
-    pub fn compile(n: &Node) -> Result<Option<Rules>, RulesError> {
+    /// so do rules over kube's estimated cost limits when `cost_checks` is set.
+    pub fn compile(n: &Node, cost_checks: bool) -> Result<Option<Rules>, RulesError> {
         let mut check = StaticCheck::default();
         let rules = Rules::build(n, "", "openAPIV3Schema", Some(1), true, &mut check)
             .map_err(RulesError::Compile)?;
@@ -95,7 +95,7 @@ impl Rules {
                 ),
             ));
         }
-        if !check.errors.is_empty() {
+        if cost_checks && !check.errors.is_empty() {
             return Err(RulesError::Cost(check.errors));
         }
         Ok(rules)
@@ -523,7 +523,7 @@ mod tests {
 
     fn rules(schema: Value) -> Rules {
         let n = Node::parse(&schema, "").unwrap();
-        Rules::compile(&n).unwrap().unwrap()
+        Rules::compile(&n, true).unwrap().unwrap()
     }
 
     fn run(r: &Rules, v: Value, old: Option<Value>) -> Vec<String> {
@@ -608,12 +608,12 @@ mod tests {
             "",
         )
         .unwrap();
-        assert!(Rules::compile(&n).is_err());
+        assert!(Rules::compile(&n, true).is_err());
     }
 
     fn refused(schema: Value) -> Vec<String> {
         let n = Node::parse(&schema, "").unwrap();
-        match Rules::compile(&n) {
+        match Rules::compile(&n, true) {
             Err(RulesError::Cost(errs)) => errs.iter().map(|e| e.to_string()).collect(),
             other => panic!("expected cost errors, got {other:?}"),
         }
@@ -639,7 +639,7 @@ mod tests {
         let bounded = json!({"type":"object","properties":{"f":{"type":"array","maxItems":10,
             "items":{"type":"string","maxLength":10},
             "x-kubernetes-validations":[{"rule":"self.all(x, self.exists_one(y, x.lowerAscii() == y.lowerAscii()))"}]}}});
-        assert!(Rules::compile(&Node::parse(&bounded, "").unwrap()).is_ok());
+        assert!(Rules::compile(&Node::parse(&bounded, "").unwrap(), true).is_ok());
         // A string() result has no size bound in cel-go, so concatenating it is unbounded.
         let msg = json!({"type":"object","properties":{"f":{"type":"array","items":{"type":"string"},
             "x-kubernetes-validations":[{"rule":"true","messageExpression":"string(self[0]) + string(self[1]) + string(self[2])"}]}}});
@@ -730,7 +730,7 @@ mod interpreter_work {
             "",
         )
         .unwrap();
-        let r = Rules::compile(&n).unwrap().unwrap();
+        let r = Rules::compile(&n, true).unwrap().unwrap();
         let small: Vec<Value> = (0..1000).map(|i| json!(i)).collect();
         let mut e = Vec::new();
         r.validate(

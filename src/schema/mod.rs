@@ -58,9 +58,18 @@ impl Schema {
     /// Parses the schema and compiles its regexes and CEL rules; rules over kube's
     /// estimated cost limits refuse the schema with kube's field errors.
     pub fn compile(open_api_v3_schema: &Value) -> Result<Schema, CompileError> {
+        Schema::compile_with(open_api_v3_schema, true)
+    }
+
+    /// [`Schema::compile`] without the static cost checks, for kshard's own definitions.
+    pub fn compile_builtin(open_api_v3_schema: &Value) -> Result<Schema, CompileError> {
+        Schema::compile_with(open_api_v3_schema, false)
+    }
+
+    fn compile_with(open_api_v3_schema: &Value, cost_checks: bool) -> Result<Schema, CompileError> {
         let root = Node::parse(open_api_v3_schema, "openAPIV3Schema")
             .map_err(|e| CompileError::Invalid(e.to_string()))?;
-        let rules = cel::Rules::compile(&root).map_err(|e| match e {
+        let rules = cel::Rules::compile(&root, cost_checks).map_err(|e| match e {
             cel::RulesError::Compile(m) => CompileError::Invalid(m),
             cel::RulesError::Cost(errs) => CompileError::Fields(errs),
         })?;
