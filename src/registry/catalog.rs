@@ -189,7 +189,7 @@ impl Catalog {
     /// cost limits, so their rules skip the static cost checks (they still run under the
     /// runtime budget).
     pub fn add_builtin_manifests(&mut self, file: &Path, text: &str) -> Result<(), CatalogError> {
-        self.add_manifests_as(file, text, Origin::BuiltIn)
+        self.add_manifests_as(file, text, Origin::Trusted)
     }
 
     fn add_manifests_as(
@@ -270,6 +270,17 @@ impl Catalog {
         self.add_definition_as(source, doc, Origin::User)
     }
 
+    /// A definition stored through the API: it passed every check when written, and kube
+    /// never checks a stored definition again, so the static cost checks are not rerun
+    /// (a definition stored before them keeps being served).
+    pub fn add_stored_definition(
+        &mut self,
+        source: &str,
+        doc: Value,
+    ) -> Result<(), DefinitionError> {
+        self.add_definition_as(source, doc, Origin::Trusted)
+    }
+
     fn add_definition_as(
         &mut self,
         source: &str,
@@ -336,11 +347,12 @@ impl Catalog {
     }
 }
 
-/// Where a definition comes from: the user's, or one of kshard's own APIs.
+/// Where a definition comes from: loaded now (checked as kube checks a new one), or
+/// kshard's own or already stored (the static cost checks are skipped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Origin {
     User,
-    BuiltIn,
+    Trusted,
 }
 
 /// Why one definition cannot be served.
@@ -612,7 +624,7 @@ fn version_from_crd(
         .map(|s| {
             let compiled = match origin {
                 Origin::User => crate::schema::Schema::compile(s),
-                Origin::BuiltIn => crate::schema::Schema::compile_builtin(s),
+                Origin::Trusted => crate::schema::Schema::compile_builtin(s),
             };
             compiled.map(Arc::new).map_err(|e| match e {
                 CompileError::Invalid(e) => DefinitionError::Invalid(format!(

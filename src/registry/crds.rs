@@ -402,7 +402,7 @@ pub fn add_stored(catalog: &mut Catalog, stored: &[Value]) -> HashMap<String, St
         if let Some(m) = doc.as_object_mut() {
             m.remove("status");
         }
-        match catalog.add_definition(&source_of(&name), doc) {
+        match catalog.add_stored_definition(&source_of(&name), doc) {
             Ok(()) => {
                 if deleting(def) {
                     catalog.mark_terminating(&source_of(&name));

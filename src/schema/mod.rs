@@ -61,7 +61,8 @@ impl Schema {
         Schema::compile_with(open_api_v3_schema, true)
     }
 
-    /// [`Schema::compile`] without the static cost checks, for kshard's own definitions.
+    /// [`Schema::compile`] without the static cost checks: kshard's own definitions, and
+    /// stored ones (checked when written).
     pub fn compile_builtin(open_api_v3_schema: &Value) -> Result<Schema, CompileError> {
         Schema::compile_with(open_api_v3_schema, false)
     }
