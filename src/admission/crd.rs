@@ -348,7 +348,7 @@ mod tests {
     #[test]
     fn the_crds_load_into_a_catalog() {
         let mut c = crate::registry::Catalog::default();
-        c.add_manifests(std::path::Path::new("<admission>"), &manifests_yaml())
+        c.add_builtin_manifests(std::path::Path::new("<admission>"), &manifests_yaml())
             .expect("built-in admission CRDs load");
         assert!(c
             .find(GROUP, "v1", super::super::config::MUTATING)

@@ -9,6 +9,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, CustomResourceDefinitionSpec, CustomResourceDefinitionVersion,
 };
 use serde_json::Value;
+
+use crate::schema::CompileError;
 use sha2::{Digest, Sha256};
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +181,23 @@ impl Catalog {
     }
 
     pub fn add_manifests(&mut self, file: &Path, text: &str) -> Result<(), CatalogError> {
+        self.add_manifests_as(file, text, Origin::User)
+    }
+
+    /// kshard's own definitions (the CustomResourceDefinition, flow-control and admission
+    /// APIs): they stand in for kube's built-in types, whose validation is Go code with no
+    /// cost limits, so their rules skip the static cost checks (they still run under the
+    /// runtime budget).
+    pub fn add_builtin_manifests(&mut self, file: &Path, text: &str) -> Result<(), CatalogError> {
+        self.add_manifests_as(file, text, Origin::Trusted)
+    }
+
+    fn add_manifests_as(
+        &mut self,
+        file: &Path,
+        text: &str,
+        origin: Origin,
+    ) -> Result<(), CatalogError> {
         let docs: Vec<Value> =
             serde_saphyr::from_multiple(text).map_err(|e| CatalogError::File {
                 file: file.to_path_buf(),
@@ -209,8 +228,9 @@ impl Catalog {
                     "expected apiextensions.k8s.io/v1 CustomResourceDefinition, found {api_version:?} {kind:?}"
                 )));
             }
-            self.add_definition(&file.display().to_string(), doc)
+            self.add_definition_as(&file.display().to_string(), doc, origin)
                 .map_err(|e| match e {
+                    e @ DefinitionError::Fields(_) => doc_err(e.to_string()),
                     DefinitionError::Invalid(reason) => doc_err(reason),
                     DefinitionError::Duplicate { name, other } => CatalogError::Duplicate {
                         file: file.to_path_buf(),
@@ -247,9 +267,29 @@ impl Catalog {
 
     /// Adds one CustomResourceDefinition document, from `source`.
     pub fn add_definition(&mut self, source: &str, doc: Value) -> Result<(), DefinitionError> {
+        self.add_definition_as(source, doc, Origin::User)
+    }
+
+    /// A definition stored through the API: it passed every check when written, and kube
+    /// never checks a stored definition again, so the static cost checks are not rerun
+    /// (a definition stored before them keeps being served).
+    pub fn add_stored_definition(
+        &mut self,
+        source: &str,
+        doc: Value,
+    ) -> Result<(), DefinitionError> {
+        self.add_definition_as(source, doc, Origin::Trusted)
+    }
+
+    fn add_definition_as(
+        &mut self,
+        source: &str,
+        doc: Value,
+        origin: Origin,
+    ) -> Result<(), DefinitionError> {
         let crd: CustomResourceDefinition =
             serde_json::from_value(doc).map_err(|e| DefinitionError::Invalid(e.to_string()))?;
-        let rt = resource_from_crd(&crd, source).map_err(DefinitionError::Invalid)?;
+        let rt = resource_from_crd(&crd, source, origin)?;
         if let Some(other) = self
             .resources
             .iter()
@@ -307,20 +347,31 @@ impl Catalog {
     }
 }
 
+/// Where a definition comes from: loaded now (checked as kube checks a new one), or
+/// kshard's own or already stored (the static cost checks are skipped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    User,
+    Trusted,
+}
+
 /// Why one definition cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum DefinitionError {
     #[error("{0}")]
     Invalid(String),
+    /// kube's field errors (the CEL cost checks), paths from `spec`.
+    #[error("{}", crate::status::aggregate(.0))]
+    Fields(Vec<crate::status::FieldError>),
     #[error("{name} is already defined by {other}")]
     Duplicate { name: String, other: String },
 }
 
 /// Checks a CustomResourceDefinition object the way the catalog reads it.
-pub fn check_definition(doc: &Value) -> Result<(), String> {
+pub fn check_definition(doc: &Value) -> Result<(), DefinitionError> {
     let crd: CustomResourceDefinition =
-        serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
-    resource_from_crd(&crd, "").map(|_| ())
+        serde_json::from_value(doc.clone()).map_err(|e| DefinitionError::Invalid(e.to_string()))?;
+    resource_from_crd(&crd, "", Origin::User).map(|_| ())
 }
 
 /// Whether a file in a definitions directory is read (by its extension).
@@ -364,61 +415,78 @@ fn collect_files(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), CatalogError
     Ok(())
 }
 
-fn resource_from_crd(crd: &CustomResourceDefinition, source: &str) -> Result<ResourceType, String> {
+fn resource_from_crd(
+    crd: &CustomResourceDefinition,
+    source: &str,
+    origin: Origin,
+) -> Result<ResourceType, DefinitionError> {
+    let invalid = DefinitionError::Invalid;
     let spec = &crd.spec;
     let names = &spec.names;
     let name = crd.metadata.name.clone().unwrap_or_default();
     if spec.group.is_empty() || !spec.group.contains('.') {
-        return Err(format!(
+        return Err(invalid(format!(
             "spec.group {:?} must be a DNS subdomain with at least one dot",
             spec.group
-        ));
+        )));
     }
     if names.plural.is_empty() || names.kind.is_empty() {
-        return Err("spec.names.plural and spec.names.kind are required".into());
+        return Err(invalid(
+            "spec.names.plural and spec.names.kind are required".into(),
+        ));
     }
     if name != format!("{}.{}", names.plural, spec.group) {
-        return Err(format!(
+        return Err(invalid(format!(
             "metadata.name {name:?} must be spec.names.plural + \".\" + spec.group ({}.{})",
             names.plural, spec.group
-        ));
+        )));
     }
     let namespaced = match spec.scope.as_str() {
         "Namespaced" => true,
         "Cluster" => false,
         other => {
-            return Err(format!(
+            return Err(invalid(format!(
                 "spec.scope {other:?} must be Namespaced or Cluster"
-            ))
+            )))
         }
     };
     if spec.versions.is_empty() {
-        return Err("spec.versions must not be empty".into());
+        return Err(invalid("spec.versions must not be empty".into()));
     }
     let storage: Vec<_> = spec.versions.iter().filter(|v| v.storage).collect();
     if storage.len() != 1 {
-        return Err(format!(
+        return Err(invalid(format!(
             "exactly one version must be the storage version, found {}",
             storage.len()
-        ));
+        )));
     }
     let conversion = match &spec.conversion {
-        Some(conv) if conv.strategy == "Webhook" => {
-            Some(Arc::new(super::conversion::Webhook::from_spec(conv)?))
-        }
+        Some(conv) if conv.strategy == "Webhook" => Some(Arc::new(
+            super::conversion::Webhook::from_spec(conv).map_err(invalid)?,
+        )),
         Some(conv) if conv.strategy != "None" => {
-            return Err(format!(
+            return Err(invalid(format!(
                 "spec.conversion.strategy: Unsupported value: {:?}: supported values: \"None\", \"Webhook\"",
                 conv.strategy
-            ));
+            )));
         }
         _ => None,
     };
     let mut versions = spec
         .versions
         .iter()
-        .map(version_from_crd)
-        .collect::<Result<Vec<_>, String>>()?;
+        .enumerate()
+        .map(|(i, v)| {
+            // kube reports schema errors under `spec.validation` when every version has
+            // the same schema (its internal form keeps one), else under each version.
+            let at = if spec.versions.iter().all(|o| o.schema == v.schema) {
+                "spec.validation".to_string()
+            } else {
+                format!("spec.versions[{i}].schema")
+            };
+            version_from_crd(v, &at, origin)
+        })
+        .collect::<Result<Vec<_>, DefinitionError>>()?;
     let schemas: Vec<Option<Value>> = versions.iter().map(|v| v.schema.clone()).collect();
     for (i, v) in versions.iter_mut().enumerate() {
         v.schema_class = schemas.iter().position(|s| *s == schemas[i]).unwrap_or(i);
@@ -507,8 +575,12 @@ fn is_printable(c: char) -> bool {
             || matches!(c, '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{e000}'..='\u{f8ff}'))
 }
 
-fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, String> {
-    check_deprecation_warning(v)?;
+fn version_from_crd(
+    v: &CustomResourceDefinitionVersion,
+    schema_at: &str,
+    origin: Origin,
+) -> Result<Version, DefinitionError> {
+    check_deprecation_warning(v).map_err(DefinitionError::Invalid)?;
     let sub = v.subresources.as_ref();
     let scale = sub.and_then(|s| s.scale.as_ref()).map(|s| ScaleSpec {
         spec_replicas_path: s.spec_replicas_path.clone(),
@@ -545,14 +617,29 @@ fn version_from_crd(v: &CustomResourceDefinitionVersion) -> Result<Version, Stri
         .schema
         .as_ref()
         .and_then(|s| s.open_api_v3_schema.as_ref())
-        .map(|s| serde_json::to_value(s).map_err(|e| e.to_string()))
+        .map(|s| serde_json::to_value(s).map_err(|e| DefinitionError::Invalid(e.to_string())))
         .transpose()?;
     let validation = schema
         .as_ref()
         .map(|s| {
-            crate::schema::Schema::compile(s)
-                .map(Arc::new)
-                .map_err(|e| format!("spec.versions[{}].schema.openAPIV3Schema: {e}", v.name))
+            let compiled = match origin {
+                Origin::User => crate::schema::Schema::compile(s),
+                Origin::Trusted => crate::schema::Schema::compile_builtin(s),
+            };
+            compiled.map(Arc::new).map_err(|e| match e {
+                CompileError::Invalid(e) => DefinitionError::Invalid(format!(
+                    "spec.versions[{}].schema.openAPIV3Schema: {e}",
+                    v.name
+                )),
+                CompileError::Fields(errs) => DefinitionError::Fields(
+                    errs.into_iter()
+                        .map(|mut f| {
+                            f.field = format!("{schema_at}.{}", f.field);
+                            f
+                        })
+                        .collect(),
+                ),
+            })
         })
         .transpose()?;
     let merge = Arc::new(crate::apply::MergeSchema::from_openapi(schema.as_ref()));
@@ -738,5 +825,19 @@ spec:
         assert!(Catalog::default()
             .add_manifests(Path::new("d.yaml"), &text)
             .is_err());
+    }
+}
+#[cfg(test)]
+mod cost_limits {
+    /// The flow-control CRDs are installed into host clusters, whose kube-apiserver
+    /// checks their rules' estimated cost: they must pass as a user's definition.
+    #[test]
+    fn flowcontrol_crds_pass_kubes_cost_limits() {
+        let mut c = super::Catalog::default();
+        c.add_manifests(
+            std::path::Path::new("flowcontrol"),
+            &crate::controller::crd::manifests_yaml(),
+        )
+        .expect("within kube's limits");
     }
 }

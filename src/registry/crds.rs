@@ -64,11 +64,12 @@ pub fn is_definition(t: &Target) -> bool {
 pub fn check(obj: &Value) -> Vec<FieldError> {
     match check_definition(obj) {
         Ok(()) => Vec::new(),
+        Err(super::catalog::DefinitionError::Fields(errs)) => errs,
         Err(reason) => vec![FieldError::new(
             FieldErrorKind::Invalid,
             "spec",
             None,
-            reason,
+            reason.to_string(),
         )],
     }
 }
@@ -412,16 +413,20 @@ pub fn source_of(name: &str) -> String {
 /// Adds the stored definitions to a catalog; the ones it cannot take are
 /// returned with the reason (their status says it).
 pub fn add_stored(catalog: &mut Catalog, stored: &[Value]) -> HashMap<String, String> {
-    add_definitions(catalog, stored, source_of)
+    add_definitions(catalog, stored, source_of, true)
 }
 
 /// Adds definition objects (CustomResourceDefinitions, or kinds with the same
 /// spec) to a catalog, each under `source(name)`, terminating while deleted;
-/// the ones it cannot take are returned by name with the reason.
+/// the ones it cannot take are returned by name with the reason. `stored`:
+/// kshard checked them when they were written (its own CRD API), so the
+/// static CEL cost limits are not rerun; the host's objects were written
+/// without kshard's checks and get every one of them.
 pub fn add_definitions(
     catalog: &mut Catalog,
     defs: &[Value],
     source: fn(&str) -> String,
+    stored: bool,
 ) -> HashMap<String, String> {
     let mut rejected = HashMap::new();
     for def in defs {
@@ -433,7 +438,12 @@ pub fn add_definitions(
             m.insert("apiVersion".into(), json!(format!("{GROUP}/v1")));
             m.insert("kind".into(), json!("CustomResourceDefinition"));
         }
-        match catalog.add_definition(&source(&name), doc) {
+        let added = if stored {
+            catalog.add_stored_definition(&source(&name), doc)
+        } else {
+            catalog.add_definition(&source(&name), doc)
+        };
+        match added {
             Ok(()) => {
                 if deleting(def) {
                     catalog.mark_terminating(&source(&name));

@@ -75,7 +75,7 @@ impl Sources {
     pub fn load(&self) -> Result<Catalog, CatalogError> {
         let mut catalog = Catalog::load(&self.paths)?;
         for (name, text) in &self.builtin {
-            catalog.add_manifests(name, text)?;
+            catalog.add_builtin_manifests(name, text)?;
         }
         Ok(catalog)
     }
@@ -90,8 +90,12 @@ impl Sources {
     ) -> Result<Loaded, CatalogError> {
         let mut catalog = self.load()?;
         let rejected_stored = super::crds::add_stored(&mut catalog, stored);
-        let rejected_host =
-            super::crds::add_definitions(&mut catalog, host, crate::host::definitions::source_of);
+        let rejected_host = super::crds::add_definitions(
+            &mut catalog,
+            host,
+            crate::host::definitions::source_of,
+            false,
+        );
         Ok(Loaded {
             catalog,
             rejected_stored,

@@ -16,6 +16,9 @@
 //! [`formats`] knows the string formats.
 
 pub mod cel;
+pub mod cel_budget;
+pub mod cel_cost;
+pub mod cel_decl;
 pub mod defaults;
 pub mod embedded;
 pub mod formats;
@@ -31,6 +34,17 @@ use structural::Node;
 
 pub use structural::SchemaError;
 
+/// Why a schema cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// A reason in words (kube reports it as one error on the schema).
+    #[error("{0}")]
+    Invalid(String),
+    /// kube's field errors, with paths from `openAPIV3Schema` down.
+    #[error("{}", crate::status::aggregate(.0))]
+    Fields(Vec<FieldError>),
+}
+
 /// One CRD version's `openAPIV3Schema`, ready to prune, default and validate objects.
 #[derive(Debug)]
 pub struct Schema {
@@ -41,10 +55,25 @@ pub struct Schema {
 }
 
 impl Schema {
-    /// Parses the schema and compiles its regexes and CEL rules.
-    pub fn compile(open_api_v3_schema: &Value) -> Result<Schema, String> {
-        let root = Node::parse(open_api_v3_schema, "openAPIV3Schema").map_err(|e| e.to_string())?;
-        let rules = cel::Rules::compile(&root, "")?;
+    /// Parses the schema and compiles its regexes and CEL rules; rules over kube's
+    /// estimated cost limits refuse the schema with kube's field errors.
+    pub fn compile(open_api_v3_schema: &Value) -> Result<Schema, CompileError> {
+        Schema::compile_with(open_api_v3_schema, true)
+    }
+
+    /// [`Schema::compile`] without the static cost checks: kshard's own definitions, and
+    /// stored ones (checked when written).
+    pub fn compile_builtin(open_api_v3_schema: &Value) -> Result<Schema, CompileError> {
+        Schema::compile_with(open_api_v3_schema, false)
+    }
+
+    fn compile_with(open_api_v3_schema: &Value, cost_checks: bool) -> Result<Schema, CompileError> {
+        let root = Node::parse(open_api_v3_schema, "openAPIV3Schema")
+            .map_err(|e| CompileError::Invalid(e.to_string()))?;
+        let rules = cel::Rules::compile(&root, cost_checks).map_err(|e| match e {
+            cel::RulesError::Compile(m) => CompileError::Invalid(m),
+            cel::RulesError::Cost(errs) => CompileError::Fields(errs),
+        })?;
         let has_defaults = defaults::any(&root);
         Ok(Schema {
             root,
@@ -115,7 +144,7 @@ impl Schema {
                     "some validation rules were not checked because the object was invalid; correct the existing errors to complete validation",
                 ));
             } else {
-                rules.validate(obj, old, "", errs);
+                rules.validate(obj, old, "", errs, &mut cel_budget::Budget::default());
             }
         }
     }

@@ -155,7 +155,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             std::path::PathBuf::from("<built-in apiextensions.k8s.io CRD>"),
             crate::registry::crds::api_manifest(),
         );
-        catalog.add_manifests(&builtin.0, &builtin.1)?;
+        catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;
         sources.builtin.push(builtin);
         sources.serve_definitions = true;
     }
@@ -172,7 +172,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             std::path::PathBuf::from("<built-in flowcontrol.kshard.dev CRDs>"),
             crate::controller::crd::manifests_yaml(),
         );
-        catalog.add_manifests(&builtin.0, &builtin.1)?;
+        catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;
         sources.builtin.push(builtin);
     }
     // Standalone, admission webhooks are configured through kshard's own API;
@@ -191,7 +191,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             std::path::PathBuf::from("<built-in admissionregistration.k8s.io CRDs>"),
             crate::admission::crd::manifests_yaml(),
         );
-        catalog.add_manifests(&builtin.0, &builtin.1)?;
+        catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;
         sources.builtin.push(builtin);
     }
     pki::private_dir(&cfg.data_dir)?;
