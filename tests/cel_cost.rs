@@ -181,3 +181,67 @@ async fn a_rule_over_the_per_call_limit_on_a_large_object_answers_at_once() {
         other.1
     );
 }
+
+/// kube never excuses a spent budget as ratcheting: the rules after it did not
+/// run, on changed values too. An object stored before a costly rule existed
+/// is not updatable past it, even when the update leaves the list alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spent_budget_is_not_excused_on_an_unchanged_value() {
+    let s = common::start().await;
+    let mut def = crd("true", json!({"maxItems": 900}), json!({"maxLength": 10}));
+    let r = s.post_json(CRDS, &def).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let things = "/apis/cel.kshard.dev/v1/namespaces/default/costlies";
+    common::eventually("costlies are served", || async {
+        s.get(things).await.status == 200
+    })
+    .await;
+    let names: Vec<String> = (0..900).map(|i| format!("n{i}")).collect();
+    let obj = json!({"apiVersion": "cel.kshard.dev/v1", "kind": "Costly",
+                     "metadata": {"name": "old"}, "spec": {"names": names}});
+    let r = s.post_json(things, &obj).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    // The definition gains the costly rule.
+    let current = s
+        .get(&format!("{CRDS}/costlies.cel.kshard.dev"))
+        .await
+        .json();
+    def["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+    def["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["names"]["x-kubernetes-validations"][0]["rule"] = json!(UNIQUE);
+    let r = s
+        .raw(
+            "PUT",
+            &format!("{CRDS}/costlies.cel.kshard.dev"),
+            &[("content-type", "application/json")],
+            serde_json::to_vec(&def).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A label change leaves spec.names as it was; the rule still runs out.
+    let patch = br#"{"metadata":{"labels":{"touched":"yes"}}}"#.to_vec();
+    // The change takes effect within moments (the catalog is replaced live).
+    let mut last = String::new();
+    let mut refused = false;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !refused && Instant::now() < deadline {
+        let r = s
+            .raw(
+                "PATCH",
+                &format!("{things}/old"),
+                &[("content-type", "application/merge-patch+json")],
+                patch.clone(),
+            )
+            .await;
+        last = r.text();
+        refused = r.status == 422;
+        if !refused {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert!(refused, "{last}");
+    assert!(
+        last.contains("no further validation rules will be run due to call cost exceeds limit"),
+        "{last}"
+    );
+}

@@ -193,6 +193,11 @@ impl Registry {
             if let Some(old) = old {
                 let added = errs.split_off(from);
                 errs.extend(added.into_iter().filter(|e| {
+                    // A spent CEL budget stopped the rules after it, changed
+                    // values' included: never excused.
+                    if e.detail.contains("no further validation rules will be run") {
+                        return true;
+                    }
                     let (new_v, old_v) = (value_at(obj, &e.field), value_at(old, &e.field));
                     new_v.is_none() || new_v != old_v
                 }));
