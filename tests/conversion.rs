@@ -20,6 +20,8 @@ const V2: &str = "/apis/gadgets.kshard.dev/v2/namespaces/default/gadgets";
 struct Hook {
     calls: AtomicUsize,
     fail: AtomicBool,
+    /// How many objects each review carried.
+    batches: std::sync::Mutex<Vec<usize>>,
 }
 
 /// The webhook's conversion: rename the colour field between versions.
@@ -46,6 +48,9 @@ async fn review(
     let review: Value = serde_json::from_slice(&body).unwrap_or_default();
     hook.calls.fetch_add(1, Ordering::SeqCst);
     let req = &review["request"];
+    if let Ok(mut b) = hook.batches.lock() {
+        b.push(req["objects"].as_array().map_or(0, Vec::len));
+    }
     let desired = req["desiredAPIVersion"].as_str().unwrap_or_default();
     let response = if hook.fail.load(Ordering::SeqCst) {
         json!({"uid": req["uid"], "result": {"status": "Failure", "message": "colour wheel broken"}})
@@ -227,4 +232,51 @@ async fn a_conversion_webhook_converts_every_path_and_its_failure_is_kubes() {
     );
     let r = s.get(&format!("{V1}/g1")).await;
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// A list through another version is converted in one review, as kube sends
+/// a list whole, and converted objects are not sent again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_is_converted_in_one_review() {
+    let hook = Arc::new(Hook::default());
+    let (port, ca) = start_webhook(hook.clone()).await;
+    let defs = tempfile::tempdir().expect("tempdir");
+    let file = defs.path().join("gadgets.yaml");
+    std::fs::write(&file, crd(port, &ca)).expect("write crd");
+    let s = common::start_with(|c| c.crds.push(file)).await;
+    for i in 0..20 {
+        let g = json!({"apiVersion": "gadgets.kshard.dev/v1", "kind": "Gadget",
+                       "metadata": {"name": format!("g{i:02}")}, "spec": {"size": i, "color": "red"}});
+        let r = s.post_json(V1, &g).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    hook.batches.lock().expect("lock").clear();
+    let list = s.get(V2).await.json();
+    let items = list["items"].as_array().expect("items");
+    assert_eq!(items.len(), 20);
+    assert!(items
+        .iter()
+        .all(|i| i["apiVersion"] == "gadgets.kshard.dev/v2" && i["spec"]["colour"] == "red"));
+    assert_eq!(
+        *hook.batches.lock().expect("lock"),
+        [20],
+        "one review, every object"
+    );
+    // Listed again: nothing left to convert.
+    let again = s.get(V2).await.json();
+    assert_eq!(again["items"].as_array().map_or(0, Vec::len), 20);
+    assert_eq!(*hook.batches.lock().expect("lock"), [20]);
+    // A failing webhook fails the list as kube's does.
+    let r = s
+        .post_json(
+            V1,
+            &json!({"apiVersion": "gadgets.kshard.dev/v1", "kind": "Gadget",
+                    "metadata": {"name": "late"}, "spec": {"size": 1, "color": "red"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    hook.fail.store(true, Ordering::SeqCst);
+    let r = s.get(V2).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains("colour wheel broken"), "{}", r.text());
 }

@@ -241,6 +241,14 @@ pub fn list(
     let items = if matches!(out, Output::ProtoMeta(_) | Output::PartialMeta(_)) {
         items
     } else {
+        let foreign: Vec<&Value> = items
+            .iter()
+            .filter(|i| i.api_version() != api_version)
+            .map(|i| i.value())
+            .collect();
+        if let Err(e) = crate::registry::convert_list_ahead(&t.rt, &foreign, &api_version) {
+            return error_response(&e);
+        }
         match items
             .iter()
             .map(|i| in_version(t, i))

@@ -98,16 +98,9 @@ impl Webhook {
 
     /// Converts `obj` to `desired` (`group/version`) from synchronous code.
     pub fn convert_blocking(&self, obj: &Value, desired: &str) -> Result<Value, String> {
-        let key = (
-            str_at(obj, "/metadata/uid").to_string(),
-            str_at(obj, "/metadata/resourceVersion").to_string(),
-            desired.to_string(),
-        );
-        let cacheable = !key.0.is_empty() && !key.1.is_empty();
-        if cacheable {
-            if let Some(hit) = self.lock().get(&key) {
-                return Ok(hit.clone());
-            }
+        let key = cache_key(obj, desired);
+        if let Some(hit) = key.as_ref().and_then(|k| self.lock().get(k).cloned()) {
+            return Ok(hit);
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return Err("no runtime to call the conversion webhook from".into());
@@ -118,7 +111,7 @@ impl Webhook {
             }
             _ => tokio::task::block_in_place(|| handle.block_on(self.convert(obj, desired)))?,
         };
-        if cacheable {
+        if let Some(key) = key {
             let mut cache = self.lock();
             if cache.len() >= CACHE_ENTRIES {
                 cache.clear();
@@ -128,23 +121,73 @@ impl Webhook {
         Ok(converted)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String, String), Value>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Value>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Converts the objects of one list to `desired` in one ConversionReview,
+    /// as kube sends a list (each object converted alone would be one call
+    /// per object), and remembers each result for the per-object path.
+    /// Objects already converted, or already in `desired`, are not sent.
+    pub fn prefetch_blocking(&self, objs: &[&Value], desired: &str) -> Result<(), String> {
+        let missing: Vec<(Key, Value)> = {
+            let cache = self.lock();
+            objs.iter()
+                .filter(|o| str_at(o, "/apiVersion") != desired)
+                .filter_map(|o| {
+                    let key = cache_key(o, desired)?;
+                    (!cache.contains_key(&key)).then(|| (key, (*o).clone()))
+                })
+                .collect()
+        };
+        if missing.len() < 2 {
+            return Ok(());
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Err("no runtime to call the conversion webhook from".into());
+        };
+        if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+            return Err("the conversion webhook cannot be called on this runtime".into());
+        }
+        let objects: Vec<Value> = missing.iter().map(|(_, o)| o.clone()).collect();
+        let converted =
+            tokio::task::block_in_place(|| handle.block_on(self.convert_many(&objects, desired)))?;
+        let mut cache = self.lock();
+        if cache.len() + converted.len() > CACHE_ENTRIES {
+            cache.clear();
+        }
+        for ((key, _), out) in missing.into_iter().zip(converted) {
+            cache.insert(key, out);
+        }
+        Ok(())
     }
 
     /// One ConversionReview for one object, checked as kube checks it.
     pub async fn convert(&self, obj: &Value, desired: &str) -> Result<Value, String> {
+        let mut out = self
+            .convert_many(std::slice::from_ref(obj), desired)
+            .await?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// One ConversionReview for `objs` (of one kind and version), checked as
+    /// kube checks it: every object back, in order, in `desired`, its kind
+    /// kept and its metadata changed only in labels and annotations.
+    pub async fn convert_many(&self, objs: &[Value], desired: &str) -> Result<Vec<Value>, String> {
+        let Some(first) = objs.first() else {
+            return Ok(Vec::new());
+        };
         let gvk = format!(
             "{}, Kind={}",
-            str_at(obj, "/apiVersion"),
-            str_at(obj, "/kind")
+            str_at(first, "/apiVersion"),
+            str_at(first, "/kind")
         );
         let failed = |e: String| format!("conversion webhook for {gvk} failed: {e}");
         let uid = uuid::Uuid::new_v4().to_string();
         let review = json!({
             "apiVersion": format!("apiextensions.k8s.io/{}", self.review_version),
             "kind": "ConversionReview",
-            "request": {"uid": uid, "desiredAPIVersion": desired, "objects": [obj]},
+            "request": {"uid": uid, "desiredAPIVersion": desired, "objects": objs},
         });
         let body = serde_json::to_vec(&review).map_err(|e| failed(e.to_string()))?;
         let req = http::Request::post(&self.url)
@@ -186,37 +229,53 @@ impl Webhook {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        if converted.len() != 1 {
+        if converted.len() != objs.len() {
             return Err(format!(
-                "conversion webhook for {gvk} returned {} objects, expected 1",
-                converted.len()
+                "conversion webhook for {gvk} returned {} objects, expected {}",
+                converted.len(),
+                objs.len()
             ));
         }
-        let mut out = converted.into_iter().next().unwrap_or_default();
-        let invalid = |e: String| {
-            format!(
-                "conversion webhook for {gvk} returned invalid converted object at index 0: {e}"
-            )
-        };
-        let (got_av, got_kind) = (str_at(&out, "/apiVersion"), str_at(&out, "/kind"));
-        if got_av != desired {
-            return Err(invalid(format!(
-                "invalid groupVersion (expected {desired}, received {got_av})"
-            )));
+        let mut outs = Vec::with_capacity(objs.len());
+        for (i, (obj, mut out)) in objs.iter().zip(converted).enumerate() {
+            let invalid = |e: String| {
+                format!(
+                    "conversion webhook for {gvk} returned invalid converted object at index {i}: {e}"
+                )
+            };
+            let (got_av, got_kind) = (str_at(&out, "/apiVersion"), str_at(&out, "/kind"));
+            if got_av != desired {
+                return Err(invalid(format!(
+                    "invalid groupVersion (expected {desired}, received {got_av})"
+                )));
+            }
+            if got_kind != str_at(obj, "/kind") {
+                return Err(invalid(format!(
+                    "invalid kind (expected {}, received {got_kind})",
+                    str_at(obj, "/kind")
+                )));
+            }
+            restore_metadata(obj, &mut out).map_err(|e| {
+                format!(
+                    "conversion webhook for {gvk} returned invalid metadata in object at index {i}: {e}"
+                )
+            })?;
+            outs.push(out);
         }
-        if got_kind != str_at(obj, "/kind") {
-            return Err(invalid(format!(
-                "invalid kind (expected {}, received {got_kind})",
-                str_at(obj, "/kind")
-            )));
-        }
-        restore_metadata(obj, &mut out).map_err(|e| {
-            format!(
-                "conversion webhook for {gvk} returned invalid metadata in object at index 0: {e}"
-            )
-        })?;
-        Ok(out)
+        Ok(outs)
     }
+}
+
+/// A converted object is remembered by uid, resourceVersion and version.
+type Key = (String, String, String);
+
+fn cache_key(obj: &Value, desired: &str) -> Option<Key> {
+    let (uid, rv) = (
+        str_at(obj, "/metadata/uid"),
+        str_at(obj, "/metadata/resourceVersion"),
+    );
+    (!uid.is_empty() && !rv.is_empty())
+        .then(|| (uid.to_string(), rv.to_string(), desired.to_string()))
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {

@@ -292,6 +292,22 @@ pub fn convert_json(
         .map_err(ApiError::internal)
 }
 
+/// Converts a list's objects through the definition's webhook in one
+/// review, ahead of [`convert_value`] for each (which then finds them
+/// converted), as kube converts a list whole.
+pub fn convert_list_ahead(
+    rt: &ResourceType,
+    values: &[&Value],
+    api_version: &str,
+) -> Result<(), ApiError> {
+    match &rt.conversion {
+        Some(webhook) => webhook
+            .prefetch_blocking(values, api_version)
+            .map_err(ApiError::internal),
+        None => Ok(()),
+    }
+}
+
 /// [`convert_json`] for a value.
 pub fn convert_value(
     rt: &ResourceType,
