@@ -456,3 +456,59 @@ async fn replicas_agree_on_definitions_applied_through_either() {
         .await;
     }
 }
+
+/// A definition written through the API is stored with kube's defaults
+/// (apiextensions v1 `SetDefaults_CustomResourceDefinitionSpec`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stored_definition_carries_kubes_defaults() {
+    let s = common::start().await;
+    let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    let def = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "sprockets.defaults.kshard.dev"},
+        "spec": {
+            "group": "defaults.kshard.dev", "scope": "Namespaced",
+            "names": {"plural": "sprockets", "kind": "Sprocket"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}]
+        }
+    });
+    let r = s.post_json(crds, &def).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    for got in [
+        r.json(),
+        s.get(&format!("{crds}/sprockets.defaults.kshard.dev"))
+            .await
+            .json(),
+    ] {
+        assert_eq!(got["spec"]["names"]["singular"], "sprocket", "{got}");
+        assert_eq!(got["spec"]["names"]["listKind"], "SprocketList", "{got}");
+        assert_eq!(
+            got["spec"]["conversion"],
+            json!({"strategy": "None"}),
+            "{got}"
+        );
+    }
+    // A webhook service without a port gets 443; given values stay.
+    let mut hooked = def.clone();
+    hooked["metadata"]["name"] = json!("cogs.defaults.kshard.dev");
+    hooked["spec"]["names"] = json!({"plural": "cogs", "kind": "Cog", "singular": "cogwheel"});
+    hooked["spec"]["versions"] = json!([
+        {"name": "v1", "served": true, "storage": true,
+         "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}},
+        {"name": "v2", "served": true, "storage": false,
+         "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]);
+    hooked["spec"]["conversion"] = json!({"strategy": "Webhook", "webhook": {
+        "conversionReviewVersions": ["v1"],
+        "clientConfig": {"service": {"namespace": "default", "name": "cogs", "path": "/convert"}}}});
+    let r = s.post_json(crds, &hooked).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let got = r.json();
+    assert_eq!(got["spec"]["names"]["singular"], "cogwheel", "{got}");
+    assert_eq!(got["spec"]["names"]["listKind"], "CogList", "{got}");
+    assert_eq!(
+        got["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["port"], 443,
+        "{got}"
+    );
+}

@@ -56,6 +56,48 @@ spec:
     .to_string()
 }
 
+/// kube's defaults for a CustomResourceDefinition, written into the stored
+/// object as apiextensions' v1 defaulting writes them: `singular` is the
+/// lower-cased kind, `listKind` the kind and `List`, conversion `None`, a
+/// webhook service's port 443. They cannot be schema defaults (two are
+/// computed from the kind).
+pub fn set_defaults(def: &mut Value) {
+    let Some(spec) = def.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if let Some(names) = spec.get_mut("names").and_then(Value::as_object_mut) {
+        let kind = names
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let unset = |names: &serde_json::Map<String, Value>, k: &str| {
+            names
+                .get(k)
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+        };
+        if unset(names, "singular") {
+            names.insert("singular".into(), json!(kind.to_lowercase()));
+        }
+        if unset(names, "listKind") && !kind.is_empty() {
+            names.insert("listKind".into(), json!(format!("{kind}List")));
+        }
+    }
+    if spec.get("conversion").is_none_or(Value::is_null) {
+        spec.insert("conversion".into(), json!({"strategy": "None"}));
+    }
+    if let Some(service) = spec
+        .get_mut("conversion")
+        .and_then(|c| c.pointer_mut("/webhook/clientConfig/service"))
+        .and_then(Value::as_object_mut)
+    {
+        if service.get("port").is_none_or(Value::is_null) {
+            service.insert("port".into(), json!(443));
+        }
+    }
+}
+
 pub fn is_definition(t: &Target) -> bool {
     t.rt.group == GROUP && t.rt.plural == PLURAL
 }

@@ -163,6 +163,9 @@ impl Registry {
         if let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) {
             schema.apply_defaults(obj);
         }
+        if super::crds::is_definition(t) {
+            super::crds::set_defaults(obj);
+        }
         Ok(())
     }
 
