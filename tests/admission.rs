@@ -1251,3 +1251,77 @@ async fn an_equivalent_version_reaches_a_webhook_in_its_version() {
     })
     .await;
 }
+
+/// A policy expression whose cost over the request's object exceeds kube's
+/// per-call limit fails without running (cel-go's cancelled evaluation),
+/// under the policy's failure policy; smaller objects are still judged.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_expression_over_the_cost_limit_fails_without_running() {
+    let (_hooks, s) = setup().await;
+    let yaml = r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: unique-annotations
+spec:
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [demo.kshard.dev]
+      apiVersions: ["*"]
+      operations: [CREATE]
+      resources: [widgets]
+  validations:
+  - expression: "!has(object.metadata.annotations) || object.metadata.annotations.all(k, object.metadata.annotations.exists_one(j, j == k))"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: unique-annotations
+spec:
+  policyName: unique-annotations
+  validationActions: [Deny]
+"#;
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], yaml);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let with_annotations = |name: &str, n: usize| {
+        let mut w = widget(name, "blue");
+        w["metadata"]["annotations"] =
+            Value::Object((0..n).map(|i| (format!("a{i}"), json!("x"))).collect());
+        w
+    };
+    // Make sure the policy is in force: an object it judges is admitted.
+    until("the policy to take effect", PATIENCE, || async {
+        let r = s
+            .post_json(
+                &format!("{WIDGETS}?dryRun=All"),
+                &with_annotations("probe", 1500),
+            )
+            .await;
+        (r.status != 201).then_some(r)
+    })
+    .await;
+    let big_widget = with_annotations("big", 1500);
+    let (big, other) = tokio::join!(
+        s.post_json(WIDGETS, &big_widget),
+        s.get("/version")
+    );
+    assert_ne!(big.status, 201, "{}", big.text());
+    assert!(
+        big.text().contains(
+            "denied request: expression '!has(object.metadata.annotations) || object.metadata.annotations.all(k, object.metadata.annotations.exists_one(j, j == k))' resulted in error: operation cancelled: actual cost limit exceeded"
+        ),
+        "{}",
+        big.text()
+    );
+    assert_eq!(other.status, 200);
+    let small = s.post_json(WIDGETS, &with_annotations("small", 20)).await;
+    assert_eq!(small.status, 201, "{}", small.text());
+    assert_eq!(
+        s.get(&format!("{WIDGETS}/big")).await.status,
+        404,
+        "nothing written"
+    );
+}

@@ -263,12 +263,12 @@ impl Webhooks {
             .old_object
             .map(|o| versioned(&t.rt, &t.version, &inv, o))
             .transpose()?;
-        let ctx = matching::context(&[
-            ("object", matching::to_cel(obj.as_deref())),
-            ("oldObject", matching::to_cel(old.as_deref())),
-            ("request", matching::to_cel(Some(&request))),
+        let act = matching::Activation::new(&[
+            ("object", obj.as_deref()),
+            ("oldObject", old.as_deref()),
+            ("request", Some(&request)),
         ]);
-        match hook.conditions.evaluate(&ctx) {
+        match hook.conditions.evaluate(&act) {
             Verdict::Match => Ok(Some(inv)),
             Verdict::NoMatch => Ok(None),
             Verdict::Error(_) if hook.ignore_failures => Ok(None),

@@ -12,6 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube_cel::cel;
 use serde_json::Value;
 
+use crate::schema::cel_budget;
+
 /// A rule's scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -224,14 +226,22 @@ impl Expr {
         }
     }
 
-    /// The value, or kube's message for a failed evaluation.
-    pub fn eval(&self, ctx: &cel::Context<'_>) -> Result<cel::Value, String> {
-        match &self.program {
-            Ok(p) => p
-                .execute(ctx)
-                .map_err(|e| format!("expression '{}' resulted in error: {e}", self.source)),
-            Err(e) => Err(e.clone()),
+    /// The value, or kube's message for a failed evaluation. Before it
+    /// runs, the expression is charged an upper bound of its cost over the
+    /// actual inputs; one over kube's per-call limit fails as cel-go's
+    /// cancelled evaluation does, without running (a policy's author could
+    /// otherwise let one large object burn a worker thread).
+    pub fn eval(&self, a: &Activation<'_>) -> Result<cel::Value, String> {
+        let p = self.program.as_ref().map_err(Clone::clone)?;
+        let (cost, work) = cel_budget::runtime_bounds_of(p.expression(), &a.json, &a.computed);
+        if cost > cel_budget::PER_CALL_LIMIT || work > cel_budget::WORK_LIMIT {
+            return Err(format!(
+                "expression '{}' resulted in error: operation cancelled: actual cost limit exceeded",
+                self.source
+            ));
         }
+        p.execute(&a.ctx)
+            .map_err(|e| format!("expression '{}' resulted in error: {e}", self.source))
     }
 }
 
@@ -242,15 +252,39 @@ pub fn to_cel(v: Option<&Value>) -> cel::Value {
     })
 }
 
-/// A CEL context with kube's libraries and these variables.
-pub fn context(vars: &[(&str, cel::Value)]) -> cel::Context<'static> {
-    use kube_cel::KubeCelExt;
-    let mut ctx = cel::Context::default();
-    ctx.register_all();
-    for (name, v) in vars {
-        ctx.add_variable_from_value(*name, v.clone());
+static NULL: Value = Value::Null;
+
+/// The variables of one evaluation, as CEL values with kube's libraries,
+/// and as the JSON they came from (whose sizes bound each expression's cost).
+pub struct Activation<'a> {
+    ctx: cel::Context<'static>,
+    json: Vec<(&'static str, &'a Value)>,
+    /// Variables computed by other expressions (a policy's `variables`).
+    computed: Vec<&'static str>,
+}
+
+impl<'a> Activation<'a> {
+    /// Binds JSON variables; an absent one is null.
+    pub fn new(vars: &[(&'static str, Option<&'a Value>)]) -> Self {
+        use kube_cel::KubeCelExt;
+        let mut ctx = cel::Context::default();
+        ctx.register_all();
+        for (name, v) in vars {
+            ctx.add_variable_from_value(*name, to_cel(*v));
+        }
+        Self {
+            ctx,
+            json: vars.iter().map(|(n, v)| (*n, v.unwrap_or(&NULL))).collect(),
+            computed: Vec::new(),
+        }
     }
-    ctx
+
+    /// Binds a computed variable.
+    pub fn with(mut self, name: &'static str, v: cel::Value) -> Self {
+        self.ctx.add_variable_from_value(name, v);
+        self.computed.push(name);
+        self
+    }
 }
 
 /// One compiled match condition.
@@ -304,10 +338,10 @@ impl Conditions {
     /// error fails; otherwise it matches. The context binds `object`,
     /// `oldObject` and `request` (and a policy's `params`); `authorizer` is
     /// not bound (an expression using it fails).
-    pub fn evaluate(&self, ctx: &cel::Context<'_>) -> Verdict {
+    pub fn evaluate(&self, a: &Activation<'_>) -> Verdict {
         let mut errors = Vec::new();
         for c in &self.0 {
-            match c.expr.eval(ctx) {
+            match c.expr.eval(a) {
                 Ok(cel::Value::Bool(false)) => return Verdict::NoMatch,
                 Ok(cel::Value::Bool(true)) => {}
                 Ok(other) => errors.push(format!(
@@ -428,12 +462,12 @@ mod tests {
         };
         let obj = json!({"metadata": {"name": "w"}, "spec": {"color": "red"}});
         let request = json!({"operation": "CREATE", "userInfo": {"username": "alice"}});
-        let ctx = context(&[
-            ("object", to_cel(Some(&obj))),
-            ("oldObject", to_cel(None)),
-            ("request", to_cel(Some(&request))),
+        let act = Activation::new(&[
+            ("object", Some(&obj)),
+            ("oldObject", None),
+            ("request", Some(&request)),
         ]);
-        let eval = |c: &Conditions| c.evaluate(&ctx);
+        let eval = |c: &Conditions| c.evaluate(&act);
         assert_eq!(
             eval(&conds(&[
                 "object.spec.color == 'red'",

@@ -21,7 +21,7 @@ use kube_cel::cel;
 use serde_json::{json, Value};
 
 use super::dispatch::{invocation, versioned, NamespaceOnce};
-use super::matching::{self, Conditions, Expr, NamedRule, Selector, Verdict};
+use super::matching::{self, Activation, Conditions, Expr, NamedRule, Selector, Verdict};
 use super::review::{self, Invocation};
 use super::Webhooks;
 use crate::registry::admission::Attributes;
@@ -450,13 +450,15 @@ impl Policy {
     /// kube's validator: match conditions, then validations, then audit
     /// annotations, each error under the failure policy.
     fn evaluate(&self, i: &Inputs<'_>) -> Evaluation {
-        let mut vars: Vec<(&str, cel::Value)> = vec![
-            ("object", matching::to_cel(i.object)),
-            ("oldObject", matching::to_cel(i.old)),
-            ("request", matching::to_cel(Some(i.request))),
-            ("params", matching::to_cel(i.params)),
+        let inputs = [
+            ("object", i.object),
+            ("oldObject", i.old),
+            ("request", Some(i.request)),
+            ("params", i.params),
+            ("namespaceObject", i.namespace),
         ];
-        match self.conditions.evaluate(&matching::context(&vars)) {
+        // Match conditions do not see the namespace object.
+        match self.conditions.evaluate(&Activation::new(&inputs[..4])) {
             Verdict::Match => {}
             Verdict::NoMatch => return Evaluation::default(),
             Verdict::Error(e) => {
@@ -466,26 +468,23 @@ impl Policy {
                 }
             }
         }
-        vars.push(("namespaceObject", matching::to_cel(i.namespace)));
         // Variables in order, each seeing the earlier ones; one that fails
         // is left unbound, so only expressions that use it fail.
         let mut values: std::collections::HashMap<String, cel::Value> = Default::default();
         for (name, expr) in &self.variables {
-            let mut with = vars.clone();
-            with.push(("variables", cel::Value::from(values.clone())));
-            if let Ok(v) = expr.eval(&matching::context(&with)) {
+            let act = Activation::new(&inputs).with("variables", cel::Value::from(values.clone()));
+            if let Ok(v) = expr.eval(&act) {
                 values.insert(name.clone(), v);
             }
         }
-        vars.push(("variables", cel::Value::from(values)));
-        let ctx = matching::context(&vars);
+        let act = Activation::new(&inputs).with("variables", cel::Value::from(values));
         let decisions = self
             .checks
             .iter()
-            .map(|c| match c.expr.eval(&ctx) {
+            .map(|c| match c.expr.eval(&act) {
                 Ok(cel::Value::Bool(true)) => Decision::Admit,
                 Ok(_) => Decision::Deny {
-                    message: failure_message(c, &ctx),
+                    message: failure_message(c, &act),
                     reason: c.reason.clone().unwrap_or_default(),
                 },
                 Err(e) => self.error_decision(e),
@@ -494,7 +493,7 @@ impl Policy {
         let annotations = self
             .audit_annotations
             .iter()
-            .map(|(key, expr)| match expr.eval(&ctx) {
+            .map(|(key, expr)| match expr.eval(&act) {
                 Ok(cel::Value::String(s)) => match s.trim() {
                     "" => Annotation::Exclude,
                     v => Annotation::Publish(key.clone(), truncate(v, MAX_ANNOTATION_BYTES)),
@@ -526,11 +525,11 @@ fn truncate(s: &str, max: usize) -> String {
 
 /// A failed validation's message: its messageExpression (a one-line string
 /// within kube's size), else its message, else the expression.
-fn failure_message(c: &Check, ctx: &cel::Context<'_>) -> String {
+fn failure_message(c: &Check, act: &Activation<'_>) -> String {
     let evaluated = c
         .message_expr
         .as_ref()
-        .and_then(|m| match m.eval(ctx) {
+        .and_then(|m| match m.eval(act) {
             Ok(cel::Value::String(s)) => Some(s.trim().to_string()),
             _ => None,
         })

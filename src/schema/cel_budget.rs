@@ -116,33 +116,49 @@ pub const WORK_LIMIT: u64 = 50 * PER_CALL_LIMIT;
 /// Upper bounds of running `ast` on `new` (and `old`): what cel-go would count (what
 /// kube's limits and budget see), and the `cel` crate's own work (see [`WORK_LIMIT`]).
 pub fn runtime_bounds(ast: &IdedExpr, decl: &Decl, new: &Value, old: Option<&Value>) -> (u64, u64) {
+    let mut roots = vec![("self", new)];
+    if let Some(old) = old {
+        roots.push(("oldSelf", old));
+    }
+    bounds(ast, &vars(decl), &roots)
+}
+
+/// [`runtime_bounds`] for an expression over untyped JSON variables (admission
+/// policies and match conditions: `object`, `oldObject`, `request`, `params`, …).
+/// Variables not among `roots` (computed ones) are bounded by all the inputs.
+pub fn runtime_bounds_of(ast: &IdedExpr, roots: &[(&str, &Value)], others: &[&str]) -> (u64, u64) {
+    let vars: Vec<Var<'_>> = roots
+        .iter()
+        .map(|(name, _)| *name)
+        .chain(others.iter().copied())
+        .map(|name| Var { name, ty: Ty::Dyn })
+        .collect();
+    bounds(ast, &vars, roots)
+}
+
+fn bounds(ast: &IdedExpr, vars: &[Var<'_>], roots: &[(&str, &Value)]) -> (u64, u64) {
     let mut sizes = ActualSizes {
-        new,
-        old,
+        roots,
         total: OnceCell::new(),
         work: false,
     };
-    let cost = estimate(ast, &vars(decl), &sizes).max;
+    let cost = estimate(ast, vars, &sizes).max;
     sizes.work = true;
-    let work = estimate(ast, &vars(decl), &sizes).max;
+    let work = estimate(ast, vars, &sizes).max;
     (cost, work)
 }
 
-/// Sizes of the values a rule is about to see.
-struct ActualSizes<'v> {
-    new: &'v Value,
-    old: Option<&'v Value>,
+/// Sizes of the values an expression is about to see.
+struct ActualSizes<'r, 'v> {
+    roots: &'r [(&'r str, &'v Value)],
     total: OnceCell<u64>,
     work: bool,
 }
 
-impl Sizes for ActualSizes<'_> {
+impl Sizes for ActualSizes<'_, '_> {
     fn size(&self, path: &[String]) -> Option<Range> {
-        let root = match path.first().map(String::as_str) {
-            Some("self") => self.new,
-            Some("oldSelf") => self.old?,
-            _ => return None,
-        };
+        let name = path.first()?;
+        let root = self.roots.iter().find(|(n, _)| n == name)?.1;
         let mut max = 0;
         walk(root, &path[1..], &mut max);
         Some(Range { min: 0, max })
@@ -154,7 +170,7 @@ impl Sizes for ActualSizes<'_> {
     fn fallback(&self) -> Option<Range> {
         let total = *self
             .total
-            .get_or_init(|| json_size(self.new) + self.old.map_or(0, json_size));
+            .get_or_init(|| self.roots.iter().map(|(_, v)| json_size(v)).sum());
         Some(Range { min: 0, max: total })
     }
 
