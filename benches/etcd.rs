@@ -10,12 +10,15 @@
 //! - resident memory of kshard per stored object against the objects' JSON;
 //! - fan-out: W watchers of one resource, one write every 10 ms, the
 //!   latency from the write's acknowledgement to its receipt by the last
-//!   watcher, and kshard's CPU per delivered event.
+//!   watcher, and kshard's CPU per delivered event;
+//! - creates at c=16 with 100 watchers of the resource against without;
+//! - a full list of 10,000 objects from the cache against serde_json
+//!   serializing the same objects in memory.
 //!
 //! `cargo bench --bench etcd`; writes `target/bench/etcd.{json,svg}`.
 //! Env: `KSHARD_ETCD_SECS` (per round, 10), `KSHARD_ETCD_OBJECTS` (40000),
 //! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run),
-//! `KSHARD_ETCD_ONLY` (`creates`, `memory` or `fanout`: one part),
+//! `KSHARD_ETCD_ONLY` (`creates`, `memory`, `fanout`, `watched`, `lists`),
 //! `KSHARD_ETCD_ARGS` (extra kshard flags).
 //!
 //! The etcd client is written here (a gRPC unary `KV/Put` over one HTTP/2
@@ -48,7 +51,7 @@ fn smoke() -> bool {
     std::env::var("KSHARD_ETCD_SMOKE").is_ok_and(|v| v == "1")
 }
 
-/// `KSHARD_ETCD_ONLY=creates|memory|fanout` runs one part (for profiling).
+/// `KSHARD_ETCD_ONLY=creates|memory|fanout|watched|lists` runs some parts (comma-separated).
 fn wanted(part: &str) -> bool {
     std::env::var("KSHARD_ETCD_ONLY").map_or(true, |only| only.split(',').any(|p| p == part))
 }
@@ -577,6 +580,153 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
 
 // ------------------------------------------------------------------ plot
 
+// ------------------------------------------------------------ watched creates
+
+/// Creates/s at c=16 without watchers, then with `watchers` watching the
+/// same resource over HTTP/2 (the watchers only drain their streams).
+async fn watched_creates(kubeconfig: &Path, watchers: usize, secs: f64) -> (Round, Round) {
+    const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/watched/widgets";
+    let creates = |round: usize| async move {
+        let mut handles = Vec::new();
+        let start = Instant::now();
+        let until = start + Duration::from_secs_f64(secs);
+        for w in 0..16 {
+            let client = common::client_for(kubeconfig).await;
+            handles.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut i = 0usize;
+                while Instant::now() < until {
+                    let req = http::Request::post(NS)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(widget_1k(&format!(
+                            "wr{round}-w{w}-{i}"
+                        ))))
+                        .expect("request");
+                    i += 1;
+                    let t = Instant::now();
+                    if let Ok(r) = client.send(req).await {
+                        let ok = r.status().as_u16() == 201;
+                        let _ = r.into_body().collect_bytes().await;
+                        if ok {
+                            lat.push(t.elapsed());
+                        }
+                    }
+                }
+                lat
+            }));
+        }
+        let mut lat = Vec::new();
+        for h in handles {
+            lat.extend(h.await.unwrap_or_default());
+        }
+        summarize(lat.len(), start.elapsed(), lat)
+    };
+    progress(&format!(
+        "watched: creates at c=16 for {secs} s without watchers…"
+    ));
+    let alone = creates(0).await;
+    let data = kubeconfig.parent().expect("data dir");
+    let addr = server_addr(kubeconfig);
+    let conns = watchers.div_ceil(250).max(1);
+    let mut senders = Vec::new();
+    for _ in 0..conns {
+        senders.push(h2_connection(data, &addr).await);
+    }
+    let mut tasks = Vec::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(watchers.max(1));
+    for w in 0..watchers {
+        let mut send = senders[w % conns].clone();
+        let ready = ready_tx.clone();
+        tasks.push(tokio::spawn(async move {
+            let req =
+                http::Request::get(format!("https://localhost{NS}?watch=1&timeoutSeconds=600"))
+                    .body(http_body_util::Empty::new())
+                    .expect("request");
+            if send.ready().await.is_err() {
+                return;
+            }
+            let Ok(resp) = send.send_request(req).await else {
+                return;
+            };
+            let _ = ready.send(()).await;
+            let mut body = resp.into_body();
+            while let Some(Ok(_)) = body.frame().await {}
+        }));
+    }
+    drop(ready_tx);
+    for _ in 0..watchers {
+        if ready_rx.recv().await.is_none() {
+            break;
+        }
+    }
+    progress(&format!(
+        "watched: creates at c=16 for {secs} s with {watchers} watchers…"
+    ));
+    let watched = creates(1).await;
+    for t in tasks {
+        t.abort();
+    }
+    (alone, watched)
+}
+
+// ------------------------------------------------------------------ lists
+
+/// A full list of `n` objects from the watch cache (`resourceVersion=0`,
+/// over HTTPS, as a client sees it) against serde_json serializing the same
+/// objects in memory. Medians of 5.
+async fn list_against_serde(kubeconfig: &Path, n: usize) -> (f64, f64) {
+    const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/lists/widgets";
+    let client = common::client_for(kubeconfig).await;
+    progress(&format!("lists: creating {n} objects…"));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..32 {
+        let (client, next) = (client.clone(), next.clone());
+        handles.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return;
+                }
+                let req = http::Request::post(NS)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(widget_1k(&format!("l-{i}"))))
+                    .expect("request");
+                if let Ok(r) = client.send(req).await {
+                    let _ = r.into_body().collect_bytes().await;
+                }
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    let mut list_ms = Vec::new();
+    let mut body = Bytes::new();
+    for _ in 0..5 {
+        let req = http::Request::get(format!("{NS}?resourceVersion=0"))
+            .body(kube::client::Body::empty())
+            .expect("request");
+        let t = Instant::now();
+        let resp = client.send(req).await.expect("list");
+        body = resp.into_body().collect_bytes().await.expect("body");
+        list_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let items = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null)["items"].clone();
+    let mut serde_ms = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let out = serde_json::to_vec(&items).expect("serialize");
+        serde_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        std::hint::black_box(out);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(list_ms), median(serde_ms))
+}
+
 fn plot(ratios: &[(usize, f64)], mem_ratio: f64, fan: &FanOut) -> String {
     let (w, h, left, bottom) = (640.0, 320.0, 60.0, 260.0);
     let max = ratios
@@ -728,6 +878,32 @@ async fn run() {
         fan.watchers, fan.events, fan.p50_ms, fan.p99_ms, fan.cpu_us_per_delivery
     );
 
+    let watched = if wanted("watched") {
+        let (alone, watched) =
+            watched_creates(&kubeconfig, if smoke() { 10 } else { 100 }, secs).await;
+        println!(
+            "watched creates at c=16: {:.0}/s alone, {:.0}/s with {} watchers ({:.2}×)",
+            alone.ops_per_sec,
+            watched.ops_per_sec,
+            if smoke() { 10 } else { 100 },
+            watched.ops_per_sec / alone.ops_per_sec.max(1e-9)
+        );
+        Some((alone, watched))
+    } else {
+        None
+    };
+    let list_n = if smoke() { 200 } else { 10_000 };
+    let lists = if wanted("lists") {
+        let (list_ms, serde_ms) = list_against_serde(&kubeconfig, list_n).await;
+        println!(
+            "list of {list_n} from the cache: {list_ms:.1} ms over HTTPS; serde_json serializes them in {serde_ms:.1} ms ({:.2}×)",
+            list_ms / serde_ms.max(1e-9)
+        );
+        Some((list_ms, serde_ms))
+    } else {
+        None
+    };
+
     let ratios: Vec<(usize, f64)> = rounds
         .iter()
         .filter_map(|(c, k, e)| {
@@ -749,6 +925,11 @@ async fn run() {
         "memory": {"objects": count, "json_bytes": json_bytes, "rss_bytes": rss,
                    "rss_bytes_with_history": rss_with_history,
                    "base_rss_bytes": base_rss, "ratio_above_base": mem_ratio},
+        "watched_creates": watched.as_ref().map(|(a, w)| json!({
+            "clients": 16, "watchers": if smoke() { 10 } else { 100 },
+            "alone_per_sec": a.ops_per_sec, "watched_per_sec": w.ops_per_sec,
+            "ratio": w.ops_per_sec / a.ops_per_sec.max(1e-9)})),
+        "list": lists.map(|(l, s)| json!({"objects": list_n, "list_ms": l, "serde_ms": s, "ratio": l / s.max(1e-9)})),
         "fan_out": {"watchers": fan.watchers, "events": fan.events, "p50_ms": fan.p50_ms,
                     "p99_ms": fan.p99_ms, "cpu_us_per_delivery": fan.cpu_us_per_delivery},
     });

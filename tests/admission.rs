@@ -1304,10 +1304,7 @@ spec:
     })
     .await;
     let big_widget = with_annotations("big", 1500);
-    let (big, other) = tokio::join!(
-        s.post_json(WIDGETS, &big_widget),
-        s.get("/version")
-    );
+    let (big, other) = tokio::join!(s.post_json(WIDGETS, &big_widget), s.get("/version"));
     assert_ne!(big.status, 201, "{}", big.text());
     assert!(
         big.text().contains(
