@@ -1322,3 +1322,69 @@ spec:
         "nothing written"
     );
 }
+
+/// Expressions each within the per-call limit share one budget per policy
+/// evaluation (kube's 10,000,000): once it is spent, no further expression
+/// runs and the evaluation fails under the failure policy.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_s_expressions_share_one_cost_budget() {
+    let (_hooks, s) = setup().await;
+    let rule = "!has(object.metadata.annotations) || object.metadata.annotations.all(k, object.metadata.annotations.exists(j, j == k))";
+    let validations: String = (0..30)
+        .map(|_| format!("  - expression: \"{rule}\"\n"))
+        .collect();
+    let yaml = format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: many-checks
+spec:
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [demo.kshard.dev]
+      apiVersions: ["*"]
+      operations: [CREATE]
+      resources: [widgets]
+  validations:
+{validations}---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: many-checks
+spec:
+  policyName: many-checks
+  validationActions: [Deny]
+"#
+    );
+    let out = s.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let with_annotations = |name: &str, n: usize| {
+        let mut w = widget(name, "blue");
+        w["metadata"]["annotations"] =
+            Value::Object((0..n).map(|i| (format!("a{i}"), json!("x"))).collect());
+        w
+    };
+    let r = until("the policy to take effect", PATIENCE, || async {
+        let r = s
+            .post_json(
+                &format!("{WIDGETS}?dryRun=All"),
+                &with_annotations("probe", 300),
+            )
+            .await;
+        (r.status != 201).then_some(r)
+    })
+    .await;
+    assert!(
+        r.text().contains(
+            "denied request: validation failed due to running out of cost budget, no further validation rules will be run"
+        ),
+        "{}",
+        r.text()
+    );
+    let small = s.post_json(WIDGETS, &with_annotations("small", 10)).await;
+    assert_eq!(small.status, 201, "{}", small.text());
+}

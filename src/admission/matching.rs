@@ -4,6 +4,8 @@
 //! its namespace and object selectors, then its CEL match conditions.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, NamedRuleWithOperations, RuleWithOperations,
@@ -240,6 +242,13 @@ impl Expr {
                 self.source
             ));
         }
+        // The evaluation's budget, shared by its expressions (kube's
+        // RuntimeCELCostBudget): once spent, no further expression runs.
+        let cost = i64::try_from(cost).unwrap_or(i64::MAX);
+        let left = a.budget.fetch_sub(cost, Ordering::Relaxed) - cost;
+        if left < 0 {
+            return Err(cel_budget::OUT_OF_BUDGET.to_string());
+        }
         p.execute(&a.ctx)
             .map_err(|e| format!("expression '{}' resulted in error: {e}", self.source))
     }
@@ -261,6 +270,14 @@ pub struct Activation<'a> {
     json: Vec<(&'static str, &'a Value)>,
     /// Variables computed by other expressions (a policy's `variables`).
     computed: Vec<&'static str>,
+    /// What is left of the evaluation's cost budget.
+    budget: Arc<AtomicI64>,
+}
+
+/// A fresh cost budget for one evaluation (a webhook's match conditions, or
+/// everything one policy evaluates for one request).
+pub fn budget() -> Arc<AtomicI64> {
+    Arc::new(AtomicI64::new(cel_budget::RUNTIME_BUDGET))
 }
 
 impl<'a> Activation<'a> {
@@ -276,7 +293,14 @@ impl<'a> Activation<'a> {
             ctx,
             json: vars.iter().map(|(n, v)| (*n, v.unwrap_or(&NULL))).collect(),
             computed: Vec::new(),
+            budget: budget(),
         }
+    }
+
+    /// Draws on `budget` (shared with other activations of one evaluation).
+    pub fn sharing(mut self, budget: &Arc<AtomicI64>) -> Self {
+        self.budget = budget.clone();
+        self
     }
 
     /// Binds a computed variable.

@@ -457,8 +457,13 @@ impl Policy {
             ("params", i.params),
             ("namespaceObject", i.namespace),
         ];
+        // One budget for everything this policy evaluates for the request.
+        let budget = matching::budget();
         // Match conditions do not see the namespace object.
-        match self.conditions.evaluate(&Activation::new(&inputs[..4])) {
+        match self
+            .conditions
+            .evaluate(&Activation::new(&inputs[..4]).sharing(&budget))
+        {
             Verdict::Match => {}
             Verdict::NoMatch => return Evaluation::default(),
             Verdict::Error(e) => {
@@ -472,12 +477,16 @@ impl Policy {
         // is left unbound, so only expressions that use it fail.
         let mut values: std::collections::HashMap<String, cel::Value> = Default::default();
         for (name, expr) in &self.variables {
-            let act = Activation::new(&inputs).with("variables", cel::Value::from(values.clone()));
+            let act = Activation::new(&inputs)
+                .sharing(&budget)
+                .with("variables", cel::Value::from(values.clone()));
             if let Ok(v) = expr.eval(&act) {
                 values.insert(name.clone(), v);
             }
         }
-        let act = Activation::new(&inputs).with("variables", cel::Value::from(values));
+        let act = Activation::new(&inputs)
+            .sharing(&budget)
+            .with("variables", cel::Value::from(values));
         let decisions = self
             .checks
             .iter()
