@@ -166,7 +166,14 @@ impl Registry {
         };
         let page = self
             .store
-            .list(&t.collection_prefix(), rev, after, limit, filter)
+            .list_counting(
+                &t.collection_prefix(),
+                rev,
+                after,
+                limit,
+                filter,
+                sel.is_empty(),
+            )
             .await
             .map_err(list_error)?;
         let resource_prefix = format!("{}/", t.rt.id());

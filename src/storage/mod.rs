@@ -384,7 +384,10 @@ impl Store {
     }
 
     /// Lists the objects whose key starts with `prefix` as they were at `revision`,
-    /// starting after `after`, at most `limit` matching `filter`.
+    /// starting after `after`, at most `limit` matching `filter`, with the
+    /// number of objects after the page. A filtered list (`filter` not
+    /// everything) only learns whether there are more: pass `count_rest`
+    /// false and the scan stops at the first one.
     pub async fn list(
         &self,
         prefix: &str,
@@ -393,11 +396,29 @@ impl Store {
         limit: Option<usize>,
         filter: ValueFilter,
     ) -> Result<ListPage, StorageError> {
+        self.list_counting(prefix, revision, after, limit, filter, true)
+            .await
+    }
+
+    /// [`Store::list`], counting what follows the page only if `count_rest`.
+    pub async fn list_counting(
+        &self,
+        prefix: &str,
+        revision: Revision,
+        after: Option<String>,
+        limit: Option<usize>,
+        filter: ValueFilter,
+        count_rest: bool,
+    ) -> Result<ListPage, StorageError> {
         self.check_not_compacted(revision)?;
         let engine = self.engine.clone();
         let prefix = prefix.to_string();
-        let page =
-            blocking(move || list_at(&*engine, &prefix, revision, after, limit, &*filter)).await?;
+        let page = blocking(move || {
+            list_at(
+                &*engine, &prefix, revision, after, limit, &*filter, count_rest,
+            )
+        })
+        .await?;
         // Compaction may have raced with the scan: a result below it is not trustworthy.
         self.check_not_compacted(revision)?;
         Ok(page)
@@ -469,6 +490,7 @@ fn list_at(
     after: Option<String>,
     limit: Option<usize>,
     filter: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+    count_rest: bool,
 ) -> Result<ListPage, StorageError> {
     let r = engine.read()?;
     let start = match &after {
@@ -483,24 +505,50 @@ fn list_at(
     let mut continue_after = None;
     let mut error = None;
 
-    // Versions of one key are adjacent and ascending: remember the newest one <= revision.
+    // Versions of one key are adjacent and ascending: remember the newest one
+    // <= revision. Once the page is full, only whether a key is live (and
+    // passes the filter) matters: nothing is copied for the rest, and with a
+    // filter the scan stops at the first match past the page (a selector's
+    // list reports no remaining count, only that there is more).
+    let full = |items: &Vec<(String, Bytes)>| limit.is_some_and(|l| items.len() >= l);
     let mut current: Option<(String, Option<Vec<u8>>)> = None;
     let mut finish_key = |key: String, value: Option<Vec<u8>>, items: &mut Vec<_>| {
-        let Some(value) = value else { return };
+        let Some(value) = value else { return false };
         if value.is_empty() || !filter(&value) {
-            return;
+            return false;
         }
         if limit.is_some_and(|l| items.len() >= l) {
             remaining += 1;
+            true
         } else {
             items.push((key, Bytes::from(value)));
+            false
         }
     };
+    // Past the page without a filter: the newest version's liveness per key.
+    let mut counting: Option<(String, bool)> = None;
+    let mut counted = 0u64;
     r.scan(&start, &end, &mut |k, v| {
         let Some((key, rev)) = keys::parse_version(k) else {
             error = Some(StorageError::Corrupt("bad version key".into()));
             return ControlFlow::Break(());
         };
+        if counting.is_some() || (current.is_none() && full(&items) && count_rest) {
+            match &mut counting {
+                Some((ck, live)) if ck == key => {
+                    if rev <= revision {
+                        *live = !v.is_empty();
+                    }
+                }
+                _ => {
+                    if let Some((_, true)) = counting.take() {
+                        counted += 1;
+                    }
+                    counting = Some((key.to_string(), rev <= revision && !v.is_empty()));
+                }
+            }
+            return ControlFlow::Continue(());
+        }
         match &mut current {
             Some((ck, cv)) if ck == key => {
                 if rev <= revision {
@@ -509,7 +557,13 @@ fn list_at(
             }
             _ => {
                 if let Some((ck, cv)) = current.take() {
-                    finish_key(ck, cv, &mut items);
+                    if finish_key(ck, cv, &mut items) && !count_rest {
+                        return ControlFlow::Break(());
+                    }
+                }
+                if full(&items) && count_rest {
+                    counting = Some((key.to_string(), rev <= revision && !v.is_empty()));
+                    return ControlFlow::Continue(());
                 }
                 current = Some((key.to_string(), (rev <= revision).then(|| v.to_vec())));
             }
@@ -522,6 +576,10 @@ fn list_at(
     if let Some((ck, cv)) = current.take() {
         finish_key(ck, cv, &mut items);
     }
+    if let Some((_, true)) = counting.take() {
+        counted += 1;
+    }
+    remaining += counted;
     if remaining > 0 {
         continue_after = items.last().map(|(k, _)| k.clone());
     }

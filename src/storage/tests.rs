@@ -124,6 +124,30 @@ async fn list_at_revision_sees_history_and_pages() {
     // Value of c at revision 4 is the old one.
     let c: Value = serde_json::from_slice(&page2.items[0].1).expect("json");
     assert_eq!(c["spec"]["n"], 2);
+    // What follows a page is counted by liveness at the list's revision: b
+    // is gone at 6 (c, d follow a), there at 4 (b, c, d).
+    for (rev, rest) in [(6, 2), (4, 3), (3, 2)] {
+        let page = store
+            .list("g/r/", rev, None, Some(1), all())
+            .await
+            .expect("page");
+        assert_eq!(page.items[0].0, "g/r/ns/a");
+        assert_eq!(page.remaining, rest, "at {rev}");
+        assert_eq!(page.continue_after.as_deref(), Some("g/r/ns/a"));
+    }
+    // A filtered list stops at the first match past its page: only "more".
+    let page = store
+        .list_counting("g/r/", 4, None, Some(1), all(), false)
+        .await
+        .expect("filtered page");
+    assert_eq!((page.items.len(), page.remaining), (1, 1));
+    assert_eq!(page.continue_after.as_deref(), Some("g/r/ns/a"));
+    let last = store
+        .list_counting("g/r/", 6, Some("g/r/ns/c".into()), Some(1), all(), false)
+        .await
+        .expect("last page");
+    assert_eq!((last.items.len(), last.remaining), (1, 0));
+    assert!(last.continue_after.is_none());
 }
 
 #[tokio::test]
