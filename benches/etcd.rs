@@ -218,19 +218,28 @@ fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
     }
 }
 
-async fn kshard_creates(kubeconfig: &Path, clients: usize, secs: f64, round: usize) -> Round {
+/// Closed-loop creates of 1 KiB widgets into `collection` by `clients`
+/// workers for `secs`; names start with `prefix`.
+async fn kshard_creates(
+    kubeconfig: &Path,
+    collection: &'static str,
+    clients: usize,
+    secs: f64,
+    prefix: &str,
+) -> Round {
     let mut handles = Vec::new();
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(secs);
     for w in 0..clients {
         let client = common::client_for(kubeconfig).await;
+        let prefix = prefix.to_string();
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = 0usize;
             while Instant::now() < until {
-                let name = format!("r{round}-c{clients}-w{w}-{i}");
+                let name = format!("{prefix}-w{w}-{i}");
                 i += 1;
-                let req = http::Request::post(WIDGETS)
+                let req = http::Request::post(collection)
                     .header("content-type", "application/json")
                     .body(kube::client::Body::from(widget_1k(&name)))
                     .expect("request");
@@ -289,6 +298,39 @@ async fn etcd_puts(port: u16, clients: usize, secs: f64, round: usize) -> Round 
 
 /// Fills kshard up to `objects` widgets, then reads its resident memory and
 /// the JSON size of what it stores.
+/// Creates widgets `{prefix}-0` … `{prefix}-{n-1}` in `collection` with 32
+/// clients, reporting progress every 10,000.
+async fn fill(client: &kube::Client, collection: &'static str, prefix: &str, n: usize) {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..32 {
+        let (client, next, prefix) = (client.clone(), next.clone(), prefix.to_string());
+        handles.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return;
+                }
+                if i % 10_000 == 0 && i > 0 {
+                    progress(&format!("{prefix}: {i}/{n}"));
+                }
+                let req = http::Request::post(collection)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(widget_1k(&format!(
+                        "{prefix}-{i}"
+                    ))))
+                    .expect("request");
+                if let Ok(r) = client.send(req).await {
+                    let _ = r.into_body().collect_bytes().await;
+                }
+            }
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+}
+
 async fn memory(kubeconfig: &Path, pid: u32, objects: usize) -> (usize, u64, u64, u64) {
     let client = common::client_for(kubeconfig).await;
     let list = |c: kube::Client| async move {
@@ -306,32 +348,7 @@ async fn memory(kubeconfig: &Path, pid: u32, objects: usize) -> (usize, u64, u64
     progress(&format!(
         "memory: loading {missing} more objects up to {objects}…"
     ));
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut handles = Vec::new();
-    for _ in 0..32 {
-        let (client, next) = (client.clone(), next.clone());
-        handles.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= missing {
-                    return;
-                }
-                if i % 10_000 == 0 && i > 0 {
-                    progress(&format!("memory: {i}/{missing}"));
-                }
-                let req = http::Request::post(WIDGETS)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(widget_1k(&format!("m-{i}"))))
-                    .expect("request");
-                if let Ok(r) = client.send(req).await {
-                    let _ = r.into_body().collect_bytes().await;
-                }
-            }
-        }));
-    }
-    for h in handles {
-        let _ = h.await;
-    }
+    fill(&client, WIDGETS, "m", missing).await;
     let all = list(client).await;
     let items = all["items"].as_array().cloned().unwrap_or_default();
     let json_bytes: u64 = items
@@ -586,45 +603,10 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
 /// same resource over HTTP/2 (the watchers only drain their streams).
 async fn watched_creates(kubeconfig: &Path, watchers: usize, secs: f64) -> (Round, Round) {
     const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/watched/widgets";
-    let creates = |round: usize| async move {
-        let mut handles = Vec::new();
-        let start = Instant::now();
-        let until = start + Duration::from_secs_f64(secs);
-        for w in 0..16 {
-            let client = common::client_for(kubeconfig).await;
-            handles.push(tokio::spawn(async move {
-                let mut lat = Vec::new();
-                let mut i = 0usize;
-                while Instant::now() < until {
-                    let req = http::Request::post(NS)
-                        .header("content-type", "application/json")
-                        .body(kube::client::Body::from(widget_1k(&format!(
-                            "wr{round}-w{w}-{i}"
-                        ))))
-                        .expect("request");
-                    i += 1;
-                    let t = Instant::now();
-                    if let Ok(r) = client.send(req).await {
-                        let ok = r.status().as_u16() == 201;
-                        let _ = r.into_body().collect_bytes().await;
-                        if ok {
-                            lat.push(t.elapsed());
-                        }
-                    }
-                }
-                lat
-            }));
-        }
-        let mut lat = Vec::new();
-        for h in handles {
-            lat.extend(h.await.unwrap_or_default());
-        }
-        summarize(lat.len(), start.elapsed(), lat)
-    };
     progress(&format!(
         "watched: creates at c=16 for {secs} s without watchers…"
     ));
-    let alone = creates(0).await;
+    let alone = kshard_creates(kubeconfig, NS, 16, secs, "alone").await;
     let data = kubeconfig.parent().expect("data dir");
     let addr = server_addr(kubeconfig);
     let conns = watchers.div_ceil(250).max(1);
@@ -662,7 +644,7 @@ async fn watched_creates(kubeconfig: &Path, watchers: usize, secs: f64) -> (Roun
     progress(&format!(
         "watched: creates at c=16 for {secs} s with {watchers} watchers…"
     ));
-    let watched = creates(1).await;
+    let watched = kshard_creates(kubeconfig, NS, 16, secs, "watched").await;
     for t in tasks {
         t.abort();
     }
@@ -678,29 +660,7 @@ async fn list_against_serde(kubeconfig: &Path, n: usize) -> (f64, f64) {
     const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/lists/widgets";
     let client = common::client_for(kubeconfig).await;
     progress(&format!("lists: creating {n} objects…"));
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut handles = Vec::new();
-    for _ in 0..32 {
-        let (client, next) = (client.clone(), next.clone());
-        handles.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= n {
-                    return;
-                }
-                let req = http::Request::post(NS)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(widget_1k(&format!("l-{i}"))))
-                    .expect("request");
-                if let Ok(r) = client.send(req).await {
-                    let _ = r.into_body().collect_bytes().await;
-                }
-            }
-        }));
-    }
-    for h in handles {
-        let _ = h.await;
-    }
+    fill(&client, NS, "l", n).await;
     let mut list_ms = Vec::new();
     let mut body = Bytes::new();
     for _ in 0..5 {
@@ -822,7 +782,14 @@ async fn run() {
     let concurrencies: &[usize] = if wanted("creates") { &[1, 16, 64] } else { &[] };
     for (r, clients) in concurrencies.iter().copied().enumerate() {
         progress(&format!("round c={clients}: kshard creates for {secs} s…"));
-        let k = kshard_creates(&kubeconfig, clients, secs, r).await;
+        let k = kshard_creates(
+            &kubeconfig,
+            WIDGETS,
+            clients,
+            secs,
+            &format!("r{r}-c{clients}"),
+        )
+        .await;
         let e = match &etcd {
             Some((_, port)) => {
                 progress(&format!("round c={clients}: etcd puts for {secs} s…"));
