@@ -6,6 +6,7 @@ pub mod engine;
 pub(crate) mod keys;
 #[cfg(feature = "tikv")]
 pub mod tikv;
+mod wal;
 mod writer;
 
 use std::ops::ControlFlow;
