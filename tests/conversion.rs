@@ -24,18 +24,24 @@ struct Hook {
     batches: std::sync::Mutex<Vec<usize>>,
 }
 
-/// The webhook's conversion: rename the colour field between versions.
+/// The webhook's conversion: rename the colour field between versions
+/// (gadgets), or v1 `size` to v2 `replicas` (gizmos).
 fn convert(obj: &Value, desired: &str) -> Value {
     let mut out = obj.clone();
     out["apiVersion"] = json!(desired);
     let spec = out["spec"].as_object_mut().cloned().unwrap_or_default();
     let mut spec = spec;
+    let (v1, v2) = if obj["kind"] == "Gizmo" {
+        ("size", "replicas")
+    } else {
+        ("color", "colour")
+    };
     if desired.ends_with("/v2") {
-        if let Some(c) = spec.remove("color") {
-            spec.insert("colour".into(), c);
+        if let Some(c) = spec.remove(v1) {
+            spec.insert(v2.into(), c);
         }
-    } else if let Some(c) = spec.remove("colour") {
-        spec.insert("color".into(), c);
+    } else if let Some(c) = spec.remove(v2) {
+        spec.insert(v1.into(), c);
     }
     out["spec"] = Value::Object(spec);
     out
@@ -277,6 +283,273 @@ async fn a_list_is_converted_in_one_review() {
     assert_eq!(r.status, 201, "{}", r.text());
     hook.fail.store(true, Ordering::SeqCst);
     let r = s.get(V2).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains("colour wheel broken"), "{}", r.text());
+}
+
+const GZ1: &str = "/apis/gizmos.kshard.dev/v1/namespaces/default/gizmos";
+const GZ2: &str = "/apis/gizmos.kshard.dev/v2/namespaces/default/gizmos";
+
+/// Gizmos: v1 (stored) calls a field `size` that v2 calls `replicas`.
+fn gizmo_crd(port: u16, ca_pem: &str) -> String {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let version = |name: &str, storage: bool, field: &str| {
+        format!(
+            r#"
+  - name: {name}
+    served: true
+    storage: {storage}
+    subresources: {{status: {{}}}}
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              note: {{type: string}}
+              {field}: {{type: integer}}
+          status:
+            type: object
+            properties:
+              ready: {{type: integer}}"#
+        )
+    };
+    format!(
+        r#"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: gizmos.gizmos.kshard.dev}}
+spec:
+  group: gizmos.kshard.dev
+  scope: Namespaced
+  names: {{plural: gizmos, singular: gizmo, kind: Gizmo}}
+  conversion:
+    strategy: Webhook
+    webhook:
+      conversionReviewVersions: [v1]
+      clientConfig:
+        url: https://127.0.0.1:{port}/convert
+        caBundle: {ca}
+  versions:{}{}
+"#,
+        version("v1", true, "size"),
+        version("v2", false, "replicas")
+    )
+}
+
+async fn gizmo_server(hook: Arc<Hook>) -> (common::TestServer, tempfile::TempDir) {
+    let (port, ca) = start_webhook(hook).await;
+    let defs = tempfile::tempdir().expect("tempdir");
+    let file = defs.path().join("gizmos.yaml");
+    std::fs::write(&file, gizmo_crd(port, &ca)).expect("write crd");
+    let s = common::start_with(|c| c.crds.push(file)).await;
+    (s, defs)
+}
+
+async fn apply_gizmo(
+    s: &common::TestServer,
+    base: &str,
+    manager: &str,
+    force: bool,
+    spec: Value,
+) -> common::Reply {
+    let version = if base == GZ1 { "v1" } else { "v2" };
+    s.raw(
+        "PATCH",
+        &format!("{base}/z?fieldManager={manager}&force={force}"),
+        &[("content-type", "application/apply-patch+yaml")],
+        serde_json::to_vec(
+            &json!({"apiVersion": format!("gizmos.kshard.dev/{version}"),
+            "kind": "Gizmo", "metadata": {"name": "z"}, "spec": spec}),
+        )
+        .expect("json"),
+    )
+    .await
+}
+
+/// The fields of `manager`'s entry (`None`: it has none).
+fn owned(obj: &Value, manager: &str) -> Option<Value> {
+    obj["metadata"]["managedFields"]
+        .as_array()?
+        .iter()
+        .find(|e| e["manager"] == manager)
+        .map(|e| e["fieldsV1"].clone())
+}
+
+/// Server-side apply through a webhook that renames a field: ownership is
+/// judged at each manager's version (structured-merge-diff converts old and
+/// new to every recorded apiVersion), so a manager of v1 `size` conflicts
+/// with, and loses to, writers of v2 `replicas`.
+#[tokio::test(flavor = "multi_thread")]
+async fn ownership_follows_a_field_the_webhook_renames() {
+    let hook = Arc::new(Hook::default());
+    let (s, _defs) = gizmo_server(hook.clone()).await;
+
+    let r = apply_gizmo(&s, GZ1, "a", false, json!({"size": 1, "note": "n"})).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+
+    // "b" applies the same field under its v2 name with another value: a
+    // conflict with "a", on the path as "a" owns it.
+    hook.batches.lock().expect("lock").clear();
+    let r = apply_gizmo(&s, GZ2, "b", false, json!({"replicas": 2})).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    let status = r.json();
+    assert_eq!(status["reason"], "Conflict");
+    assert_eq!(
+        status["message"],
+        r#"Apply failed with 1 conflict: conflict with "a": .spec.size"#
+    );
+    assert_eq!(
+        status["details"]["causes"],
+        json!([{"reason": "FieldManagerConflict", "message": "conflict with \"a\"", "field": ".spec.size"}])
+    );
+    // The live object and the merged one went to v1 in one review.
+    assert!(
+        hook.batches.lock().expect("lock").contains(&2),
+        "{:?}",
+        hook.batches.lock().expect("lock")
+    );
+
+    // Forced: "b" owns replicas at v2, "a" keeps only its note.
+    let r = apply_gizmo(&s, GZ2, "b", true, json!({"replicas": 2})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = s.get(&format!("{GZ1}/z")).await.json();
+    assert_eq!(got["spec"]["size"], 2, "{got}");
+    assert_eq!(
+        owned(&got, "a"),
+        Some(json!({"f:spec": {"f:note": {}}})),
+        "{got}"
+    );
+    assert_eq!(
+        owned(&got, "b"),
+        Some(json!({"f:spec": {"f:replicas": {}}})),
+        "{got}"
+    );
+
+    // "a" takes size back through v1; a PUT through v2 that changes replicas
+    // takes it from "a" again.
+    let r = apply_gizmo(&s, GZ1, "a", true, json!({"size": 3, "note": "n"})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        owned(&r.json(), "a"),
+        Some(json!({"f:spec": {"f:note": {}, "f:size": {}}}))
+    );
+    assert_eq!(owned(&r.json(), "b"), None, "b lost replicas");
+    let mut live = s.get(&format!("{GZ2}/z")).await.json();
+    live["spec"]["replicas"] = json!(4);
+    let r = s
+        .raw(
+            "PUT",
+            &format!("{GZ2}/z?fieldManager=editor"),
+            &[("content-type", "application/json")],
+            serde_json::to_vec(&live).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = s.get(&format!("{GZ1}/z")).await.json();
+    assert_eq!(got["spec"]["size"], 4);
+    assert_eq!(
+        owned(&got, "a"),
+        Some(json!({"f:spec": {"f:note": {}}})),
+        "{got}"
+    );
+    assert_eq!(
+        owned(&got, "editor"),
+        Some(json!({"f:spec": {"f:replicas": {}}})),
+        "{got}"
+    );
+
+    // "a" owns size again; a merge patch through v2 removing replicas drops
+    // it from "a".
+    let r = apply_gizmo(&s, GZ1, "a", true, json!({"size": 5, "note": "n"})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{GZ2}/z?fieldManager=remover"),
+            &[("content-type", "application/merge-patch+json")],
+            br#"{"spec": {"replicas": null}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = s.get(&format!("{GZ1}/z")).await.json();
+    assert!(got["spec"].get("size").is_none(), "{got}");
+    assert_eq!(
+        owned(&got, "a"),
+        Some(json!({"f:spec": {"f:note": {}}})),
+        "{got}"
+    );
+
+    // The status subresource through v2 judges v1 managers at v1 too.
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{GZ1}/z/status?fieldManager=s1"),
+            &[("content-type", "application/apply-patch+yaml")],
+            br#"{"apiVersion": "gizmos.kshard.dev/v1", "kind": "Gizmo", "metadata": {"name": "z"}, "status": {"ready": 1}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = s
+        .raw(
+            "PATCH",
+            &format!("{GZ2}/z/status?fieldManager=s2"),
+            &[("content-type", "application/apply-patch+yaml")],
+            br#"{"apiVersion": "gizmos.kshard.dev/v2", "kind": "Gizmo", "metadata": {"name": "z"}, "status": {"ready": 2}}"#.to_vec(),
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        r#"Apply failed with 1 conflict: conflict with "s1" with subresource "status": .status.ready"#
+    );
+    // The spec managers are untouched by status writes.
+    let got = s.get(&format!("{GZ1}/z")).await.json();
+    assert_eq!(
+        owned(&got, "a"),
+        Some(json!({"f:spec": {"f:note": {}}})),
+        "{got}"
+    );
+}
+
+/// A manager recorded at a version the definition does not have is dropped
+/// (structured-merge-diff's missing-version case) rather than failing the
+/// write; a failing webhook fails an apply that needs it.
+#[tokio::test(flavor = "multi_thread")]
+async fn managers_at_unknown_versions_are_dropped_and_a_failing_webhook_fails_apply() {
+    let hook = Arc::new(Hook::default());
+    let (s, _defs) = gizmo_server(hook.clone()).await;
+    let r = apply_gizmo(&s, GZ1, "a", false, json!({"size": 1})).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut live = s.get(&format!("{GZ1}/z")).await.json();
+    let mut stale = live["metadata"]["managedFields"][0].clone();
+    stale["manager"] = json!("old");
+    stale["operation"] = json!("Update");
+    stale["apiVersion"] = json!("gizmos.kshard.dev/v0");
+    if let Some(list) = live["metadata"]["managedFields"].as_array_mut() {
+        list.push(stale);
+    }
+    live["spec"]["note"] = json!("x");
+    let r = s
+        .raw(
+            "PUT",
+            &format!("{GZ1}/z?fieldManager=editor"),
+            &[("content-type", "application/json")],
+            serde_json::to_vec(&live).expect("json"),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = r.json();
+    assert_eq!(owned(&got, "old"), None, "{got}");
+    assert_eq!(
+        owned(&got, "a"),
+        Some(json!({"f:spec": {"f:size": {}}})),
+        "{got}"
+    );
+
+    // "b" at v2 needs "a"'s view at v1: with the webhook failing, 500.
+    hook.fail.store(true, Ordering::SeqCst);
+    let r = apply_gizmo(&s, GZ2, "b", true, json!({"replicas": 2})).await;
     assert_eq!(r.status, 500, "{}", r.text());
     assert!(r.text().contains("colour wheel broken"), "{}", r.text());
 }

@@ -19,7 +19,7 @@ use super::merge::{
     Comparison,
 };
 use super::time::{format_time, parse_time};
-use super::{ApplyError, Conflict, FieldManager};
+use super::{ApplyError, Conflict, ConvertError, FieldManager};
 
 /// kubectl's client-side apply annotation.
 pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -359,7 +359,8 @@ fn object_gvknn(obj: &Value) -> String {
     format!("{}/{}; {}", get("namespace"), get("name"), gvk_string(obj))
 }
 
-/// Conversion between served versions is an apiVersion rewrite in kshard.
+/// `obj` with its apiVersion set to `api_version` (the whole of a strategy
+/// None conversion).
 fn at_version(obj: &Value, api_version: &str) -> Value {
     let mut out = obj.clone();
     if let Some(m) = out.as_object_mut() {
@@ -370,18 +371,154 @@ fn at_version(obj: &Value, api_version: &str) -> Value {
     out
 }
 
+fn api_version_of(obj: &Value) -> &str {
+    obj.get("apiVersion").and_then(Value::as_str).unwrap_or("")
+}
+
 type Conflicts = Vec<(String, Path)>;
+
+/// Why ownership could not be settled.
+#[derive(Debug)]
+enum Failure {
+    /// Fields other managers own with other values (`merge.Conflicts`).
+    Conflicts(Conflicts),
+    /// Converting to a manager's version failed for another reason than a
+    /// missing version (a failing webhook).
+    Convert(String),
+}
 
 impl FieldManager<'_> {
     fn root(&self) -> &super::schema::TypeRef {
         &self.schema.root
     }
 
+    // ------------------------------------------------------------- versions
+
+    /// Conversion only rewrites apiVersion: objects are compared as they
+    /// are (apiVersion is equal on both sides, and field sets ignore values).
+    fn rewrites(&self) -> bool {
+        self.versions.as_deref().is_none_or(|v| v.rewrites_only())
+    }
+
+    /// The merge schema of a manager's version; `None` when the resource has
+    /// no such version.
+    fn schema_at(&self, api_version: &str) -> Option<&super::MergeSchema> {
+        if api_version == self.api_version {
+            return Some(self.schema);
+        }
+        match &self.versions {
+            Some(v) => v.schema(api_version),
+            None => Some(self.schema),
+        }
+    }
+
+    /// Drops managers recorded at versions the resource no longer has, as
+    /// `Updater.reconcileManagedFieldsWithSchemaChanges` skips them on a
+    /// missing-version error before every Update and Apply.
+    fn drop_missing_versions(&self, fields: &mut BTreeMap<String, VersionedSet>) {
+        if self.versions.is_some() {
+            fields.retain(|_, vs| self.schema_at(&vs.api_version).is_some());
+        }
+    }
+
+    /// Converts `objs` to `api_version` (kube's versionConverter: for a
+    /// custom resource, straight from the request's version). Objects
+    /// already there are kept; a rewrite-only resource keeps them all; the
+    /// rest go to the webhook in one review, each object once per request.
+    /// `Ok(None)`: the resource has no such version.
+    fn convert(&self, objs: Vec<Value>, api_version: &str) -> Result<Option<Vec<Value>>, Failure> {
+        let versions = match self.versions.as_deref() {
+            Some(v) if !v.rewrites_only() => v,
+            _ => return Ok(Some(objs)),
+        };
+        let mut out: Vec<Option<Value>> = Vec::with_capacity(objs.len());
+        {
+            let done = self.converted.lock().unwrap_or_else(|p| p.into_inner());
+            for o in &objs {
+                if api_version_of(o) == api_version {
+                    out.push(Some(o.clone()));
+                    continue;
+                }
+                let hit = done
+                    .iter()
+                    .find(|(v, src, _)| v == api_version && super::fieldpath::values_equal(src, o));
+                out.push(hit.map(|(_, _, r)| r.clone()));
+            }
+        }
+        // Each distinct object still to convert, once (old and new are often equal).
+        let mut todo: Vec<&Value> = Vec::new();
+        for (o, got) in objs.iter().zip(&out) {
+            if got.is_none() && !todo.iter().any(|t| super::fieldpath::values_equal(t, o)) {
+                todo.push(o);
+            }
+        }
+        if !todo.is_empty() {
+            let results = match versions.convert(&todo, api_version) {
+                Ok(r) => r,
+                Err(ConvertError::MissingVersion(_)) => return Ok(None),
+                Err(ConvertError::Failed(m)) => return Err(Failure::Convert(m)),
+            };
+            if results.len() != todo.len() {
+                return Err(Failure::Convert(format!(
+                    "converting {} objects to {api_version} returned {}",
+                    todo.len(),
+                    results.len()
+                )));
+            }
+            let mut done = self.converted.lock().unwrap_or_else(|p| p.into_inner());
+            for (src, res) in todo.iter().zip(results) {
+                for (o, got) in objs.iter().zip(out.iter_mut()) {
+                    if got.is_none() && super::fieldpath::values_equal(src, o) {
+                        *got = Some(res.clone());
+                    }
+                }
+                done.push((api_version.to_string(), (*src).clone(), res));
+            }
+        }
+        Ok(Some(out.into_iter().flatten().collect()))
+    }
+
+    /// The comparison of `old` and `new` at another manager's version, with
+    /// that version's schema (`Updater.update`); `None` for a missing version.
+    fn compare_at(
+        &self,
+        old: &Value,
+        new: &Value,
+        api_version: &str,
+        here: &Comparison,
+    ) -> Result<Option<Comparison>, Failure> {
+        let Some(schema) = self.schema_at(api_version) else {
+            return Ok(None);
+        };
+        if self.rewrites() {
+            if std::ptr::eq(schema, self.schema) {
+                return Ok(Some(here.clone()));
+            }
+            return Ok(Some(compare(&schema.root, old, new).filter(&self.reset)));
+        }
+        let Some(objs) = self.convert(vec![old.clone(), new.clone()], api_version)? else {
+            return Ok(None);
+        };
+        let [old_v, new_v] = objs.as_slice() else {
+            return Err(Failure::Convert(format!(
+                "converting to {api_version} lost objects"
+            )));
+        };
+        // kube keys reset fields by the request's version only; here they are
+        // filtered at every version (the same top-level spec/status), so a
+        // status write through one version cannot take spec from another's managers.
+        Ok(Some(
+            compare(&schema.root, old_v, new_v).filter(&self.reset),
+        ))
+    }
+
     // ------------------------------------------------ structured-merge-diff
 
     /// Shared core of Update and Apply (`Updater.update`): fields whose value
     /// changed are taken from every other manager (or reported as conflicts
-    /// when not forced), removed fields are dropped from everyone.
+    /// when not forced), removed fields are dropped from everyone. Each
+    /// manager is judged at its own version: old and new are converted there
+    /// once per version, and conflicts name fields as that manager owns them.
     fn update_owners(
         &self,
         old: &Value,
@@ -389,18 +526,54 @@ impl FieldManager<'_> {
         fields: &mut BTreeMap<String, VersionedSet>,
         workflow: &str,
         force: bool,
-    ) -> Result<Comparison, Conflicts> {
-        // Versions convert by apiVersion rewrite only, so one comparison serves all managers.
+    ) -> Result<Comparison, Failure> {
         let cmp = compare(self.root(), old, new).filter(&self.reset);
-        let changed = cmp.modified.union(&cmp.added);
+        let mut others: Vec<&str> = fields
+            .iter()
+            .filter(|(id, vs)| *id != workflow && vs.api_version != self.api_version)
+            .map(|(_, vs)| vs.api_version.as_str())
+            .collect();
+        others.sort_unstable();
+        others.dedup();
+        let mut at: BTreeMap<String, Comparison> = BTreeMap::new();
+        let mut missing: Vec<String> = Vec::new();
+        for v in others {
+            match self.compare_at(old, new, v, &cmp)? {
+                Some(c) => at.insert(v.to_string(), c),
+                None => {
+                    missing.push(v.to_string());
+                    None
+                }
+            };
+        }
+        // Managers at a missing version are dropped (`IsMissingVersionError`).
+        fields.retain(|id, vs| id == workflow || !missing.contains(&vs.api_version));
+        let changed_here = cmp.modified.union(&cmp.added);
+        let changed_at: BTreeMap<&str, Set> = at
+            .iter()
+            .map(|(v, c)| (v.as_str(), c.modified.union(&c.added)))
+            .collect();
         let mut conflicts: Vec<(String, Set)> = Vec::new();
+        let mut removed: Vec<(String, &Set)> = Vec::new();
         for (id, vs) in fields.iter() {
             if id == workflow {
                 continue;
             }
-            let c = vs.set.intersection(&changed);
-            if !c.is_empty() {
-                conflicts.push((id.clone(), c));
+            let (changed, c) = match at.get(&vs.api_version) {
+                Some(c) => (
+                    changed_at
+                        .get(vs.api_version.as_str())
+                        .unwrap_or(&changed_here),
+                    c,
+                ),
+                None => (&changed_here, &cmp),
+            };
+            let conflict = vs.set.intersection(changed);
+            if !conflict.is_empty() {
+                conflicts.push((id.clone(), conflict));
+            }
+            if !c.removed.is_empty() {
+                removed.push((id.clone(), &c.removed));
             }
         }
         if !force && !conflicts.is_empty() {
@@ -410,18 +583,16 @@ impl FieldManager<'_> {
                     out.push((id.clone(), p));
                 }
             }
-            return Err(out);
+            return Err(Failure::Conflicts(out));
         }
         for (id, c) in &conflicts {
             if let Some(vs) = fields.get_mut(id) {
                 vs.set = vs.set.difference(c);
             }
         }
-        if !cmp.removed.is_empty() {
-            for (id, vs) in fields.iter_mut() {
-                if id != workflow {
-                    vs.set = vs.set.difference(&cmp.removed);
-                }
+        for (id, r) in removed {
+            if let Some(vs) = fields.get_mut(&id) {
+                vs.set = vs.set.difference(r);
             }
         }
         fields.retain(|_, vs| !vs.set.is_empty());
@@ -435,10 +606,9 @@ impl FieldManager<'_> {
         new: &Value,
         fields: &mut BTreeMap<String, VersionedSet>,
         id: &str,
-    ) {
-        let Ok(cmp) = self.update_owners(live, new, fields, id, true) else {
-            return; // forced: no conflicts are reported
-        };
+    ) -> Result<(), Failure> {
+        self.drop_missing_versions(fields);
+        let cmp = self.update_owners(live, new, fields, id, true)?;
         let prev = fields.get(id).map(|vs| vs.set.clone()).unwrap_or_default();
         let set = prev
             .difference(&cmp.removed)
@@ -457,6 +627,7 @@ impl FieldManager<'_> {
                 },
             );
         }
+        Ok(())
     }
 
     /// `Updater.Apply`: merge, take ownership of the configuration's fields,
@@ -469,7 +640,8 @@ impl FieldManager<'_> {
         fields: &mut BTreeMap<String, VersionedSet>,
         id: &str,
         force: bool,
-    ) -> Result<Option<Value>, Conflicts> {
+    ) -> Result<Option<Value>, Failure> {
+        self.drop_missing_versions(fields);
         let merged = merge(self.root(), Some(live), Some(config)).unwrap_or(Value::Null);
         let last = fields.get(id).cloned();
         let set = field_set(self.root(), config).recursive_difference(&self.reset);
@@ -481,39 +653,97 @@ impl FieldManager<'_> {
                 applied: true,
             },
         );
-        let merged = self.prune(merged, fields, last.as_ref());
+        let merged = self.prune(merged, fields, last.as_ref())?;
         self.update_owners(live, &merged, fields, id, force)?;
         Ok((!super::fieldpath::values_equal(live, &merged)).then_some(merged))
     }
 
     /// Removes fields the applier owned last time and no longer applies,
-    /// unless another manager (or the new configuration) still owns them.
+    /// unless another manager (or the new configuration) still owns them
+    /// (`Updater.prune`). It works at the version of the last applied set:
+    /// the merged object is converted there, owned items are added back at
+    /// each owner's version (the last applied version first), and the result
+    /// is converted back to the request's version.
     fn prune(
         &self,
         merged: Value,
         fields: &BTreeMap<String, VersionedSet>,
         last: Option<&VersionedSet>,
-    ) -> Value {
+    ) -> Result<Value, Failure> {
         let Some(last) = last.filter(|l| !l.set.is_empty()) else {
-            return merged;
+            return Ok(merged);
         };
-        let root = self.root();
-        let ensure = |s: &Set| ensure_named_fields_are_members(root, s);
-        let pruned = remove_items(root, &merged, &ensure(&last.set));
-        // Add back what anybody owns.
-        let owned = fields
-            .values()
-            .fold(Set::new(), |acc, vs| acc.union(&vs.set));
-        let merged_set = ensure(&field_set(root, &merged));
-        let keep = ensure(&field_set(root, &pruned)).union(&ensure(&owned));
-        let pruned = remove_items(root, &merged, &merged_set.difference(&keep));
+        let lv = last.api_version.as_str();
+        let Some(last_schema) = self.schema_at(lv) else {
+            return Ok(merged);
+        };
+        let merged_l = match self.convert(vec![merged], lv)? {
+            Some(mut v) if v.len() == 1 => v.remove(0),
+            _ => return Err(Failure::Convert(format!("no version {lv}"))),
+        };
+        let lroot = &last_schema.root;
+        let ensure_l = |s: &Set| ensure_named_fields_are_members(lroot, s);
+        let mut pruned = remove_items(lroot, &merged_l, &ensure_l(&last.set));
+        // Add back what anybody owns, each version's owners at that version.
+        let mut owned: BTreeMap<&str, Set> = BTreeMap::new();
+        for vs in fields.values() {
+            let acc = owned.entry(vs.api_version.as_str()).or_default();
+            *acc = acc.union(&vs.set);
+        }
+        let mut order: Vec<&str> = owned.keys().copied().filter(|v| *v != lv).collect();
+        if owned.contains_key(lv) {
+            order.insert(0, lv);
+        }
+        // The merged object at the version `pruned` is at (`None`: merged_l).
+        let mut moved: Option<Value> = None;
+        let mut at = lv.to_string();
+        for v in order {
+            let Some(schema) = self.schema_at(v) else {
+                continue;
+            };
+            if v != at && !self.rewrites() {
+                let m = moved.take().unwrap_or_else(|| merged_l.clone());
+                match self.convert(vec![m, pruned.clone()], v)? {
+                    Some(objs) if objs.len() == 2 => {
+                        let mut it = objs.into_iter();
+                        moved = it.next();
+                        pruned = it.next().unwrap_or_default();
+                        at = v.to_string();
+                    }
+                    // A missing version adds nothing back.
+                    _ => continue,
+                }
+            }
+            let m = moved.as_ref().unwrap_or(&merged_l);
+            let root = &schema.root;
+            let ensure = |s: &Set| ensure_named_fields_are_members(root, s);
+            let keep = ensure(&field_set(root, &pruned)).union(&ensure(&owned[v]));
+            pruned = remove_items(root, m, &ensure(&field_set(root, m)).difference(&keep));
+        }
         // Only drop what the applier itself had owned; parents emptied as a
         // side effect come back.
-        let pruned_set = ensure(&field_set(root, &pruned));
+        let pruned_l = if at == lv {
+            pruned
+        } else {
+            match self.convert(vec![pruned], lv)? {
+                Some(mut v) if v.len() == 1 => v.remove(0),
+                _ => return self.back_to_request_version(merged_l),
+            }
+        };
+        let merged_set = ensure_l(&field_set(lroot, &merged_l));
+        let pruned_set = ensure_l(&field_set(lroot, &pruned_l));
         let dangling = merged_set
             .difference(&pruned_set)
-            .intersection(&ensure(&last.set));
-        remove_items(root, &merged, &dangling)
+            .intersection(&ensure_l(&last.set));
+        self.back_to_request_version(remove_items(lroot, &merged_l, &dangling))
+    }
+
+    fn back_to_request_version(&self, obj: Value) -> Result<Value, Failure> {
+        let v = self.api_version.clone();
+        match self.convert(vec![obj], &v)? {
+            Some(mut objs) if objs.len() == 1 => Ok(objs.remove(0)),
+            _ => Err(Failure::Convert(format!("no version {v}"))),
+        }
     }
 
     // ------------------------------------------------------ manager layers
@@ -541,9 +771,9 @@ impl FieldManager<'_> {
         mut managed: Managed,
         manager: &str,
         now: i64,
-    ) -> Managed {
+    ) -> Result<Managed, Failure> {
         let id = self.update_id(manager);
-        self.structured_update(live, new, &mut managed.fields, CURRENT_OPERATION);
+        self.structured_update(live, new, &mut managed.fields, CURRENT_OPERATION)?;
         strip(&mut managed.fields, CURRENT_OPERATION);
         if let Some(vs) = managed.fields.remove(CURRENT_OPERATION) {
             let set = match managed.fields.get(&id) {
@@ -561,7 +791,7 @@ impl FieldManager<'_> {
             managed.times.insert(id, now);
         }
         cap_update_managers(&mut managed);
-        managed
+        Ok(managed)
     }
 
     /// Apply through kube's layers. Objects that have fields but no managers
@@ -574,10 +804,10 @@ impl FieldManager<'_> {
         manager: &str,
         force: bool,
         now: i64,
-    ) -> Result<(Value, Managed), Conflicts> {
+    ) -> Result<(Value, Managed), Failure> {
         if managed.fields.is_empty() {
             managed =
-                self.layered_update(&empty_object(live), live, managed, BEFORE_FIRST_APPLY, now);
+                self.layered_update(&empty_object(live), live, managed, BEFORE_FIRST_APPLY, now)?;
         }
         let id = manager_id(
             manager,
@@ -608,14 +838,14 @@ impl FieldManager<'_> {
         manager: &str,
         force: bool,
         now: i64,
-    ) -> Result<(Value, Managed), Conflicts> {
+    ) -> Result<(Value, Managed), Failure> {
         let conflicts = match self.layered_apply(live, config, managed.clone(), manager, force, now)
         {
-            Err(c) if manager == "kubectl" => c,
+            Err(Failure::Conflicts(c)) if manager == "kubectl" => c,
             other => return other,
         };
         let Some(allowed) = self.allowed_from_last_applied(live) else {
-            return Err(conflicts);
+            return Err(Failure::Conflicts(conflicts));
         };
         let remaining: Conflicts = conflicts
             .iter()
@@ -623,7 +853,7 @@ impl FieldManager<'_> {
             .cloned()
             .collect();
         if !remaining.is_empty() {
-            return Err(remaining);
+            return Err(Failure::Conflicts(remaining));
         }
         self.layered_apply(live, config, managed, manager, true, now)
     }
@@ -691,8 +921,12 @@ impl FieldManager<'_> {
         if managed.fields.is_empty() && has_uid(&live) {
             return Ok(());
         }
-        let managed = self.layered_update(&live, new, managed, manager, now);
-        set_managed_fields(new, encode(&managed));
+        match self.layered_update(&live, new, managed, manager, now) {
+            Ok(managed) => set_managed_fields(new, encode(&managed)),
+            // As kube's UpdateNoErrors: a write is not failed for its
+            // managedFields (a conversion webhook down); the live ones stay.
+            Err(_) => set_managed_fields(new, live_entries.cloned()),
+        }
         Ok(())
     }
 
@@ -739,7 +973,11 @@ impl FieldManager<'_> {
             .map_err(|e| ApplyError::Internal(format!("failed to decode managed fields: {e}")))?;
         let (mut obj, managed) = self
             .apply_with_last_applied(&live, config, managed, manager, force, now)
-            .map_err(|c| ApplyError::Conflicts(to_conflicts(c)))?;
+            .map_err(|f| match f {
+                Failure::Conflicts(c) => ApplyError::Conflicts(to_conflicts(c)),
+                // kube answers the converter's error as is (500).
+                Failure::Convert(m) => ApplyError::Internal(m),
+            })?;
         if manager == "kubectl" && has_last_applied(&obj) {
             set_last_applied(&mut obj, build_last_applied(config));
         }

@@ -412,7 +412,7 @@ fn lhs_index(list: &ListType, items: &[Value], n: usize) -> usize {
 // ------------------------------------------------------------------- compare
 
 /// What changed between two objects, as sets of fields.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Comparison {
     pub added: Set,
     pub modified: Set,

@@ -17,9 +17,13 @@
 //! let obj = fm.apply(Some(&live), &config, "kubectl", force, &now)?; // 409 on conflicts
 //! ```
 //!
-//! Conversion between served versions is an apiVersion rewrite in kshard, so
-//! entries written at other versions are compared field for field; their
-//! apiVersion is kept. Modules: [`fieldpath`] (paths, sets, FieldsV1),
+//! Entries written at other versions are compared at their own version, as
+//! structured-merge-diff's `Updater` does: the old and new objects are
+//! converted through [`Versions`] (the definition's conversion webhook, or an
+//! apiVersion rewrite under strategy None) and compared with that version's
+//! schema, so conflicts and removals are in the owner's field names. Without
+//! [`FieldManager::with_versions`] every version is a rewrite sharing one
+//! schema. Modules: [`fieldpath`] (paths, sets, FieldsV1),
 //! [`schema`] (the merge view of a CRD schema), `merge` (merge, compare,
 //! field sets, removal), `managed` (entries and ownership), `time`
 //! (managedFields timestamps).
@@ -117,6 +121,31 @@ fn conflicts_message(conflicts: &[Conflict]) -> String {
     )
 }
 
+/// Why an object could not be converted for the field manager.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConvertError {
+    /// The resource has no such version: managers recorded at it are
+    /// dropped (structured-merge-diff's `IsMissingVersionError`).
+    #[error("no version {0} of the resource")]
+    MissingVersion(String),
+    /// Anything else (a failing webhook) fails an apply.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The other versions of the resource a field manager works on.
+pub trait Versions: Send + Sync {
+    /// The merge schema of `api_version` (`group/version`); `None` when the
+    /// resource has no such version.
+    fn schema(&self, api_version: &str) -> Option<&MergeSchema>;
+    /// Whether converting only rewrites `apiVersion` (strategy None): then
+    /// objects are compared as they are, with the target version's schema.
+    fn rewrites_only(&self) -> bool;
+    /// Converts `objs` (of one version) to `api_version`, one result per
+    /// object in order, in one call (one ConversionReview).
+    fn convert(&self, objs: &[&Value], api_version: &str) -> Result<Vec<Value>, ConvertError>;
+}
+
 /// Tracks field ownership for one resource version and endpoint.
 pub struct FieldManager<'a> {
     schema: &'a MergeSchema,
@@ -124,6 +153,11 @@ pub struct FieldManager<'a> {
     subresource: Option<String>,
     /// Fields the strategy resets on this endpoint; nobody owns them here.
     reset: Set,
+    /// Other versions; `None`: rewrite only, one schema for all.
+    versions: Option<Box<dyn Versions + 'a>>,
+    /// Conversions made for this request (target version, source, result),
+    /// so one object is sent to a webhook at most once per version.
+    converted: std::sync::Mutex<Vec<(String, Value, Value)>>,
 }
 
 impl<'a> FieldManager<'a> {
@@ -149,7 +183,15 @@ impl<'a> FieldManager<'a> {
             api_version: api_version.to_string(),
             subresource: subresource.map(String::from),
             reset,
+            versions: None,
+            converted: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Compares at each manager's own version through `versions`.
+    pub fn with_versions(mut self, versions: Box<dyn Versions + 'a>) -> FieldManager<'a> {
+        self.versions = Some(versions);
+        self
     }
 
     /// Records a non-apply write by `manager` (operation Update): sets

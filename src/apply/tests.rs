@@ -617,3 +617,257 @@ fn noop_apply_keeps_time_and_rejects_managed_fields_in_config() {
         ApplyError::BadRequest("metadata.managedFields must be nil".into())
     );
 }
+
+// ------------------------------------------------- managers at other versions
+
+const G1: &str = "demo.kshard.dev/v1";
+const G2: &str = "demo.kshard.dev/v2";
+
+/// Two versions that name one field differently (v1 `spec.size`, v2
+/// `spec.replicas`), converted as a webhook would, counting the calls.
+struct Renaming {
+    v1: MergeSchema,
+    v2: MergeSchema,
+    /// (objects, target version) of every conversion call.
+    calls: std::sync::Mutex<Vec<(usize, String)>>,
+    fail: bool,
+}
+
+impl Renaming {
+    fn new() -> Renaming {
+        let schema = |field: &str| {
+            MergeSchema::from_openapi(Some(&json!({
+                "type": "object",
+                "properties": {"spec": {"type": "object", "properties": {
+                    field: {"type": "integer"}, "a": {"type": "string"}}}}
+            })))
+        };
+        Renaming {
+            v1: schema("size"),
+            v2: schema("replicas"),
+            calls: std::sync::Mutex::new(Vec::new()),
+            fail: false,
+        }
+    }
+
+    fn calls(&self) -> Vec<(usize, String)> {
+        self.calls.lock().expect("lock").clone()
+    }
+
+    fn fm(&self, api_version: &str) -> FieldManager<'_> {
+        let schema = if api_version == G1 {
+            &self.v1
+        } else {
+            &self.v2
+        };
+        FieldManager::new(schema, api_version, None, false).with_versions(Box::new(self))
+    }
+}
+
+fn rename(obj: &Value, to: &str) -> Value {
+    let mut out = obj.clone();
+    out["apiVersion"] = json!(to);
+    if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
+        let (from, into) = if to == G2 {
+            ("size", "replicas")
+        } else {
+            ("replicas", "size")
+        };
+        if let Some(v) = spec.remove(from) {
+            spec.insert(into.into(), v);
+        }
+    }
+    out
+}
+
+impl Versions for &Renaming {
+    fn schema(&self, api_version: &str) -> Option<&MergeSchema> {
+        match api_version {
+            G1 => Some(&self.v1),
+            G2 => Some(&self.v2),
+            _ => None,
+        }
+    }
+    fn rewrites_only(&self) -> bool {
+        false
+    }
+    fn convert(&self, objs: &[&Value], api_version: &str) -> Result<Vec<Value>, ConvertError> {
+        self.calls
+            .lock()
+            .expect("lock")
+            .push((objs.len(), api_version.to_string()));
+        if self.fail {
+            return Err(ConvertError::Failed("webhook down".into()));
+        }
+        if self.schema(api_version).is_none() {
+            return Err(ConvertError::MissingVersion(api_version.into()));
+        }
+        Ok(objs.iter().map(|o| rename(o, api_version)).collect())
+    }
+}
+
+fn gadget(api_version: &str, spec: Value) -> Value {
+    json!({"apiVersion": api_version, "kind": "Gadget",
+           "metadata": {"name": "g", "namespace": "default"}, "spec": spec})
+}
+
+/// "a" applies `size` through v1; the object as v2 readers see it.
+fn applied_by_a_through_v1(r: &Renaming) -> Value {
+    let obj = r
+        .fm(G1)
+        .apply(None, &gadget(G1, json!({"size": 1})), "a", false, T0)
+        .expect("a applies");
+    rename(&stored(obj), G2)
+}
+
+#[test]
+fn conflicts_are_found_and_named_at_the_owners_version() {
+    let r = Renaming::new();
+    let live = applied_by_a_through_v1(&r);
+    let cfg = gadget(G2, json!({"replicas": 2}));
+    let err = r
+        .fm(G2)
+        .apply(Some(&live), &cfg, "b", false, T1)
+        .expect_err("conflict");
+    assert_eq!(
+        err.to_string(),
+        r#"Apply failed with 1 conflict: conflict with "a": .spec.size"#
+    );
+    // Old and new went to v1 in one call.
+    assert_eq!(r.calls(), [(2, G1.to_string())]);
+
+    // Forced: "b" owns replicas at v2, "a" loses size (its only field).
+    let obj = r
+        .fm(G2)
+        .apply(Some(&live), &cfg, "b", true, T1)
+        .expect("forced");
+    assert_eq!(obj["spec"]["replicas"], json!(2));
+    assert_eq!(entries(&obj).len(), 1, "{obj}");
+    assert_eq!(entry(&obj, "b")["apiVersion"], json!(G2));
+    assert_eq!(fields(&obj, "b"), r#"{"f:spec":{"f:replicas":{}}}"#);
+}
+
+#[test]
+fn an_apply_with_the_same_value_at_another_version_shares_the_field() {
+    let r = Renaming::new();
+    let live = applied_by_a_through_v1(&r);
+    let obj = r
+        .fm(G2)
+        .apply(
+            Some(&live),
+            &gadget(G2, json!({"replicas": 1})),
+            "b",
+            false,
+            T1,
+        )
+        .expect("no conflict");
+    assert_eq!(fields(&obj, "a"), r#"{"f:spec":{"f:size":{}}}"#);
+    assert_eq!(fields(&obj, "b"), r#"{"f:spec":{"f:replicas":{}}}"#);
+    // Nothing changed: old and new are one object, sent once.
+    assert_eq!(r.calls(), [(1, G1.to_string())]);
+}
+
+#[test]
+fn updates_at_another_version_take_and_remove_fields_in_the_owners_names() {
+    let r = Renaming::new();
+    let mut live = applied_by_a_through_v1(&r);
+    live["metadata"]["managedFields"][0]["fieldsV1"] = json!({"f:spec": {"f:size": {}, "f:a": {}}});
+    live["spec"]["a"] = json!("x");
+
+    // A PUT through v2 changing replicas: "a" keeps only `a`.
+    let mut new = live.clone();
+    new["spec"]["replicas"] = json!(5);
+    r.fm(G2)
+        .update(Some(&live), &mut new, "editor", T1)
+        .expect("update");
+    assert_eq!(fields(&new, "a"), r#"{"f:spec":{"f:a":{}}}"#);
+    assert_eq!(
+        entry(&new, "editor")["apiVersion"],
+        json!(G2),
+        "the writer's entry is at its own version"
+    );
+
+    // Removing `a` through v2 drops it from "a" too.
+    let live = stored(new);
+    let mut new = live.clone();
+    if let Some(spec) = new["spec"].as_object_mut() {
+        spec.remove("a");
+    }
+    r.fm(G2)
+        .update(Some(&live), &mut new, "editor", T2)
+        .expect("update");
+    assert!(
+        entries(&new).iter().all(|e| e["manager"] != json!("a")),
+        "{new}"
+    );
+}
+
+#[test]
+fn managers_at_missing_versions_are_dropped() {
+    let r = Renaming::new();
+    let mut live = applied_by_a_through_v1(&r);
+    let mut stale = live["metadata"]["managedFields"][0].clone();
+    stale["manager"] = json!("old");
+    stale["apiVersion"] = json!("demo.kshard.dev/v0");
+    stale["operation"] = json!("Update");
+    if let Some(list) = live["metadata"]["managedFields"].as_array_mut() {
+        list.push(stale);
+    }
+    let obj = r
+        .fm(G2)
+        .apply(Some(&live), &gadget(G2, json!({"a": "y"})), "b", false, T1)
+        .expect("apply");
+    let managers: Vec<&Value> = entries(&obj).iter().map(|e| &e["manager"]).collect();
+    assert_eq!(managers, [&json!("a"), &json!("b")], "{obj}");
+}
+
+#[test]
+fn the_last_applied_set_is_pruned_at_its_own_version() {
+    let r = Renaming::new();
+    let obj = r
+        .fm(G1)
+        .apply(
+            None,
+            &gadget(G1, json!({"size": 1, "a": "x"})),
+            "a",
+            false,
+            T0,
+        )
+        .expect("a applies");
+    let live = rename(&stored(obj), G2);
+    // "a" applies again through v2 without the field it owned as `size`.
+    let obj = r
+        .fm(G2)
+        .apply(Some(&live), &gadget(G2, json!({"a": "x"})), "a", false, T1)
+        .expect("apply");
+    assert!(obj["spec"].get("replicas").is_none(), "{obj}");
+    assert_eq!(entry(&obj, "a")["apiVersion"], json!(G2));
+    assert_eq!(fields(&obj, "a"), r#"{"f:spec":{"f:a":{}}}"#);
+}
+
+#[test]
+fn a_failing_conversion_fails_an_apply_and_keeps_live_entries_on_update() {
+    let mut r = Renaming::new();
+    let live = applied_by_a_through_v1(&r);
+    r.fail = true;
+    let err = r
+        .fm(G2)
+        .apply(
+            Some(&live),
+            &gadget(G2, json!({"replicas": 2})),
+            "b",
+            true,
+            T1,
+        )
+        .expect_err("fails");
+    assert_eq!(err, ApplyError::Internal("webhook down".into()));
+    let mut new = live.clone();
+    new["spec"]["replicas"] = json!(3);
+    r.fm(G2)
+        .update(Some(&live), &mut new, "editor", T1)
+        .expect("update");
+    assert_eq!(
+        new["metadata"]["managedFields"],
+        live["metadata"]["managedFields"]
+    );
+}

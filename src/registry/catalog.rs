@@ -491,6 +491,14 @@ fn resource_from_crd(
     for (i, v) in versions.iter_mut().enumerate() {
         v.schema_class = schemas.iter().position(|s| *s == schemas[i]).unwrap_or(i);
     }
+    // Versions of one schema share one merge schema: the field manager then
+    // compares them once (strategy None).
+    let merges: Vec<_> = versions.iter().map(|v| v.merge.clone()).collect();
+    for v in versions.iter_mut() {
+        if let Some(m) = merges.get(v.schema_class) {
+            v.merge = m.clone();
+        }
+    }
     for (v, crd_v) in versions.iter_mut().zip(&spec.versions) {
         if crd_v.deprecated == Some(true) {
             v.deprecation_warning = Some(match &crd_v.deprecation_warning {

@@ -162,6 +162,24 @@ impl Webhook {
         Ok(())
     }
 
+    /// Converts `objs` to `desired` in one ConversionReview from synchronous
+    /// code, without the cache: the field manager converts objects not yet
+    /// stored, which carry the uid and resourceVersion of the stored revision
+    /// they replace.
+    pub fn convert_many_uncached_blocking(
+        &self,
+        objs: &[Value],
+        desired: &str,
+    ) -> Result<Vec<Value>, String> {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Err("no runtime to call the conversion webhook from".into());
+        };
+        if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+            return Err("the conversion webhook cannot be called on this runtime".into());
+        }
+        tokio::task::block_in_place(|| handle.block_on(self.convert_many(objs, desired)))
+    }
+
     /// One ConversionReview for one object, checked as kube checks it.
     pub async fn convert(&self, obj: &Value, desired: &str) -> Result<Value, String> {
         let mut out = self

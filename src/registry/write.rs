@@ -18,7 +18,7 @@ use super::object::{
 use super::read::Item;
 use super::resource_version::parse_object_revision;
 use super::{convert_json, convert_value, now_rfc3339, storage_error, Registry, Target};
-use crate::apply::{ApplyError, FieldManager};
+use crate::apply::{ApplyError, ConvertError, FieldManager, MergeSchema, Versions};
 use crate::status::{quote, ApiError, FieldError};
 use crate::storage::{StorageError, Write};
 
@@ -238,12 +238,15 @@ impl Registry {
             Subresource::Status => Some("status"),
             Subresource::Scale => Some("scale"),
         };
-        Some(FieldManager::new(
-            &v.merge,
-            &t.api_version(),
-            subresource,
-            v.status_subresource,
-        ))
+        Some(
+            FieldManager::new(
+                &v.merge,
+                &t.api_version(),
+                subresource,
+                v.status_subresource,
+            )
+            .with_versions(Box::new(DefinitionVersions(&t.rt))),
+        )
     }
 
     /// Records `manager`'s Update entry in the new object's managedFields
@@ -824,6 +827,62 @@ impl Registry {
                 errs.join(";")
             )))
         }
+    }
+}
+
+/// The versions of a definition as the field manager sees them: every
+/// version the definition lists (served or not, as kube's converter accepts
+/// them), converted by its webhook or by an apiVersion rewrite.
+struct DefinitionVersions<'a>(&'a super::catalog::ResourceType);
+
+impl Versions for DefinitionVersions<'_> {
+    fn schema(&self, api_version: &str) -> Option<&MergeSchema> {
+        let rt = self.0;
+        let name = if rt.group.is_empty() {
+            api_version
+        } else {
+            api_version
+                .strip_prefix(rt.group.as_str())?
+                .strip_prefix('/')?
+        };
+        rt.versions
+            .iter()
+            .find(|v| v.name == name)
+            .map(|v| v.merge.as_ref())
+    }
+
+    fn rewrites_only(&self) -> bool {
+        self.0.conversion.is_none()
+    }
+
+    fn convert(&self, objs: &[&Value], api_version: &str) -> Result<Vec<Value>, ConvertError> {
+        if self.schema(api_version).is_none() {
+            return Err(ConvertError::MissingVersion(api_version.to_string()));
+        }
+        let rt = self.0;
+        let owned: Vec<Value> = objs.iter().map(|o| (*o).clone()).collect();
+        let mut out = match &rt.conversion {
+            Some(webhook) => webhook
+                .convert_many_uncached_blocking(&owned, api_version)
+                .map_err(ConvertError::Failed)?,
+            None => owned
+                .into_iter()
+                .map(|mut o| {
+                    if let Some(m) = o.as_object_mut() {
+                        m.insert("apiVersion".into(), Value::String(api_version.into()));
+                    }
+                    o
+                })
+                .collect(),
+        };
+        // As on reads: a version with another schema prunes what it lacks.
+        for (o, from) in out.iter_mut().zip(objs) {
+            let from = from.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+            if let Some(schema) = rt.pruning_between(from, api_version) {
+                schema.prune(o);
+            }
+        }
+        Ok(out)
     }
 }
 
