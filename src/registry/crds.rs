@@ -107,6 +107,10 @@ pub fn is_definition(t: &Target) -> bool {
 /// serve (or whose CEL rules do not compile) is refused too.
 pub fn check(obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
     let errs = match old {
+        // A spec left as stored was accepted when written (perhaps by an
+        // older kshard that checked less): writes of metadata alone, such as
+        // the cleanup finalizer's removal, must still go through.
+        Some(old) if old.get("spec") == obj.get("spec") => Vec::new(),
         Some(old) => super::crd_validation::validate_update(obj, old),
         None => super::crd_validation::validate_create(obj),
     };
