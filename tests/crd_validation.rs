@@ -156,7 +156,8 @@ async fn bad_definitions_get_kubes_causes_on_create() {
     let mut v = crd("widgets");
     v["spec"]["versions"][0]
         .as_object_mut()
-        .map(|m| m.remove("schema"));
+        .expect("version")
+        .remove("schema");
     assert_invalid(
         &s.post_json(CRDS, &v).await,
         "widgets.example.com",
@@ -267,7 +268,10 @@ async fn schema_errors_have_kubes_paths() {
     v2["storage"] = json!(false);
     v2["schema"]["openAPIV3Schema"]["properties"]["tags"] =
         json!({"type": "string", "x-kubernetes-list-type": "set"});
-    v["spec"]["versions"].as_array_mut().map(|a| a.push(v2));
+    v["spec"]["versions"]
+        .as_array_mut()
+        .expect("versions")
+        .push(v2);
     schema(
         &mut v,
         json!({"type": "object", "properties": {"spec": {"type": "strin"}}}),
@@ -379,7 +383,10 @@ async fn updates_keep_kubes_immutable_fields_and_stored_versions() {
     let mut v2 = v["spec"]["versions"][0].clone();
     v2["name"] = json!("v2");
     v["spec"]["versions"][0]["storage"] = json!(false);
-    v["spec"]["versions"].as_array_mut().map(|a| a.push(v2));
+    v["spec"]["versions"]
+        .as_array_mut()
+        .expect("versions")
+        .push(v2);
     let r = s.put_json(&uri, &v).await;
     assert_eq!(r.status, 200, "{}", r.text());
 }

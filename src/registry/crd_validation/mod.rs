@@ -243,10 +243,7 @@ impl Options {
             require_immutable_names: established(old_obj),
             require_openapi_schema: old.all_versions_have_schema(),
             require_valid_property_type: !old.has_schema_with(&schema::has_invalid_type),
-            require_structural: old
-                .schemas()
-                .into_iter()
-                .all(|s| structural::is_structural(s)),
+            require_structural: old.schemas().into_iter().all(structural::is_structural),
             require_atomic_set_type: !old.has_schema_with(&schema::has_non_atomic_set_type),
             require_map_list_keys_map_set: !old.has_schema_with(&|s| {
                 let mut e = Vec::new();
@@ -1341,7 +1338,8 @@ mod tests {
         let mut v = crd();
         v["spec"]["versions"][0]
             .as_object_mut()
-            .map(|m| m.remove("schema"));
+            .expect("version")
+            .remove("schema");
         assert_eq!(
             create(&v),
             ["spec.versions[0].schema.openAPIV3Schema: Required value"]
@@ -1352,7 +1350,10 @@ mod tests {
         second["name"] = json!("v2");
         second["storage"] = json!(false);
         second["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["size"] = json!({});
-        v["spec"]["versions"].as_array_mut().map(|a| a.push(second));
+        v["spec"]["versions"]
+            .as_array_mut()
+            .expect("versions")
+            .push(second);
         assert_eq!(
             create(&v),
             ["spec.versions[1].schema.openAPIV3Schema.properties[spec].properties[size].type: Required value: must not be empty for specified object fields"]
