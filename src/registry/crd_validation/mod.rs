@@ -311,8 +311,10 @@ pub fn validate_update(new: &Value, old: &Value) -> Vec<FieldError> {
         spec.names_str("plural"),
         old_spec.names_str("plural"),
     );
-    // The status is the stored one (kube's PrepareForUpdate keeps it).
-    let old_stored: Vec<String> = old
+    // The status is the stored one (kube's PrepareForUpdate keeps it). Until
+    // kshard's controller has written it, it is what kube's create would
+    // have set: the stored definition's storage version.
+    let mut old_stored: Vec<String> = old
         .pointer("/status/storedVersions")
         .and_then(Value::as_array)
         .map(|a| {
@@ -322,6 +324,9 @@ pub fn validate_update(new: &Value, old: &Value) -> Vec<FieldError> {
                 .collect()
         })
         .unwrap_or_default();
+    if old_stored.is_empty() {
+        old_stored = effective_stored_versions(&old_spec, &[]);
+    }
     errs.extend(stored_versions(
         &effective_stored_versions(&spec, &old_stored),
         &spec,
@@ -1555,6 +1560,26 @@ mod tests {
         old["status"]["conditions"] = json!([]);
         new["spec"]["versions"][0]["name"] = json!("v1");
         assert!(validate_update(&new, &old).is_empty());
+    }
+
+    #[test]
+    fn an_unwritten_status_counts_the_stored_storage_version() {
+        // kube's create records the storage version at once; kshard's
+        // controller writes the status a moment later.
+        let old = crd();
+        let mut new = old.clone();
+        new["spec"]["versions"][0]["name"] = json!("v2");
+        let errs: Vec<String> = validate_update(&new, &old)
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].starts_with(
+                r#"status.storedVersions[0]: Invalid value: "v1": missing from spec.versions"#
+            ),
+            "{errs:?}"
+        );
     }
 
     #[test]
