@@ -102,8 +102,21 @@ pub fn is_definition(t: &Target) -> bool {
     t.rt.group == GROUP && t.rt.plural == PLURAL
 }
 
-/// A definition that cannot be served is refused when written.
-pub fn check(obj: &Value) -> Vec<FieldError> {
+/// kube's validation of a definition being written (`old`: the stored one,
+/// on update), then the catalog's: what kube accepts but kshard cannot
+/// serve (or whose CEL rules do not compile) is refused too.
+pub fn check(obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
+    let errs = match old {
+        // A spec left as stored was accepted when written (perhaps by an
+        // older kshard that checked less): writes of metadata alone, such as
+        // the cleanup finalizer's removal, must still go through.
+        Some(old) if old.get("spec") == obj.get("spec") => Vec::new(),
+        Some(old) => super::crd_validation::validate_update(obj, old),
+        None => super::crd_validation::validate_create(obj),
+    };
+    if !errs.is_empty() {
+        return errs;
+    }
     match check_definition(obj) {
         Ok(()) => Vec::new(),
         Err(super::catalog::DefinitionError::Fields(errs)) => errs,

@@ -7,6 +7,7 @@ pub mod admission;
 pub mod catalog;
 mod continuation;
 pub mod conversion;
+pub mod crd_validation;
 pub mod crds;
 pub mod definitions;
 mod delete;

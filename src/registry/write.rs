@@ -221,7 +221,7 @@ impl Registry {
         // kube's status strategy for definitions checks the status alone, so a definition
         // stored before a check existed still gets its status written.
         if super::crds::is_definition(t) && sub != Subresource::Status {
-            errs.extend(super::crds::check(obj));
+            errs.extend(super::crds::check(obj, old));
         }
         if let Some(schema) = &schema {
             let from = errs.len();
