@@ -653,10 +653,19 @@ async fn watched_creates(kubeconfig: &Path, watchers: usize, secs: f64) -> (Roun
 
 // ------------------------------------------------------------------ lists
 
+/// Times of a paginated list of every widget, page by page (`limit=500` and `continue`, a
+/// consistent read, as client-go's pager sends it).
+struct Pages {
+    first_ms: f64,
+    middle_ms: f64,
+    last_ms: f64,
+    pages: usize,
+}
+
 /// A full list of `n` objects from the watch cache (`resourceVersion=0`,
 /// over HTTPS, as a client sees it) against serde_json serializing the same
-/// objects in memory. Medians of 5.
-async fn list_against_serde(kubeconfig: &Path, n: usize) -> (f64, f64) {
+/// objects in memory, medians of 5; then the same objects in pages of 500.
+async fn list_against_serde(kubeconfig: &Path, n: usize) -> (f64, f64, Pages) {
     const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/lists/widgets";
     let client = common::client_for(kubeconfig).await;
     progress(&format!("lists: creating {n} objects…"));
@@ -684,7 +693,47 @@ async fn list_against_serde(kubeconfig: &Path, n: usize) -> (f64, f64) {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    (median(list_ms), median(serde_ms))
+    // Each page three times (the same continue token), the median kept:
+    // the time of page k shows whether its offset costs anything.
+    let mut page_ms = Vec::new();
+    let mut token = String::new();
+    loop {
+        // Across all namespaces: every object the bench stored (the memory
+        // load's too, when it ran), so the offsets reach far.
+        const ALL: &str = "/apis/demo.kshard.dev/v1/widgets";
+        let url = if token.is_empty() {
+            format!("{ALL}?limit=500")
+        } else {
+            format!("{ALL}?limit=500&continue={token}")
+        };
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            let req = http::Request::get(url.as_str())
+                .body(kube::client::Body::empty())
+                .expect("request");
+            let t = Instant::now();
+            let resp = client.send(req).await.expect("page");
+            body = resp.into_body().collect_bytes().await.expect("body");
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        page_ms.push(median(times));
+        let page: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        match page["metadata"]["continue"].as_str() {
+            Some(t) if !t.is_empty() => token = t.to_string(),
+            _ => break,
+        }
+    }
+    let pages = Pages {
+        first_ms: page_ms.first().copied().unwrap_or(0.0),
+        middle_ms: page_ms.get(page_ms.len() / 2).copied().unwrap_or(0.0),
+        // The last page may be short: the one before it is a full page.
+        last_ms: page_ms
+            .get(page_ms.len().saturating_sub(2))
+            .copied()
+            .unwrap_or(0.0),
+        pages: page_ms.len(),
+    };
+    (median(list_ms), median(serde_ms), pages)
 }
 
 fn plot(ratios: &[(usize, f64)], mem_ratio: f64, fan: &FanOut) -> String {
@@ -861,12 +910,16 @@ async fn run() {
     };
     let list_n = if smoke() { 200 } else { 10_000 };
     let lists = if wanted("lists") {
-        let (list_ms, serde_ms) = list_against_serde(&kubeconfig, list_n).await;
+        let (list_ms, serde_ms, pages) = list_against_serde(&kubeconfig, list_n).await;
         println!(
             "list of {list_n} from the cache: {list_ms:.1} ms over HTTPS; serde_json serializes them in {serde_ms:.1} ms ({:.2}×)",
             list_ms / serde_ms.max(1e-9)
         );
-        Some((list_ms, serde_ms))
+        println!(
+            "pages of 500 ({} pages): first {:.2} ms, middle {:.2} ms, last full {:.2} ms",
+            pages.pages, pages.first_ms, pages.middle_ms, pages.last_ms
+        );
+        Some((list_ms, serde_ms, pages))
     } else {
         None
     };
@@ -896,7 +949,8 @@ async fn run() {
             "clients": 16, "watchers": if smoke() { 10 } else { 100 },
             "alone_per_sec": a.ops_per_sec, "watched_per_sec": w.ops_per_sec,
             "ratio": w.ops_per_sec / a.ops_per_sec.max(1e-9)})),
-        "list": lists.map(|(l, s)| json!({"objects": list_n, "list_ms": l, "serde_ms": s, "ratio": l / s.max(1e-9)})),
+        "list": lists.map(|(l, s, p)| json!({"objects": list_n, "list_ms": l, "serde_ms": s, "ratio": l / s.max(1e-9),
+            "pages_of_500": {"pages": p.pages, "first_ms": p.first_ms, "middle_ms": p.middle_ms, "last_full_ms": p.last_ms}})),
         "fan_out": {"watchers": fan.watchers, "events": fan.events, "p50_ms": fan.p50_ms,
                     "p99_ms": fan.p99_ms, "cpu_us_per_delivery": fan.cpu_us_per_delivery},
     });
