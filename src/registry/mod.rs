@@ -222,6 +222,7 @@ impl Registry {
     /// A cache filter for a target collection (or one name) and selectors.
     pub fn filter(&self, t: &Target, name: Option<&str>, sel: &Selectors) -> Filter {
         let sel = sel.clone();
+        let selects_all = sel.is_empty();
         let predicate: Arc<dyn Fn(&CachedObject) -> bool + Send + Sync> = if sel.is_empty() {
             Arc::new(|_| true)
         } else {
@@ -231,6 +232,7 @@ impl Registry {
             key_prefix: t.cache_key_prefix(),
             exact_key: name.map(|n| t.cache_key(n)),
             predicate,
+            selects_all,
         }
     }
 }

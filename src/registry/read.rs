@@ -122,8 +122,11 @@ impl Registry {
                 self.list_store(t, sel, rev, None, limit).await
             }
             ReadAt::Continue(token) => {
-                let after = Some(format!("{}/{}", t.rt.id(), token.after()));
                 let rev = self.continue_revision(token).await?;
+                if let Some(page) = self.list_cached_at(t, sel, limit, token.after(), rev) {
+                    return Ok(page);
+                }
+                let after = Some(format!("{}/{}", t.rt.id(), token.after()));
                 self.list_store(t, sel, rev, after, limit)
                     .await
                     .map_err(|e| continue_error(e, token))
@@ -136,16 +139,24 @@ impl Registry {
         let page = self
             .cache
             .list_page(&t.rt.id(), &filter, limit.unwrap_or(usize::MAX));
-        let more = page.more > 0;
-        ListResult {
-            revision: page.revision,
-            continue_token: more
-                .then(|| page.items.last())
-                .flatten()
-                .map(|last| ContinueToken::new(page.revision, &last.key).encode()),
-            remaining: (more && sel.is_empty()).then_some(page.more as u64),
-            items: page.items.iter().map(|o| Item::cached(o)).collect(),
-        }
+        list_result(page, sel)
+    }
+
+    /// A continue page at its token's revision from the cache, when the
+    /// resource has not changed since (see `Cache::list_page_at`).
+    fn list_cached_at(
+        &self,
+        t: &Target,
+        sel: &Selectors,
+        limit: Option<usize>,
+        after: &str,
+        at: Revision,
+    ) -> Option<ListResult> {
+        let filter = self.filter(t, None, sel);
+        let page =
+            self.cache
+                .list_page_at(&t.rt.id(), &filter, limit.unwrap_or(usize::MAX), after, at)?;
+        Some(list_result(page, sel))
     }
 
     async fn list_store(
@@ -202,4 +213,19 @@ fn stored_item(t: &Target, json: Bytes) -> Result<Item, ApiError> {
         }
         None => Item::new(value, json),
     })
+}
+
+/// A page from the cache as a list answer: a continue token after its last
+/// object when more follow, and their count when no selector filtered them.
+fn list_result(page: crate::watch::Page, sel: &Selectors) -> ListResult {
+    let more = page.more > 0;
+    ListResult {
+        revision: page.revision,
+        continue_token: more
+            .then(|| page.items.last())
+            .flatten()
+            .map(|last| ContinueToken::new(page.revision, &last.key).encode()),
+        remaining: (more && sel.is_empty()).then_some(page.more as u64),
+        items: page.items.iter().map(|o| Item::cached(o)).collect(),
+    }
 }
