@@ -111,6 +111,21 @@ struct ResourceState {
     /// The revision of its last event (or the cache's start): its objects
     /// are as they were at any revision from here to the cache's.
     changed: Revision,
+    /// Objects per namespace (key prefix `ns/`), so that a first page of a
+    /// namespace knows how many follow without walking them.
+    per_namespace: HashMap<String, usize>,
+    /// How many objects follow a page's last key, by (list prefix, key),
+    /// with the `changed` it was counted at: the next page of a pager knows
+    /// its count from its predecessor's instead of walking the rest.
+    after_counts: std::sync::Mutex<HashMap<(String, String), (Revision, usize)>>,
+}
+
+/// Pages whose following count is remembered, per resource.
+const AFTER_COUNTS: usize = 1024;
+
+/// The namespace prefix of a key within a resource (`ns/`, `/` when cluster-scoped).
+fn namespace_of(key: &str) -> &str {
+    key.find('/').map_or("", |i| &key[..=i])
 }
 
 impl ResourceState {
@@ -122,6 +137,42 @@ impl ResourceState {
             watchers: Vec::new(),
             api_versions: Vec::new(),
             changed: complete_after,
+            per_namespace: HashMap::new(),
+            after_counts: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn insert(&mut self, key: &str, object: Arc<CachedObject>) -> Option<Arc<CachedObject>> {
+        let prev = self.objects.insert(key.to_string(), object);
+        if prev.is_none() {
+            *self
+                .per_namespace
+                .entry(namespace_of(key).to_string())
+                .or_default() += 1;
+        }
+        prev
+    }
+
+    fn remove(&mut self, key: &str) -> Option<Arc<CachedObject>> {
+        let prev = self.objects.remove(key);
+        if prev.is_some() {
+            let ns = namespace_of(key);
+            if let Some(n) = self.per_namespace.get_mut(ns) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.per_namespace.remove(ns);
+                }
+            }
+        }
+        prev
+    }
+
+    /// Objects under a list prefix (`""` or `ns/`).
+    fn count_under(&self, prefix: &str) -> usize {
+        if prefix.is_empty() {
+            self.objects.len()
+        } else {
+            self.per_namespace.get(prefix).copied().unwrap_or(0)
         }
     }
 
@@ -211,7 +262,7 @@ impl Cache {
                 .or_insert_with(|| ResourceState::new(rev));
             state.bytes += json.len() as u64;
             let object = state.object(sub, revision, &value, json);
-            state.objects.insert(sub.to_string(), object);
+            state.insert(sub, object);
         }
         let (tx, _) = watch::channel(rev);
         let cache = Arc::new(Self {
@@ -304,10 +355,10 @@ impl Cache {
             res.changed = event.revision;
             let object = res.object(sub, event.revision, &value, json);
             let prev = if event.kind == EventType::Deleted {
-                res.objects.remove(sub)
+                res.remove(sub)
             } else {
                 res.bytes += object.json.len() as u64;
-                res.objects.insert(sub.to_string(), object.clone())
+                res.insert(sub, object.clone())
             };
             if let Some(p) = &prev {
                 res.bytes = res.bytes.saturating_sub(p.json.len() as u64);
@@ -535,7 +586,32 @@ fn page_of(
     if filter.selects_all {
         page.items
             .extend(range.by_ref().take(limit).map(|(_, o)| o.clone()));
-        page.more = range.count();
+        // How many follow: known without a walk for a first page (the count
+        // under the prefix) and for a page after a remembered one.
+        let known_after = match after {
+            None => Some(res.count_under(prefix)),
+            Some(a) => res
+                .after_counts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(prefix.to_string(), a.to_string()))
+                .filter(|(changed, _)| *changed == res.changed)
+                .map(|(_, n)| *n),
+        };
+        page.more = match known_after {
+            Some(n) => n.saturating_sub(page.items.len()),
+            None => range.count(),
+        };
+        if let (Some(last), true) = (page.items.last(), page.more > 0) {
+            let mut counts = res.after_counts.lock().unwrap_or_else(|e| e.into_inner());
+            if counts.len() >= AFTER_COUNTS {
+                counts.clear();
+            }
+            counts.insert(
+                (prefix.to_string(), last.key.clone()),
+                (res.changed, page.more),
+            );
+        }
     } else {
         let mut matching = range.map(|(_, o)| o).filter(|o| (filter.predicate)(o));
         page.items.extend(matching.by_ref().take(limit).cloned());
@@ -686,6 +762,55 @@ mod tests {
         assert!(cache
             .list_page_at("g/r", &ns, 3, "ns/o2", changed + 5)
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn page_counts_follow_creates_and_deletes_per_namespace() {
+        let (_d, store, cache) = setup(100).await;
+        for i in 0..5 {
+            create(&store, &format!("a{i}")).await;
+            store
+                .write(Write::Create {
+                    key: format!("g/r/other/b{i}"),
+                    object: json!({"apiVersion": "g/v1", "kind": "K", "metadata": {"name": "b"}}),
+                })
+                .await
+                .expect("create");
+        }
+        let rev = store
+            .write(Write::Delete {
+                key: "g/r/ns/a1".into(),
+                expected: None,
+            })
+            .await
+            .expect("delete")
+            .revision;
+        cache
+            .wait_for(rev, Duration::from_secs(2))
+            .await
+            .expect("caught up");
+        let ns = Filter {
+            key_prefix: "ns/".into(),
+            ..Filter::everything()
+        };
+        let first = cache.list_page("g/r", &ns, 2);
+        assert_eq!(first.more, 2, "4 left in ns, 2 on the page");
+        let all = cache.list_page("g/r", &Filter::everything(), 2);
+        assert_eq!(all.more, 7);
+        // Each following page's count comes from the one before it.
+        let mut after = all.items.last().expect("item").key.clone();
+        let mut seen = 2;
+        while let Some(p) =
+            cache.list_page_at("g/r", &Filter::everything(), 2, &after, all.revision)
+        {
+            seen += p.items.len();
+            assert_eq!(p.more, 9 - seen, "after {after}");
+            match p.items.last() {
+                Some(last) if p.more > 0 => after = last.key.clone(),
+                _ => break,
+            }
+        }
+        assert_eq!(seen, 9);
     }
 
     #[tokio::test]
