@@ -155,6 +155,51 @@ fn error_frame(out: &Output, status: &ApiError) -> Bytes {
     }
 }
 
+/// Frames of queued events joined into one write (a watch body is a byte
+/// stream: JSON frames are newline-delimited, protobuf ones length-prefixed).
+#[derive(Default)]
+struct Batch {
+    first: Option<Bytes>,
+    joined: Option<bytes::BytesMut>,
+    events: usize,
+}
+
+impl Batch {
+    /// Events and bytes one write carries at most.
+    const EVENTS: usize = 64;
+    const BYTES: usize = 256 * 1024;
+
+    fn push(&mut self, frame: Option<Bytes>) {
+        self.events += 1;
+        let Some(f) = frame else { return };
+        match (&mut self.joined, self.first.take()) {
+            (Some(j), _) => j.extend_from_slice(&f),
+            (None, None) => self.first = Some(f),
+            (None, Some(first)) => {
+                let mut j = bytes::BytesMut::with_capacity(first.len() + f.len() * 4);
+                j.extend_from_slice(&first);
+                j.extend_from_slice(&f);
+                self.joined = Some(j);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.joined
+            .as_ref()
+            .map_or(self.first.as_ref().map_or(0, Bytes::len), |j| j.len())
+    }
+
+    fn full(&self) -> bool {
+        self.events >= Self::EVENTS || self.len() >= Self::BYTES
+    }
+
+    /// One frame stays the shared encoding itself: no copy.
+    fn take(self) -> Option<Bytes> {
+        self.joined.map(|j| j.freeze()).or(self.first)
+    }
+}
+
 struct Stream {
     t: Target,
     out: Output,
@@ -196,6 +241,15 @@ impl Stream {
             self.bookmark_every,
         );
         let mut definitions = self.registry.live_catalog().subscribe();
+        // Made once, not per event: each would register a timer or a waiter
+        // again for every event of every watcher.
+        let expired = tokio::time::sleep_until(deadline);
+        tokio::pin!(expired);
+        let stop = self.stop.clone();
+        let stopped = stop.cancelled();
+        tokio::pin!(stopped);
+        let closed = tx.closed();
+        tokio::pin!(closed);
         loop {
             tokio::select! {
                 // The resource's definition went away (or stopped serving this
@@ -207,7 +261,17 @@ impl Stream {
                 ev = sub.rx.recv() => {
                     let Some(ev) = ev else { return };
                     last_sent = last_sent.max(ev.revision);
-                    if let Some(f) = self.encode(&ev) {
+                    let mut batch = Batch::default();
+                    batch.push(self.encode(&ev));
+                    // Events already queued go out with it, as one write:
+                    // under load a watcher costs one channel hop and one
+                    // DATA frame per batch rather than per event.
+                    while !batch.full() {
+                        let Ok(ev) = sub.rx.try_recv() else { break };
+                        last_sent = last_sent.max(ev.revision);
+                        batch.push(self.encode(&ev));
+                    }
+                    if let Some(f) = batch.take() {
                         if tx.send(f).await.is_err() { return; }
                     }
                 }
@@ -224,9 +288,9 @@ impl Stream {
                     last_sent = rev;
                     if tx.send(self.bookmark(rev, false)).await.is_err() { return; }
                 }
-                _ = tokio::time::sleep_until(deadline) => return,
-                _ = tx.closed() => return,
-                _ = self.stop.cancelled() => return,
+                _ = &mut expired => return,
+                _ = &mut closed => return,
+                _ = &mut stopped => return,
             }
         }
     }
@@ -365,6 +429,34 @@ impl Stream {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn queued_frames_go_out_as_one_write_and_a_lone_frame_is_not_copied() {
+        let lone = Bytes::from_static(b"{\"type\":\"ADDED\"}\n");
+        let mut one = Batch::default();
+        one.push(Some(lone.clone()));
+        let out = one.take().expect("frame");
+        assert_eq!(out.as_ptr(), lone.as_ptr(), "the shared encoding itself");
+
+        let mut many = Batch::default();
+        many.push(Some(Bytes::from_static(b"a\n")));
+        many.push(None); // filtered out for this watcher
+        many.push(Some(Bytes::from_static(b"b\n")));
+        many.push(Some(Bytes::from_static(b"c\n")));
+        assert!(!many.full());
+        assert_eq!(many.take().as_deref(), Some(&b"a\nb\nc\n"[..]));
+
+        let mut capped = Batch::default();
+        for _ in 0..Batch::EVENTS {
+            capped.push(None);
+        }
+        assert!(capped.full(), "at most {} events a write", Batch::EVENTS);
+        assert!(capped.take().is_none());
+        let mut big = Batch::default();
+        big.push(Some(Bytes::from(vec![b'x'; Batch::BYTES])));
+        assert!(big.full());
+    }
+
     use super::*;
 
     #[test]
