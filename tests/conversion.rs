@@ -88,7 +88,6 @@ async fn start_webhook(hook: Arc<Hook>) -> (u16, String) {
 }
 
 fn crd(port: u16, ca_pem: &str) -> String {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     let version = |name: &str, storage: bool, field: &str| {
         format!(
             r#"
@@ -106,14 +105,23 @@ fn crd(port: u16, ca_pem: &str) -> String {
               {field}: {{type: string}}"#
         )
     };
+    webhook_crd("gadget", "Gadget", port, ca_pem)
+        + &version("v1", true, "color")
+        + &version("v2", false, "colour")
+}
+
+/// A namespaced definition `<singular>s.<singular>s.kshard.dev` converted by
+/// the test's webhook at `port`, up to its `versions:` key (the caller adds them).
+fn webhook_crd(singular: &str, kind: &str, port: u16, ca_pem: &str) -> String {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(
         r#"apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {{name: gadgets.gadgets.kshard.dev}}
+metadata: {{name: {singular}s.{singular}s.kshard.dev}}
 spec:
-  group: gadgets.kshard.dev
+  group: {singular}s.kshard.dev
   scope: Namespaced
-  names: {{plural: gadgets, singular: gadget, kind: Gadget}}
+  names: {{plural: {singular}s, singular: {singular}, kind: {kind}}}
   conversion:
     strategy: Webhook
     webhook:
@@ -121,10 +129,7 @@ spec:
       clientConfig:
         url: https://127.0.0.1:{port}/convert
         caBundle: {ca}
-  versions:{}{}
-"#,
-        version("v1", true, "color"),
-        version("v2", false, "colour")
+  versions:"#
     )
 }
 
@@ -292,7 +297,6 @@ const GZ2: &str = "/apis/gizmos.kshard.dev/v2/namespaces/default/gizmos";
 
 /// Gizmos: v1 (stored) calls a field `size` that v2 calls `replicas`.
 fn gizmo_crd(port: u16, ca_pem: &str) -> String {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     let version = |name: &str, storage: bool, field: &str| {
         format!(
             r#"
@@ -315,26 +319,9 @@ fn gizmo_crd(port: u16, ca_pem: &str) -> String {
               ready: {{type: integer}}"#
         )
     };
-    format!(
-        r#"apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {{name: gizmos.gizmos.kshard.dev}}
-spec:
-  group: gizmos.kshard.dev
-  scope: Namespaced
-  names: {{plural: gizmos, singular: gizmo, kind: Gizmo}}
-  conversion:
-    strategy: Webhook
-    webhook:
-      conversionReviewVersions: [v1]
-      clientConfig:
-        url: https://127.0.0.1:{port}/convert
-        caBundle: {ca}
-  versions:{}{}
-"#,
-        version("v1", true, "size"),
-        version("v2", false, "replicas")
-    )
+    webhook_crd("gizmo", "Gizmo", port, ca_pem)
+        + &version("v1", true, "size")
+        + &version("v2", false, "replicas")
 }
 
 async fn gizmo_server(hook: Arc<Hook>) -> (common::TestServer, tempfile::TempDir) {
