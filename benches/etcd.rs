@@ -203,6 +203,14 @@ struct Round {
     ops_per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// The server's own CPU (user + system) per acknowledged write.
+    cpu_us_per_op: f64,
+}
+
+/// The CPU `pid` used since `before` (seconds), per write of `round`.
+fn server_cpu_per_op(pid: u32, before: f64, round: &Round, secs: f64) -> f64 {
+    let ops = round.ops_per_sec * secs;
+    (cpu_seconds(pid) - before) * 1e6 / ops.max(1.0)
 }
 
 fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
@@ -215,11 +223,13 @@ fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
         ops_per_sec: count as f64 / elapsed.as_secs_f64(),
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
+        cpu_us_per_op: 0.0,
     }
 }
 
 /// Closed-loop creates of 1 KiB widgets into `collection` by `clients`
-/// workers for `secs`; names start with `prefix`.
+/// workers for `secs`, each on its own HTTPS (HTTP/1.1) connection; names
+/// start with `prefix`.
 async fn kshard_creates(
     kubeconfig: &Path,
     collection: &'static str,
@@ -227,11 +237,16 @@ async fn kshard_creates(
     secs: f64,
     prefix: &str,
 ) -> Round {
+    let data = kubeconfig.parent().expect("data dir");
+    let addr = server_addr(kubeconfig);
+    let mut conns = Vec::new();
+    for _ in 0..clients {
+        conns.push(h1_connection(data, &addr).await);
+    }
     let mut handles = Vec::new();
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(secs);
-    for w in 0..clients {
-        let client = common::client_for(kubeconfig).await;
+    for (w, mut send) in conns.into_iter().enumerate() {
         let prefix = prefix.to_string();
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -240,15 +255,19 @@ async fn kshard_creates(
                 let name = format!("{prefix}-w{w}-{i}");
                 i += 1;
                 let req = http::Request::post(collection)
+                    .header("host", "localhost")
                     .header("content-type", "application/json")
-                    .body(kube::client::Body::from(widget_1k(&name)))
+                    .body(http_body_util::Full::new(Bytes::from(widget_1k(&name))))
                     .expect("request");
                 let t = Instant::now();
-                let Ok(resp) = client.send(req).await else {
-                    continue;
+                if send.ready().await.is_err() {
+                    break;
+                }
+                let Ok(resp) = send.send_request(req).await else {
+                    break;
                 };
                 let ok = resp.status().as_u16() == 201;
-                let _ = resp.into_body().collect_bytes().await;
+                let _ = resp.into_body().collect().await;
                 if ok {
                     lat.push(t.elapsed());
                 }
@@ -409,12 +428,13 @@ struct FanOut {
     cpu_us_per_delivery: f64,
 }
 
-/// An HTTP/2 connection to kshard as the admin, as client-go opens one per
-/// host and multiplexes every watch over it.
-async fn h2_connection(
+/// A TLS connection to kshard as the admin (the dev PKI's client
+/// certificate), offering `alpn`.
+async fn admin_tls(
     data: &Path,
     addr: &str,
-) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     let pki = data.join("pki");
@@ -435,18 +455,42 @@ async fn h2_connection(
     .with_root_certificates(roots)
     .with_client_auth_cert(chain, key)
     .expect("client auth");
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let _ = tcp.set_nodelay(true);
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("localhost").expect("name"), tcp)
         .await
-        .expect("tls");
+        .expect("tls")
+}
+
+/// An HTTP/2 connection to kshard as the admin, as client-go opens one per
+/// host and multiplexes every watch over it.
+async fn h2_connection(
+    data: &Path,
+    addr: &str,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    let tls = admin_tls(data, addr, b"h2").await;
     let (send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .handshake(hyper_util::rt::TokioIo::new(tls))
             .await
             .expect("h2 handshake");
+    tokio::spawn(conn);
+    send
+}
+
+/// An HTTP/1.1 connection to kshard as the admin: the same bare hyper
+/// client as the etcd side's, so the load generator costs both servers'
+/// shared cores alike.
+async fn h1_connection(
+    data: &Path,
+    addr: &str,
+) -> hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>> {
+    let tls = admin_tls(data, addr, b"http/1.1").await;
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .expect("http/1.1 handshake");
     tokio::spawn(conn);
     send
 }
@@ -831,7 +875,8 @@ async fn run() {
     let concurrencies: &[usize] = if wanted("creates") { &[1, 16, 64] } else { &[] };
     for (r, clients) in concurrencies.iter().copied().enumerate() {
         progress(&format!("round c={clients}: kshard creates for {secs} s…"));
-        let k = kshard_creates(
+        let cpu = cpu_seconds(pid);
+        let mut k = kshard_creates(
             &kubeconfig,
             WIDGETS,
             clients,
@@ -839,23 +884,29 @@ async fn run() {
             &format!("r{r}-c{clients}"),
         )
         .await;
+        k.cpu_us_per_op = server_cpu_per_op(pid, cpu, &k, secs);
         let e = match &etcd {
-            Some((_, port)) => {
+            Some((child, port)) => {
                 progress(&format!("round c={clients}: etcd puts for {secs} s…"));
-                Some(etcd_puts(*port, clients, secs, r).await)
+                let cpu = cpu_seconds(child.id());
+                let mut e = etcd_puts(*port, clients, secs, r).await;
+                e.cpu_us_per_op = server_cpu_per_op(child.id(), cpu, &e, secs);
+                Some(e)
             }
             None => None,
         };
         println!(
-            "c={clients:>3}  kshard {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms)  etcd {}",
+            "c={clients:>3}  kshard {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU/write)  etcd {}",
             k.ops_per_sec,
             k.p50_ms,
             k.p99_ms,
+            k.cpu_us_per_op,
             e.as_ref().map_or("skipped".to_string(), |e| format!(
-                "{:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms)  ratio {:.2}",
+                "{:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU/put)  ratio {:.2}",
                 e.ops_per_sec,
                 e.p50_ms,
                 e.p99_ms,
+                e.cpu_us_per_op,
                 k.ops_per_sec / e.ops_per_sec.max(1e-9)
             ))
         );
@@ -937,6 +988,8 @@ async fn run() {
         "creates": rounds.iter().map(|(c, k, e)| json!({
             "clients": c,
             "kshard_per_sec": k.ops_per_sec, "kshard_p50_ms": k.p50_ms, "kshard_p99_ms": k.p99_ms,
+            "kshard_cpu_us_per_write": k.cpu_us_per_op,
+            "etcd_cpu_us_per_put": e.as_ref().map(|e| e.cpu_us_per_op),
             "etcd_per_sec": e.as_ref().map(|e| e.ops_per_sec),
             "etcd_p50_ms": e.as_ref().map(|e| e.p50_ms),
             "etcd_p99_ms": e.as_ref().map(|e| e.p99_ms),

@@ -268,22 +268,22 @@ impl Authenticator {
             strip_request_headers(headers, rh);
         }
         if identity.is_none() {
-            if let (Some(ca), Some(leaf)) = (&config.client_ca, chain.first()) {
+            if let (Some(ca), false) = (&config.client_ca, chain.is_empty()) {
                 // A certificate that does not chain to the client CA (a front
                 // proxy's that named no user included) is an error, as kube's
                 // x509 authenticator makes it.
-                let verified = ca.verifies(chain);
-                rejected |= !verified;
-                if verified {
+                match ca.verify(chain) {
+                    None => rejected = true,
                     // kube: a certificate without a common name names no user.
-                    if let Some((cn, orgs)) = x509::subject(leaf).filter(|(cn, _)| !cn.is_empty()) {
+                    Some(s) if !s.common_name.is_empty() => {
                         identity = Some(Identity {
-                            user: cn,
-                            groups: orgs,
+                            user: s.common_name.clone(),
+                            groups: s.organizations.clone(),
                             uid: String::new(),
                             extra: BTreeMap::new(),
                         });
                     }
+                    Some(_) => {}
                 }
             }
         }
@@ -328,10 +328,9 @@ fn bearer_token(headers: &HeaderMap) -> Option<String> {
 
 /// A front proxy: a certificate chaining to the requestheader CA with an allowed CN.
 fn is_trusted_proxy(rh: &RequestHeader, chain: &[CertificateDer<'static>]) -> bool {
-    !chain.is_empty()
-        && rh.ca.verifies(chain)
-        && (rh.allowed_names.is_empty()
-            || x509::subject(&chain[0]).is_some_and(|(cn, _)| rh.allowed_names.contains(&cn)))
+    rh.ca.verify(chain).is_some_and(|s| {
+        rh.allowed_names.is_empty() || rh.allowed_names.contains(&s.common_name)
+    })
 }
 
 fn from_request_headers(rh: &RequestHeader, headers: &HeaderMap) -> Option<Identity> {

@@ -30,10 +30,19 @@ pub struct CaBundle {
     verified: Arc<Mutex<HashMap<[u8; 32], Verdict>>>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Verdict {
-    ok: bool,
+    /// The leaf's subject when the chain verified; `None` when it did not.
+    subject: Option<Arc<Subject>>,
     until: SystemTime,
+}
+
+/// Who a verified leaf certificate names: kube reads CN as the user and O
+/// as the groups. Parsed once per chain verdict, not per request.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Subject {
+    pub common_name: String,
+    pub organizations: Vec<String>,
 }
 
 /// How long a verdict is reused (never past the leaf's expiry).
@@ -84,15 +93,19 @@ impl CaBundle {
 
     /// Whether `chain` (leaf first) chains to this bundle and is valid now.
     pub fn verifies(&self, chain: &[CertificateDer<'static>]) -> bool {
-        let Some((leaf, intermediates)) = chain.split_first() else {
-            return false;
-        };
+        self.verify(chain).is_some()
+    }
+
+    /// The leaf's subject when `chain` (leaf first) chains to this bundle
+    /// and is valid now; `None` otherwise.
+    pub fn verify(&self, chain: &[CertificateDer<'static>]) -> Option<Arc<Subject>> {
+        let (leaf, intermediates) = chain.split_first()?;
         let key = chain_digest(chain);
         let now = SystemTime::now();
         {
             let cache = self.verified.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(v) = cache.get(&key).filter(|v| now < v.until) {
-                return v.ok;
+                return v.subject.clone();
             }
         }
         let ok = self
@@ -100,17 +113,26 @@ impl CaBundle {
             .verify_client_cert(leaf, intermediates, UnixTime::now())
             .is_ok();
         let mut until = now + VERDICT_TTL;
-        if ok {
+        let subject = if ok {
             if let Some(expiry) = not_after(leaf) {
                 until = until.min(expiry);
             }
-        }
+            Some(Arc::new(subject(leaf).unwrap_or_default()))
+        } else {
+            None
+        };
         let mut cache = self.verified.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= VERDICTS_MAX {
             cache.clear();
         }
-        cache.insert(key, Verdict { ok, until });
-        ok
+        cache.insert(
+            key,
+            Verdict {
+                subject: subject.clone(),
+                until,
+            },
+        );
+        subject
     }
 }
 
@@ -131,21 +153,24 @@ fn not_after(cert: &CertificateDer<'_>) -> Option<SystemTime> {
 }
 
 /// The subject's common name and organizations of a certificate.
-pub fn subject(cert: &CertificateDer<'_>) -> Option<(String, Vec<String>)> {
+pub fn subject(cert: &CertificateDer<'_>) -> Option<Subject> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let subject = parsed.subject();
-    let cn = subject
+    let common_name = subject
         .iter_common_name()
         .next()
         .and_then(|a| a.as_str().ok())
         .unwrap_or("")
         .to_string();
-    let orgs = subject
+    let organizations = subject
         .iter_organization()
         .filter_map(|a| a.as_str().ok())
         .map(str::to_string)
         .collect();
-    Some((cn, orgs))
+    Some(Subject {
+        common_name,
+        organizations,
+    })
 }
 
 #[cfg(test)]

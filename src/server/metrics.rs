@@ -2,7 +2,8 @@
 //! per request, `apiserver_flowcontrol_*` gauges and counters refreshed from
 //! the APF snapshot at scrape time, histograms through an `ApfObserver`.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -59,20 +60,82 @@ pub struct RequestLabels {
     pub scope: String,
 }
 
+/// Metric handles by their label values. Registering a metric on every
+/// event (label strings allocated, the key hashed, the registry searched)
+/// was a few percent of a create's CPU; the handle is looked up instead.
+/// Label values come from the catalog and APF configuration, so the map
+/// stays small; it is emptied if it ever grows past `HANDLES_MAX`.
+struct Handles<T>(OnceLock<Mutex<HashMap<String, T>>>);
+
+const HANDLES_MAX: usize = 4096;
+
+impl<T: Clone> Handles<T> {
+    const fn new() -> Self {
+        Self(OnceLock::new())
+    }
+
+    /// The handle for `key`, registered by `make` the first time. Nothing
+    /// is kept before the recorder is installed (a handle taken then would
+    /// record nowhere).
+    fn get(&self, key: String, make: impl FnOnce() -> T) -> T {
+        if handle().is_none() {
+            return make();
+        }
+        let map = self.0.get_or_init(Mutex::default);
+        if let Some(h) = map.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return h.clone();
+        }
+        let h = make();
+        let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= HANDLES_MAX {
+            map.clear();
+        }
+        map.insert(key, h.clone());
+        h
+    }
+}
+
+/// Joins label values into one cache key.
+fn key_of(values: &[&str]) -> String {
+    let mut key = String::with_capacity(values.iter().map(|v| v.len() + 1).sum());
+    for v in values {
+        key.push_str(v);
+        key.push('\0');
+    }
+    key
+}
+
 pub fn record_request(l: &RequestLabels, code: u16, took: Duration) {
-    let labels = [
-        ("verb", l.verb.clone()),
-        ("group", l.group.clone()),
-        ("version", l.version.clone()),
-        ("resource", l.resource.clone()),
-        ("subresource", l.subresource.clone()),
-        ("scope", l.scope.clone()),
-        ("component", "apiserver".to_string()),
-        ("code", code.to_string()),
-    ];
-    metrics::counter!("apiserver_request_total", &labels).increment(1);
-    metrics::histogram!("apiserver_request_duration_seconds", &labels[..7])
-        .record(took.as_secs_f64());
+    static REQUESTS: Handles<(metrics::Counter, metrics::Histogram)> = Handles::new();
+    let code = code.to_string();
+    let code_str = code.as_str();
+    let key = key_of(&[
+        &l.verb,
+        &l.group,
+        &l.version,
+        &l.resource,
+        &l.subresource,
+        &l.scope,
+        code_str,
+    ]);
+    let (count, duration) = REQUESTS.get(key, || {
+        let labels = [
+            ("verb", l.verb.clone()),
+            ("group", l.group.clone()),
+            ("version", l.version.clone()),
+            ("resource", l.resource.clone()),
+            ("subresource", l.subresource.clone()),
+            ("scope", l.scope.clone()),
+            ("component", "apiserver".to_string()),
+            ("code", code_str.to_string()),
+        ];
+        (
+            metrics::counter!("apiserver_request_total", &labels),
+            metrics::histogram!("apiserver_request_duration_seconds", &labels[..7]),
+        )
+    });
+    count.increment(1);
+    duration.record(took.as_secs_f64());
 }
 
 /// The exposition text, with APF gauges brought up to date first.
@@ -136,16 +199,21 @@ impl ApfObserver for Observer {
         waited: Duration,
         executed: bool,
     ) {
-        let labels = [
-            ("priority_level", priority_level.to_string()),
-            ("flow_schema", flow_schema.to_string()),
-            ("execute", executed.to_string()),
-        ];
-        metrics::histogram!(
-            "apiserver_flowcontrol_request_wait_duration_seconds",
-            &labels
-        )
-        .record(waited.as_secs_f64());
+        static WAITS: Handles<metrics::Histogram> = Handles::new();
+        let execute = if executed { "true" } else { "false" };
+        WAITS
+            .get(key_of(&[priority_level, flow_schema, execute]), || {
+                let labels = [
+                    ("priority_level", priority_level.to_string()),
+                    ("flow_schema", flow_schema.to_string()),
+                    ("execute", execute.to_string()),
+                ];
+                metrics::histogram!(
+                    "apiserver_flowcontrol_request_wait_duration_seconds",
+                    &labels
+                )
+            })
+            .record(waited.as_secs_f64());
     }
     fn execution_finished(
         &self,
@@ -154,12 +222,16 @@ impl ApfObserver for Observer {
         kind: &str,
         took: Duration,
     ) {
-        let labels = [
-            ("priority_level", priority_level.to_string()),
-            ("flow_schema", flow_schema.to_string()),
-            ("type", kind.to_string()),
-        ];
-        metrics::histogram!("apiserver_flowcontrol_request_execution_seconds", &labels)
+        static EXECUTIONS: Handles<metrics::Histogram> = Handles::new();
+        EXECUTIONS
+            .get(key_of(&[priority_level, flow_schema, kind]), || {
+                let labels = [
+                    ("priority_level", priority_level.to_string()),
+                    ("flow_schema", flow_schema.to_string()),
+                    ("type", kind.to_string()),
+                ];
+                metrics::histogram!("apiserver_flowcontrol_request_execution_seconds", &labels)
+            })
             .record(took.as_secs_f64());
     }
     fn enqueued(&self, priority_level: &str, flow_schema: &str, queue_length: usize) {
@@ -174,11 +246,15 @@ impl ApfObserver for Observer {
         .record(queue_length as f64);
     }
     fn work_estimated(&self, priority_level: &str, flow_schema: &str, seats: u32) {
-        let labels = [
-            ("priority_level", priority_level.to_string()),
-            ("flow_schema", flow_schema.to_string()),
-        ];
-        metrics::histogram!("apiserver_flowcontrol_work_estimated_seats", &labels)
+        static SEATS: Handles<metrics::Histogram> = Handles::new();
+        SEATS
+            .get(key_of(&[priority_level, flow_schema]), || {
+                let labels = [
+                    ("priority_level", priority_level.to_string()),
+                    ("flow_schema", flow_schema.to_string()),
+                ];
+                metrics::histogram!("apiserver_flowcontrol_work_estimated_seats", &labels)
+            })
             .record(seats as f64);
     }
 }

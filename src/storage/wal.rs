@@ -44,6 +44,10 @@ impl Payload {
         self.field(key);
     }
 
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
