@@ -138,6 +138,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
     let verb = req
         .verb
         .ok_or_else(|| ApiError::method_not_supported(&rt.group, &rt.plural, "this method"))?;
+    let _writing =
+        (!matches!(verb, Verb::Get | Verb::List | Verb::Watch)).then(|| state.registry.writing());
     if !rt.namespaced && req.namespace.is_some() {
         return Err(not_found());
     }

@@ -328,9 +328,9 @@ fn bearer_token(headers: &HeaderMap) -> Option<String> {
 
 /// A front proxy: a certificate chaining to the requestheader CA with an allowed CN.
 fn is_trusted_proxy(rh: &RequestHeader, chain: &[CertificateDer<'static>]) -> bool {
-    rh.ca.verify(chain).is_some_and(|s| {
-        rh.allowed_names.is_empty() || rh.allowed_names.contains(&s.common_name)
-    })
+    rh.ca
+        .verify(chain)
+        .is_some_and(|s| rh.allowed_names.is_empty() || rh.allowed_names.contains(&s.common_name))
 }
 
 fn from_request_headers(rh: &RequestHeader, headers: &HeaderMap) -> Option<Identity> {

@@ -166,6 +166,12 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// Marks a write request in flight for its whole handling (see
+    /// `Store::writing`).
+    pub fn writing(&self) -> crate::storage::Writing<'_> {
+        self.store.writing()
+    }
+
     pub fn new(
         catalog: Arc<definitions::LiveCatalog>,
         store: Arc<Store>,

@@ -359,6 +359,16 @@ impl Registry {
         )
     }
 
+    /// [`Registry::to_storage`] of an object no longer needed as it was:
+    /// already at the storage version it is passed on, not copied.
+    pub(super) fn into_storage(&self, t: &Target, obj: Value) -> Result<Value, ApiError> {
+        let storage = format!("{}/{}", t.rt.group, t.rt.storage_version);
+        if obj.get("apiVersion").and_then(Value::as_str) == Some(storage.as_str()) {
+            return Ok(obj);
+        }
+        convert_value(&t.rt, &obj, &storage)
+    }
+
     /// A written object as the answer shows it: decoded back from storage
     /// (with the defaults kube adds on read), in the request's version.
     pub(super) fn item(
@@ -535,9 +545,15 @@ impl Registry {
                 }
                 return self.dry_run_item(t, obj);
             }
+            // The last attempt's object is not needed again: it is passed on.
+            let object = if attempt + 1 < attempts {
+                self.to_storage(t, &obj)?
+            } else {
+                self.into_storage(t, std::mem::take(&mut obj))?
+            };
             let write = Write::Create {
                 key: t.key(&name),
-                object: self.to_storage(t, &obj)?,
+                object,
             };
             match self.store.write(write).await {
                 Ok(w) => return self.item(t, &w.object, &w.json),

@@ -57,9 +57,13 @@ impl Writer {
         }
     }
 
-    pub fn run(mut self, mut rx: mpsc::Receiver<Msg>) {
+    /// The writer thread: commits what the channel brings, a group at a
+    /// time, holding the sequencer only while it commits (a lone write may
+    /// commit itself in between: `Store::write`).
+    pub fn run(this: Arc<Mutex<Self>>, mut rx: mpsc::Receiver<Msg>) {
         let mut next = rx.blocking_recv();
         while let Some(msg) = next.take() {
+            let mut w = this.lock().unwrap_or_else(|e| e.into_inner());
             let first = match msg {
                 Msg::Write(op) => op,
                 Msg::Follow {
@@ -67,7 +71,8 @@ impl Writer {
                     watermark,
                     reply,
                 } => {
-                    let _ = reply.send(self.follow(events, watermark).map(|()| self.revision));
+                    let _ = reply.send(w.follow(events, watermark).map(|()| w.revision));
+                    drop(w);
                     next = rx.blocking_recv();
                     continue;
                 }
@@ -84,7 +89,8 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.commit_group(ops);
+            w.commit_group(ops);
+            drop(w);
             if next.is_none() {
                 next = rx.blocking_recv();
             }
@@ -109,16 +115,16 @@ impl Writer {
         Ok(())
     }
 
-    fn commit_group(&mut self, ops: Vec<Op>) {
-        let mut outcomes: Vec<Result<Event, StorageError>> = Vec::with_capacity(ops.len());
-        let mut result = self.try_group(&ops, &mut outcomes);
+    pub fn commit_group(&mut self, mut ops: Vec<Op>) {
+        let mut outcomes: Vec<Result<Applied, StorageError>> = Vec::with_capacity(ops.len());
+        let mut result = self.try_group(&mut ops, &mut outcomes);
         if let Err(Fenced(stored)) = result {
             // Revisions up to `stored` were used by a commit this writer did not see
             // succeed (an undetermined engine error, or another writer on the same
             // keyspace): publish them from the log, then try once more. Nothing of
             // this group was written, so retrying it is safe.
             result = match self.catch_up(stored) {
-                Ok(()) => self.try_group(&ops, &mut outcomes),
+                Ok(()) => self.try_group(&mut ops, &mut outcomes),
                 Err(e) => Ok(Err(e)),
             };
         } else if self.fence.is_some()
@@ -131,10 +137,10 @@ impl Writer {
             // rewrites the counter, or rolled this one back): nothing was
             // written; one more attempt sees the new counter and the new
             // lease, and fails cleanly.
-            result = self.try_group(&ops, &mut outcomes);
+            result = self.try_group(&mut ops, &mut outcomes);
             if let Err(Fenced(stored)) = result {
                 result = match self.catch_up(stored) {
-                    Ok(()) => self.try_group(&ops, &mut outcomes),
+                    Ok(()) => self.try_group(&mut ops, &mut outcomes),
                     Err(e) => Ok(Err(e)),
                 };
             }
@@ -164,7 +170,8 @@ impl Writer {
         let mut replies = Vec::with_capacity(ops.len());
         for (op, outcome) in ops.into_iter().zip(outcomes) {
             match outcome {
-                Ok(event) => {
+                Ok(applied) => {
+                    let event = applied.into_event(op.write);
                     replies.push((
                         op.reply,
                         Ok(Written {
@@ -187,8 +194,8 @@ impl Writer {
     /// One attempt at committing the group on top of `self.revision`.
     fn try_group(
         &self,
-        ops: &[Op],
-        outcomes: &mut Vec<Result<Event, StorageError>>,
+        ops: &mut [Op],
+        outcomes: &mut Vec<Result<Applied, StorageError>>,
     ) -> Result<Result<(), StorageError>, Fenced> {
         let base = self.revision;
         let mut fenced = None;
@@ -209,8 +216,8 @@ impl Writer {
                 fence.check(txn)?;
             }
             let mut next = base;
-            for op in ops {
-                let outcome = apply(txn, &op.write, next + 1);
+            for op in ops.iter_mut() {
+                let outcome = apply(txn, &mut op.write, next + 1);
                 if outcome.is_ok() {
                     next += 1;
                 }
@@ -356,23 +363,51 @@ fn log_record(kind: EventType, key: &str, prev: Revision) -> Vec<u8> {
     v
 }
 
-/// Applies one write at revision `rev` inside the group's transaction.
-fn apply(txn: &mut dyn WriteTxn, write: &Write, rev: Revision) -> Result<Event, StorageError> {
-    let (kind, key, object, prev) = match write {
-        Write::Create { key, object } => {
+/// What one write did inside the group's transaction; its event is made
+/// from it (taking the request's object, not a copy) once the group commits.
+struct Applied {
+    kind: EventType,
+    revision: Revision,
+    json: Bytes,
+    /// A deletion's event carries the object's last state, read from the store.
+    deleted: Option<Value>,
+}
+
+impl Applied {
+    fn into_event(self, write: Write) -> Event {
+        let (key, object) = match write {
+            Write::Create { key, object } | Write::Update { key, object, .. } => (key, object),
+            Write::Delete { key, .. } => (key, Value::Null),
+        };
+        Event {
+            kind: self.kind,
+            key,
+            revision: self.revision,
+            object: Arc::new(self.deleted.unwrap_or(object)),
+            json: self.json,
+        }
+    }
+}
+
+/// Applies one write at revision `rev` inside the group's transaction. The
+/// request's object gets its resourceVersion in place (a retried group sets
+/// it again).
+fn apply(
+    txn: &mut dyn WriteTxn,
+    write: &mut Write,
+    rev: Revision,
+) -> Result<Applied, StorageError> {
+    let (kind, key, prev, mut deleted) = match write {
+        Write::Create { key, .. } => {
             if current(txn, key)?.is_some() {
                 return Err(StorageError::AlreadyExists);
             }
-            (EventType::Added, key, object.clone(), 0)
+            (EventType::Added, &*key, 0, None)
         }
-        Write::Update {
-            key,
-            expected,
-            object,
-        } => match current(txn, key)? {
+        Write::Update { key, expected, .. } => match current(txn, key)? {
             None => return Err(StorageError::NotFound),
             Some(cur) if cur != *expected => return Err(StorageError::Conflict { current: cur }),
-            Some(cur) => (EventType::Modified, key, object.clone(), cur),
+            Some(cur) => (EventType::Modified, &*key, cur, None),
         },
         Write::Delete { key, expected } => match current(txn, key)? {
             None => return Err(StorageError::NotFound),
@@ -385,38 +420,46 @@ fn apply(txn: &mut dyn WriteTxn, write: &Write, rev: Revision) -> Result<Event, 
                     .ok_or_else(|| StorageError::Corrupt(format!("missing version of {key}")))?;
                 let object: Value = serde_json::from_slice(&last)
                     .map_err(|e| StorageError::Corrupt(e.to_string()))?;
-                (EventType::Deleted, key, object, cur)
+                (EventType::Deleted, &*key, cur, Some(object))
             }
         },
     };
-    let deleted = kind == EventType::Deleted;
+    let key = key.to_string();
+    let object = match (&mut deleted, write) {
+        (Some(object), _) => object,
+        (None, Write::Create { object, .. } | Write::Update { object, .. }) => object,
+        (None, Write::Delete { .. }) => {
+            return Err(StorageError::Invalid(
+                "a deletion without its object".into(),
+            ))
+        }
+    };
+    let is_deletion = kind == EventType::Deleted;
     // Checked on the value, before serializing recurses into it.
-    if !deleted && super::nesting_within(&object, super::MAX_OBJECT_NESTING).is_none() {
+    if !is_deletion && super::nesting_within(object, super::MAX_OBJECT_NESTING).is_none() {
         return Err(StorageError::TooDeep {
             limit: super::MAX_OBJECT_NESTING,
         });
     }
-    let mut object = object;
-    set_resource_version(&mut object, rev)?;
-    let json = super::json_bytes(&object).map_err(|e| StorageError::Invalid(e.to_string()))?;
-    if !deleted && json.len() > super::MAX_OBJECT_BYTES {
+    set_resource_version(object, rev)?;
+    let json = super::json_bytes(object).map_err(|e| StorageError::Invalid(e.to_string()))?;
+    if !is_deletion && json.len() > super::MAX_OBJECT_BYTES {
         return Err(StorageError::TooLarge {
             size: json.len(),
             limit: super::MAX_OBJECT_BYTES,
         });
     }
-    txn.put(&keys::latest(key), &keys::encode_latest(rev, deleted))?;
+    txn.put(&keys::latest(&key), &keys::encode_latest(rev, is_deletion))?;
     // A deletion leaves an empty tombstone version so lists at later revisions skip it.
     txn.put(
-        &keys::version(key, rev),
-        if deleted { &[] } else { json.as_ref() },
+        &keys::version(&key, rev),
+        if is_deletion { &[] } else { json.as_ref() },
     )?;
-    txn.put(&keys::log(rev), &log_record(kind, key, prev))?;
-    Ok(Event {
+    txn.put(&keys::log(rev), &log_record(kind, &key, prev))?;
+    Ok(Applied {
         kind,
-        key: key.clone(),
         revision: rev,
-        object: Arc::new(object),
         json,
+        deleted,
     })
 }
