@@ -9,7 +9,6 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
 
 use super::encoding::{cbor, protobuf};
 use super::negotiate::{negotiate, Output};
@@ -39,8 +38,6 @@ fn watch_timeout(asked: Option<u64>, min_request_timeout: Duration) -> Duration 
 
 /// Longest watch a client can ask for with `timeoutSeconds` (one week).
 const MAX_WATCH_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
-/// Frames buffered between the event loop and the socket.
-const OUT_BUFFER: usize = 256;
 
 type Hook = Box<dyn FnOnce() + Send>;
 
@@ -98,7 +95,6 @@ pub async fn serve(
     let filter = reg.filter(t, name, &sel);
     let sub = reg.watch(&t.rt.id(), filter.clone(), start).await?;
     let timeout = watch_timeout(opts.timeout_seconds, state.min_request_timeout);
-    let (tx, rx) = mpsc::channel::<Bytes>(OUT_BUFFER);
     let stream = Stream {
         t: t.clone(),
         out,
@@ -112,19 +108,12 @@ pub async fn serve(
         initial_events_sent,
         stop: state.stop_watches.clone(),
     };
-    match sub {
-        Watch::Started(sub) => {
-            tokio::spawn(stream.run(sub, tx, timeout));
-        }
-        Watch::Expired(status) => {
-            let _ = tx.try_send(error_frame(&out_kind, &status));
-        }
-    }
-    let frames = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let body = Body::from_stream(futures::StreamExt::map(
-        frames,
-        Ok::<_, std::convert::Infallible>,
-    ));
+    let body = match sub {
+        Watch::Started(sub) => Body::from_stream(stream.frames(sub, timeout)),
+        Watch::Expired(status) => Body::from_stream(futures::stream::once(async move {
+            Ok::<_, std::convert::Infallible>(error_frame(&out_kind, &status))
+        })),
+    };
     let mut r = bytes_response(StatusCode::OK, content_type, body);
     r.extensions_mut().insert(super::response::NoCompression);
     Ok(r)
@@ -215,86 +204,126 @@ struct Stream {
     stop: tokio_util::sync::CancellationToken,
 }
 
+/// A watch stream's state between two frames of its body.
+struct Running {
+    stream: Stream,
+    sub: Subscription,
+    initial: std::vec::IntoIter<Arc<WatchEvent>>,
+    /// Frames due before anything else (the events drained before a bookmark, and it).
+    queued: std::collections::VecDeque<Bytes>,
+    last_sent: u64,
+    tick: tokio::time::Interval,
+    definitions: tokio::sync::watch::Receiver<u64>,
+    expired: std::pin::Pin<Box<tokio::time::Sleep>>,
+    stopped: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
 impl Stream {
-    async fn run(mut self, mut sub: Subscription, tx: mpsc::Sender<Bytes>, timeout: Duration) {
+    /// The body: frames made as the connection asks for them. No task or
+    /// channel of its own sits between the watch cache and the socket (each
+    /// was one more wake-up per event per watcher); a watcher that does not
+    /// read is bounded by its subscription's buffer, which the cache closes
+    /// when full. The watch ends at its timeout, at shutdown, when its
+    /// definition stops being served, or when the client goes (the body is
+    /// dropped).
+    fn frames(
+        self,
+        mut sub: Subscription,
+        timeout: Duration,
+    ) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
         let now = tokio::time::Instant::now();
         let deadline = now.checked_add(timeout).unwrap_or(now);
-        for ev in std::mem::take(&mut sub.initial) {
-            if let Some(f) = self.encode(&ev) {
-                if tx.send(f).await.is_err() {
-                    return;
-                }
-            }
-        }
-        if self.end_bookmark {
-            let f = self.bookmark(sub.revision, true);
-            if tx.send(f).await.is_err() {
-                return;
-            }
-        }
-        if let Some(h) = self.initial_events_sent.take() {
-            h.fire();
-        }
-        let mut last_sent = sub.revision;
+        let initial = std::mem::take(&mut sub.initial).into_iter();
         let mut tick = tokio::time::interval_at(
             tokio::time::Instant::now() + self.bookmark_every,
             self.bookmark_every,
         );
-        let mut definitions = self.registry.live_catalog().subscribe();
-        // Made once, not per event: each would register a timer or a waiter
-        // again for every event of every watcher.
-        let expired = tokio::time::sleep_until(deadline);
-        tokio::pin!(expired);
-        let stop = self.stop.clone();
-        let stopped = stop.cancelled();
-        tokio::pin!(stopped);
-        let closed = tx.closed();
-        tokio::pin!(closed);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let running = Running {
+            definitions: self.registry.live_catalog().subscribe(),
+            expired: Box::pin(tokio::time::sleep_until(deadline)),
+            stopped: Box::pin(self.stop.clone().cancelled_owned()),
+            last_sent: sub.revision,
+            stream: self,
+            sub,
+            initial,
+            queued: std::collections::VecDeque::new(),
+            tick,
+        };
+        futures::stream::unfold(Some(running), |state| async move {
+            let mut st = state?;
+            let frame = st.next_frame().await?;
+            Some((Ok(frame), Some(st)))
+        })
+    }
+}
+
+impl Running {
+    /// The next frame of the body, or `None` when the watch ends.
+    async fn next_frame(&mut self) -> Option<Bytes> {
+        if let Some(f) = self.queued.pop_front() {
+            return Some(f);
+        }
+        for ev in self.initial.by_ref() {
+            if let Some(f) = self.stream.encode(&ev) {
+                return Some(f);
+            }
+        }
+        if self.stream.end_bookmark {
+            self.stream.end_bookmark = false;
+            return Some(self.stream.bookmark(self.sub.revision, true));
+        }
+        // Asked for the frame after the initial events: they are sent.
+        if let Some(h) = self.stream.initial_events_sent.take() {
+            h.fire();
+        }
         loop {
             tokio::select! {
                 // The resource's definition went away (or stopped serving this
                 // version): the stream ends cleanly, as kube ends watches of a
                 // removed CRD, and a client's re-list then gets 404.
-                changed = definitions.changed() => {
-                    if changed.is_err() || !self.still_served() { return; }
+                changed = self.definitions.changed() => {
+                    if changed.is_err() || !self.stream.still_served() { return None; }
                 }
-                ev = sub.rx.recv() => {
-                    let Some(ev) = ev else { return };
-                    last_sent = last_sent.max(ev.revision);
+                ev = self.sub.rx.recv() => {
+                    let ev = ev?;
+                    self.last_sent = self.last_sent.max(ev.revision);
                     let mut batch = Batch::default();
-                    batch.push(self.encode(&ev));
+                    batch.push(self.stream.encode(&ev));
                     // Events already queued go out with it, as one write:
-                    // under load a watcher costs one channel hop and one
-                    // DATA frame per batch rather than per event.
+                    // under load a watcher costs one DATA frame per batch
+                    // rather than per event.
                     while !batch.full() {
-                        let Ok(ev) = sub.rx.try_recv() else { break };
-                        last_sent = last_sent.max(ev.revision);
-                        batch.push(self.encode(&ev));
+                        let Ok(ev) = self.sub.rx.try_recv() else { break };
+                        self.last_sent = self.last_sent.max(ev.revision);
+                        batch.push(self.stream.encode(&ev));
                     }
                     if let Some(f) = batch.take() {
-                        if tx.send(f).await.is_err() { return; }
+                        return Some(f);
                     }
                 }
-                _ = tick.tick(), if self.allow_bookmarks => {
+                _ = self.tick.tick(), if self.stream.allow_bookmarks => {
                     // Everything up to the cache revision is already queued for us: drain, then mark.
-                    let rev = self.registry.cache_revision();
-                    while let Ok(ev) = sub.rx.try_recv() {
-                        last_sent = last_sent.max(ev.revision);
-                        if let Some(f) = self.encode(&ev) {
-                            if tx.send(f).await.is_err() { return; }
+                    let rev = self.stream.registry.cache_revision();
+                    while let Ok(ev) = self.sub.rx.try_recv() {
+                        self.last_sent = self.last_sent.max(ev.revision);
+                        if let Some(f) = self.stream.encode(&ev) {
+                            self.queued.push_back(f);
                         }
                     }
-                    let rev = rev.max(last_sent);
-                    last_sent = rev;
-                    if tx.send(self.bookmark(rev, false)).await.is_err() { return; }
+                    let rev = rev.max(self.last_sent);
+                    self.last_sent = rev;
+                    self.queued.push_back(self.stream.bookmark(rev, false));
+                    return self.queued.pop_front();
                 }
-                _ = &mut expired => return,
-                _ = &mut closed => return,
-                _ = &mut stopped => return,
+                _ = &mut self.expired => return None,
+                _ = &mut self.stopped => return None,
             }
         }
     }
+}
 
+impl Stream {
     fn still_served(&self) -> bool {
         self.registry
             .catalog()

@@ -84,11 +84,18 @@ pub async fn layer(
     req: Request,
     next: Next,
 ) -> Response {
-    let user = req
-        .extensions()
-        .get::<Authenticated>()
-        .map(|a| a.0.clone())
-        .unwrap_or_default();
-    let meta = meta(&req, &user);
+    // Without an auditor only the Audit-Id header is added: the event's
+    // fields are not gathered.
+    let meta = match &auditor {
+        Some(_) => {
+            let user = req
+                .extensions()
+                .get::<Authenticated>()
+                .map(|a| a.0.clone())
+                .unwrap_or_default();
+            meta(&req, &user)
+        }
+        None => crate::audit::RequestMeta::default(),
+    };
     crate::audit::record(auditor.as_ref(), meta, req, |req| next.run(req)).await
 }
