@@ -98,7 +98,7 @@ impl<'a> Attempts<'a> {
             (Plan::Update(obj), Some(expected)) => Write::Update {
                 key,
                 expected,
-                object: reg.into_storage(t, obj)?,
+                object: reg.storage_of_owned(t, obj)?,
             },
             (Plan::Delete, Some(expected)) => Write::Delete {
                 key,
@@ -108,7 +108,7 @@ impl<'a> Attempts<'a> {
                 let update = Write::Update {
                     key: key.clone(),
                     expected,
-                    object: reg.into_storage(t, obj)?,
+                    object: reg.storage_of_owned(t, obj)?,
                 };
                 let updated = match reg.store.write(update).await {
                     Ok(w) => reg.item(t, &w.object, &w.json)?,

@@ -361,7 +361,7 @@ impl Registry {
 
     /// [`Registry::to_storage`] of an object no longer needed as it was:
     /// already at the storage version it is passed on, not copied.
-    pub(super) fn into_storage(&self, t: &Target, obj: Value) -> Result<Value, ApiError> {
+    pub(super) fn storage_of_owned(&self, t: &Target, obj: Value) -> Result<Value, ApiError> {
         let storage = format!("{}/{}", t.rt.group, t.rt.storage_version);
         if obj.get("apiVersion").and_then(Value::as_str) == Some(storage.as_str()) {
             return Ok(obj);
@@ -549,7 +549,7 @@ impl Registry {
             let object = if attempt + 1 < attempts {
                 self.to_storage(t, &obj)?
             } else {
-                self.into_storage(t, std::mem::take(&mut obj))?
+                self.storage_of_owned(t, std::mem::take(&mut obj))?
             };
             let write = Write::Create {
                 key: t.key(&name),

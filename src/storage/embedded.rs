@@ -141,8 +141,11 @@ impl Embedded {
         let Some(pending) = slot.as_mut().and_then(|d| d.pending.take()) else {
             return Ok(());
         };
+        let committed = pending.txn.commit();
+        // Cleared only once committed: a reader that sees it clear must
+        // find every acknowledged record in redb.
         self.has_pending.store(false, Ordering::Release);
-        if let Err(e) = pending.txn.commit() {
+        if let Err(e) = committed {
             tracing::error!(error = %e, "redb commit failed; the store is reopened");
             self.reopen_later(&mut slot);
             return Err(StorageError::Unavailable(format!("storage I/O error: {e}")));
@@ -412,8 +415,9 @@ impl Engine for Embedded {
             self.has_pending.store(true, Ordering::Release);
             return Ok(());
         }
+        let committed = pending.txn.commit();
         self.has_pending.store(false, Ordering::Release);
-        if let Err(e) = pending.txn.commit() {
+        if let Err(e) = committed {
             // The records are durable, so the writes did happen, though this
             // one is refused here: opening the database again (on the next
             // transaction) replays them, and the sequencer finds the revision

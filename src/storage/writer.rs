@@ -218,8 +218,15 @@ impl Writer {
             let mut next = base;
             for op in ops.iter_mut() {
                 let outcome = apply(txn, &mut op.write, next + 1);
-                if outcome.is_ok() {
-                    next += 1;
+                match outcome {
+                    Ok(_) => next += 1,
+                    // The engine failed (an I/O error): part of this write
+                    // may be in the transaction, so the whole group fails,
+                    // and the engine sees the failure (it may reopen).
+                    Err(e @ (StorageError::Unavailable(_) | StorageError::Engine(_))) => {
+                        return Err(e)
+                    }
+                    Err(_) => {}
                 }
                 outcomes.push(outcome);
             }
