@@ -534,6 +534,30 @@ mod tests {
     }
 
     #[test]
+    fn writes_share_one_redb_commit_and_a_read_commits_them_first() {
+        let dir = tempfile::tempdir().expect("dir");
+        let e = Embedded::open(&dir.path().join("db")).expect("open");
+        for i in 0..3 {
+            put(&e, &format!("k{i}"), b"v");
+        }
+        assert!(
+            e.has_pending.load(Ordering::Acquire),
+            "the three writes wait in one uncommitted redb transaction"
+        );
+        assert_eq!(get(&e, "k2"), Some(b"v".to_vec()), "a read sees them");
+        assert!(
+            !e.has_pending.load(Ordering::Acquire),
+            "the read committed them"
+        );
+        // A full share is committed by the write that fills it.
+        for i in 0..PENDING_GROUPS {
+            put(&e, &format!("n{i}"), b"w");
+        }
+        assert!(!e.has_pending.load(Ordering::Acquire));
+        assert_eq!(get(&e, "n0"), Some(b"w".to_vec()));
+    }
+
+    #[test]
     fn a_clean_shutdown_leaves_nothing_to_replay() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("db");
