@@ -418,10 +418,67 @@ impl Set {
         match path {
             [] => {}
             [last] => {
-                self.members.insert(last.clone());
+                if !self.members.contains(last) {
+                    self.members.insert(last.clone());
+                }
             }
-            [first, rest @ ..] => self.children.entry(first.clone()).or_default().insert(rest),
+            // The element is cloned only when its level is new.
+            [first, rest @ ..] => match self.children.get_mut(first) {
+                Some(child) => child.insert(rest),
+                None => {
+                    let mut child = Set::new();
+                    child.insert(rest);
+                    self.children.insert(first.clone(), child);
+                }
+            },
         }
+    }
+
+    /// `self ∪ other`, in place, taking `other`'s elements without copies.
+    pub fn union_with(&mut self, other: Set) {
+        if self.members.is_empty() && self.children.is_empty() {
+            *self = other;
+            return;
+        }
+        self.members.extend(other.members);
+        for (pe, child) in other.children {
+            match self.children.get_mut(&pe) {
+                Some(mine) => mine.union_with(child),
+                None => {
+                    self.children.insert(pe, child);
+                }
+            }
+        }
+    }
+
+    /// `self − other` in place (see [`Set::difference`]).
+    pub fn subtract(&mut self, other: &Set) {
+        self.members.retain(|m| !other.members.contains(m));
+        self.children
+            .retain(|pe, child| match other.children.get(pe) {
+                Some(theirs) => {
+                    child.subtract(theirs);
+                    !child.is_empty()
+                }
+                None => true,
+            });
+    }
+
+    /// [`Set::recursive_difference`] in place.
+    pub fn subtract_recursive(&mut self, other: &Set) {
+        self.members.retain(|m| !other.members.contains(m));
+        self.children.retain(|pe, child| {
+            if other.members.contains(pe) {
+                return false;
+            }
+            match other.children.get(pe) {
+                Some(theirs) => {
+                    child.subtract_recursive(theirs);
+                    !child.is_empty()
+                }
+                None => true,
+            }
+        });
     }
 
     pub fn has(&self, path: &[PathElement]) -> bool {
@@ -847,6 +904,28 @@ mod tests {
                     let _ = path_string(&p);
                 }
             }
+        }
+
+        /// The in-place set operations give exactly what the copying ones give.
+        #[test]
+        fn prop_in_place_operations_match_the_copying_ones(a in fields_v1(), b in fields_v1()) {
+            let (Ok(a), Ok(b)) = (Set::from_fields_v1(&a), Set::from_fields_v1(&b)) else {
+                return Ok(());
+            };
+            let mut u = a.clone();
+            u.union_with(b.clone());
+            prop_assert_eq!(u, a.union(&b));
+            let mut d = a.clone();
+            d.subtract(&b);
+            prop_assert_eq!(d, a.difference(&b));
+            let mut r = a.clone();
+            r.subtract_recursive(&b);
+            prop_assert_eq!(r, a.recursive_difference(&b));
+            let mut built = Set::new();
+            for p in a.paths() {
+                built.insert(&p);
+            }
+            prop_assert_eq!(built.paths(), a.paths());
         }
     }
 }

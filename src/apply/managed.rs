@@ -299,6 +299,8 @@ fn has_uid(obj: &Value) -> bool {
 }
 
 /// Fields kube never tracks (`stripmeta`).
+static STRIP_SET: std::sync::LazyLock<Set> = std::sync::LazyLock::new(strip_set);
+
 fn strip_set() -> Set {
     let f = |s: &str| PathElement::Field(s.into());
     let mut s = Set::new();
@@ -323,7 +325,7 @@ fn strip_set() -> Set {
 
 fn strip(fields: &mut BTreeMap<String, VersionedSet>, id: &str) {
     if let Some(vs) = fields.get_mut(id) {
-        vs.set = vs.set.difference(&strip_set());
+        vs.set.subtract(&STRIP_SET);
         if vs.set.is_empty() {
             fields.remove(id);
         }
@@ -609,15 +611,12 @@ impl FieldManager<'_> {
     ) -> Result<(), Failure> {
         self.drop_missing_versions(fields);
         let cmp = self.update_owners(live, new, fields, id, true)?;
-        let prev = fields.get(id).map(|vs| vs.set.clone()).unwrap_or_default();
-        let set = prev
-            .difference(&cmp.removed)
-            .union(&cmp.modified)
-            .union(&cmp.added)
-            .recursive_difference(&self.reset);
-        if set.is_empty() {
-            fields.remove(id);
-        } else {
+        let mut set = fields.remove(id).map(|vs| vs.set).unwrap_or_default();
+        set.subtract(&cmp.removed);
+        set.union_with(cmp.modified);
+        set.union_with(cmp.added);
+        set.subtract_recursive(&self.reset);
+        if !set.is_empty() {
             fields.insert(
                 id.into(),
                 VersionedSet {
@@ -768,6 +767,51 @@ impl FieldManager<'_> {
         &self,
         live: &Value,
         new: &Value,
+        managed: Managed,
+        manager: &str,
+        now: i64,
+    ) -> Result<Managed, Failure> {
+        if managed.fields.is_empty() {
+            return Ok(self.first_update(live, new, managed, manager, now));
+        }
+        self.layered_update_general(live, new, managed, manager, now)
+    }
+
+    /// [`Self::layered_update`] when no manager owns anything yet (every
+    /// create): the writer owns what it added or changed. This is the set
+    /// the general path reaches through update_owners, without its copies.
+    fn first_update(
+        &self,
+        live: &Value,
+        new: &Value,
+        mut managed: Managed,
+        manager: &str,
+        now: i64,
+    ) -> Managed {
+        let id = self.update_id(manager);
+        let cmp = compare(self.root(), live, new);
+        let mut set = cmp.added;
+        set.union_with(cmp.modified);
+        set.subtract_recursive(&self.reset);
+        set.subtract(&STRIP_SET);
+        if !set.is_empty() {
+            managed.fields.insert(
+                id.clone(),
+                VersionedSet {
+                    set,
+                    api_version: self.api_version.clone(),
+                    applied: false,
+                },
+            );
+            managed.times.insert(id, now);
+        }
+        managed
+    }
+
+    fn layered_update_general(
+        &self,
+        live: &Value,
+        new: &Value,
         mut managed: Managed,
         manager: &str,
         now: i64,
@@ -776,10 +820,10 @@ impl FieldManager<'_> {
         self.structured_update(live, new, &mut managed.fields, CURRENT_OPERATION)?;
         strip(&mut managed.fields, CURRENT_OPERATION);
         if let Some(vs) = managed.fields.remove(CURRENT_OPERATION) {
-            let set = match managed.fields.get(&id) {
-                Some(prev) => vs.set.union(&prev.set),
-                None => vs.set,
-            };
+            let mut set = vs.set;
+            if let Some(prev) = managed.fields.remove(&id) {
+                set.union_with(prev.set);
+            }
             managed.fields.insert(
                 id.clone(),
                 VersionedSet {
@@ -1100,6 +1144,68 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    /// Objects with maps, associative and set lists, atomic maps, free-form
+    /// fields and status, with arbitrary values mixed in.
+    fn widget_like() -> impl Strategy<Value = Value> {
+        let name = prop::sample::select(vec!["a", "b", "c"]);
+        let container = (name.clone(), prop::option::of("[a-z]{0,3}"))
+            .prop_map(|(n, img)| json!({"name": n, "image": img}));
+        (
+            prop::collection::vec(container, 0..4),
+            prop::collection::vec(name, 0..4),
+            prop::option::of(crate::fuzz::json_value()),
+            prop::option::of(crate::fuzz::json_value()),
+            prop::option::of(0i64..3),
+            any::<bool>(),
+        )
+            .prop_map(|(containers, tags, free, odd, ready, labels)| {
+                let mut obj = json!({"apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+                    "metadata": {"name": "w", "namespace": "default", "generation": 1},
+                    "spec": {"replicas": 1, "containers": containers, "tags": tags,
+                             "selector": {"x": "y"}, "free": free, "odd": odd}});
+                if let Some(r) = ready {
+                    obj["status"] = json!({"ready": r});
+                }
+                if labels {
+                    obj["metadata"]["labels"] = json!({"app": "w"});
+                }
+                obj
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+        /// A first update (no managers yet, as on every create) records the
+        /// same entry through its short path as through the general one.
+        #[test]
+        fn prop_first_update_matches_the_general_path(new in widget_like(), status in any::<bool>()) {
+            let schema = crate::apply::MergeSchema::from_openapi(Some(&json!({
+                "type": "object",
+                "properties": {"spec": {"type": "object", "properties": {
+                    "replicas": {"type": "integer"},
+                    "containers": {"type": "array", "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object", "properties": {
+                            "name": {"type": "string"}, "image": {"type": "string"}}}},
+                    "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "string"}},
+                    "selector": {"type": "object", "x-kubernetes-map-type": "atomic",
+                        "additionalProperties": {"type": "string"}},
+                    "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}},
+                    "status": {"type": "object", "properties": {"ready": {"type": "integer"}}}}
+            })));
+            let fm = FieldManager::new(&schema, "demo.kshard.dev/v1", None, status);
+            let live = empty_object(&new);
+            let short = fm.first_update(&live, &new, Managed::default(), "m", 7);
+            let general = fm
+                .layered_update_general(&live, &new, Managed::default(), "m", 7)
+                .map_err(|_| TestCaseError::fail("general path failed"))?;
+            prop_assert_eq!(&short.fields, &general.fields);
+            prop_assert_eq!(&short.times, &general.times);
+            prop_assert_eq!(encode(&short), encode(&general));
+        }
+    }
 
     #[test]
     fn identifiers_and_descriptions() {

@@ -323,7 +323,9 @@ impl Drop for KillOnDrop {
 /// [`spawn_kshard`] with environment variables for the process.
 pub fn spawn_kshard_with(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> KillOnDrop {
     use std::io::{BufRead, BufReader};
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kshard"))
+    // `KSHARD_BIN` runs another build (a profiling build, an older commit).
+    let bin = std::env::var("KSHARD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kshard").into());
+    let mut child = std::process::Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
         .arg(repo_path("crds/examples"))
         .arg("--data-dir")
