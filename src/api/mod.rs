@@ -51,8 +51,8 @@ async fn handle(State(state): State<Arc<ApiState>>, req: Request) -> Response {
 }
 
 async fn serve(state: &ApiState, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
-    let info = request::RequestInfo::of(&parts.method, &parts.uri, &parts.extensions);
+    let (mut parts, body) = req.into_parts();
+    let info = request::RequestInfo::take(&parts.method, &parts.uri, &mut parts.extensions);
     let query = parts.uri.query().unwrap_or("").to_string();
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,

@@ -107,12 +107,26 @@ impl RequestInfo {
         RequestInfo { path, route }
     }
 
-    /// The request's info: the one the filters stored, else parsed now.
-    pub fn of(method: &Method, uri: &http::Uri, extensions: &http::Extensions) -> Self {
+    /// The request's info: the one the filters stored (shared, not copied
+    /// per layer), else parsed now.
+    pub fn of(
+        method: &Method,
+        uri: &http::Uri,
+        extensions: &http::Extensions,
+    ) -> std::sync::Arc<Self> {
         extensions
-            .get::<RequestInfo>()
+            .get::<std::sync::Arc<RequestInfo>>()
             .cloned()
-            .unwrap_or_else(|| Self::parse(method, uri))
+            .unwrap_or_else(|| std::sync::Arc::new(Self::parse(method, uri)))
+    }
+
+    /// The info, owned, for the handler: taken from the extensions (copied
+    /// only while a layer still holds it), else parsed now.
+    pub fn take(method: &Method, uri: &http::Uri, extensions: &mut http::Extensions) -> Self {
+        match extensions.remove::<std::sync::Arc<RequestInfo>>() {
+            Some(info) => std::sync::Arc::unwrap_or_clone(info),
+            None => Self::parse(method, uri),
+        }
     }
 }
 

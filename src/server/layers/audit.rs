@@ -5,8 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 
 use super::Authenticated;
@@ -74,19 +73,19 @@ pub fn meta(req: &Request, user: &Identity) -> RequestMeta {
             .to_string(),
         resource_request: object_ref.is_some(),
         object_ref,
-        path: info.path,
+        path: info.path.clone(),
         long_running,
     }
 }
 
-pub async fn layer(
-    State(auditor): State<Option<Arc<Auditor>>>,
-    req: Request,
-    next: Next,
-) -> Response {
+pub async fn layer<F, Fut>(auditor: Option<&Arc<Auditor>>, req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     // Without an auditor only the Audit-Id header is added: the event's
     // fields are not gathered.
-    let meta = match &auditor {
+    let meta = match auditor {
         Some(_) => {
             let user = req
                 .extensions()
@@ -97,5 +96,5 @@ pub async fn layer(
         }
         None => crate::audit::RequestMeta::default(),
     };
-    crate::audit::record(auditor.as_ref(), meta, req, |req| next.run(req)).await
+    crate::audit::record(auditor, meta, req, next).await
 }

@@ -6,8 +6,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 
 use super::{Authenticated, Forwarded, InsecureListener};
@@ -29,7 +28,11 @@ pub fn unauthorized() -> Response {
     super::status_response(&e)
 }
 
-pub async fn layer(State(a): State<Arc<Authentication>>, mut req: Request, next: Next) -> Response {
+pub async fn layer<F, Fut>(a: &Authentication, mut req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     // Only the replicas' internal endpoint sets this, after checking their secret.
     let identity = if let Some(fwd) = req.extensions_mut().remove::<ForwardedIdentity>() {
         req.extensions_mut().insert(Forwarded);
@@ -51,5 +54,5 @@ pub async fn layer(State(a): State<Arc<Authentication>>, mut req: Request, next:
     };
     req.extensions_mut().insert(Authenticated(identity.clone()));
     req.extensions_mut().insert(identity);
-    next.run(req).await
+    next(req).await
 }

@@ -2,8 +2,7 @@
 //! (`crate::authz`: a SubjectAccessReview to the host, cached; standalone
 //! rules otherwise). It runs inside the flow-control seat, as in kube.
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 
 use crate::api::request::RequestInfo;
@@ -27,7 +26,11 @@ pub fn attributes(info: &RequestInfo, method: &http::Method, user: &Identity) ->
     }
 }
 
-pub async fn layer(State(authz): State<Authorizer>, req: Request, next: Next) -> Response {
+pub async fn layer<F, Fut>(authz: &Authorizer, req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let info = super::info(&req);
     let attrs = attributes(&info, req.method(), &super::acting_user(&req));
     let recording = req
@@ -42,7 +45,7 @@ pub async fn layer(State(authz): State<Authorizer>, req: Request, next: Next) ->
     match authz.authorize(&attrs).await {
         Ok(Decision::Allow) => {
             annotate("authorization.k8s.io/decision", "allow".into());
-            next.run(req).await
+            next(req).await
         }
         Ok(Decision::Deny(reason)) => {
             annotate("authorization.k8s.io/decision", "forbid".into());

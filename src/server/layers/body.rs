@@ -11,8 +11,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -107,10 +106,14 @@ async fn read(
     Ok(buf.freeze())
 }
 
-pub async fn layer(State(limits): State<Arc<BodyLimits>>, req: Request, next: Next) -> Response {
+pub async fn layer<F, Fut>(limits: &BodyLimits, req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let (parts, body) = req.into_parts();
     if http_body::Body::is_end_stream(&body) {
-        return next.run(Request::from_parts(parts, body)).await;
+        return next(Request::from_parts(parts, body)).await;
     }
     let declared = parts
         .headers
@@ -129,11 +132,9 @@ pub async fn layer(State(limits): State<Arc<BodyLimits>>, req: Request, next: Ne
     // on these bytes (and copies of them) until then.
     let mut held = Vec::new();
     let mut body = body;
-    match read(&limits, &mut body, &mut held).await {
+    match read(limits, &mut body, &mut held).await {
         Ok(bytes) => {
-            let resp = next
-                .run(Request::from_parts(parts, Body::from(bytes)))
-                .await;
+            let resp = next(Request::from_parts(parts, Body::from(bytes))).await;
             drop(held);
             resp
         }

@@ -2,11 +2,14 @@
 //! said otherwise (kube's `WithCacheControl`); a 304 carries no such header.
 
 use axum::extract::Request;
-use axum::middleware::Next;
 use axum::response::Response;
 
-pub async fn layer(req: Request, next: Next) -> Response {
-    let mut resp = next.run(req).await;
+pub async fn layer<F, Fut>(req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
+    let mut resp = next(req).await;
     if resp.headers().get(http::header::CACHE_CONTROL).is_none()
         && resp.status() != http::StatusCode::NOT_MODIFIED
     {

@@ -8,8 +8,7 @@
 
 use std::time::Duration;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 use tokio::time::Instant;
 
@@ -66,9 +65,13 @@ fn forwarded_timeout(req: &Request) -> Option<Duration> {
     Some(Duration::from_millis(ms.max(1)))
 }
 
-pub async fn layer(State(max): State<Duration>, mut req: Request, next: Next) -> Response {
+pub async fn layer<F, Fut>(max: Duration, mut req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     if is_long_running(&super::info(&req).route) {
-        return next.run(req).await;
+        return next(req).await;
     }
     let mut timeout = match timeout_of(req.uri().query().unwrap_or(""), max) {
         Ok(t) => t,
@@ -81,7 +84,7 @@ pub async fn layer(State(max): State<Duration>, mut req: Request, next: Next) ->
     let now = Instant::now();
     let deadline = now.checked_add(timeout).unwrap_or(now);
     req.extensions_mut().insert(RequestDeadline(deadline));
-    match tokio::time::timeout_at(deadline, next.run(req)).await {
+    match tokio::time::timeout_at(deadline, next(req)).await {
         Ok(r) => r,
         Err(_) => exceeded(),
     }

@@ -6,36 +6,35 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 
 use super::Forwarded;
 use crate::api::request::Route;
 use crate::replica::{Replica, Routed, WriteInfo};
 
-pub async fn layer(
-    State(replica): State<Option<Arc<Replica>>>,
-    req: Request,
-    next: Next,
-) -> Response {
+pub async fn layer<F, Fut>(replica: Option<&Arc<Replica>>, req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let write = match &super::info(&req).route {
         Route::Resource(r) if crate::replica::is_write(r.verb) => WriteInfo {
             verb: r.verb.map(|v| v.as_str()).unwrap_or_default().to_string(),
             group: r.group.clone(),
             resource: r.resource.clone(),
         },
-        _ => return next.run(req).await,
+        _ => return next(req).await,
     };
     let Some(replica) = replica else {
-        return next.run(req).await;
+        return next(req).await;
     };
     if req.extensions().get::<Forwarded>().is_some() {
         // Counted while it runs, so a leader handing over waits for it.
         let Some(local) = replica.begin_local_write() else {
             return crate::replica::internal::not_leader();
         };
-        let resp = next.run(req).await;
+        let resp = next(req).await;
         drop(local);
         return resp;
     }
@@ -43,7 +42,7 @@ pub async fn layer(
     match replica.route(req, &acting, &write).await {
         Routed::Remote(resp) => resp,
         Routed::Local(req, local) => {
-            let resp = next.run(req).await;
+            let resp = next(req).await;
             drop(local);
             resp
         }

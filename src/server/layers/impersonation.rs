@@ -5,8 +5,7 @@
 //! authenticator, on the insecure debugging port and for forwarded writes
 //! (impersonated on the follower already) there is nothing to do.
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 
 use super::{Authenticated, Forwarded, InsecureListener};
@@ -18,19 +17,19 @@ pub struct Impersonation {
     pub dev: bool,
 }
 
-pub async fn layer(
-    State(im): State<std::sync::Arc<Impersonation>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
+pub async fn layer<F, Fut>(im: &Impersonation, mut req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let skip = im.dev
         || req.extensions().get::<Forwarded>().is_some()
         || req.extensions().get::<InsecureListener>().is_some();
     if skip {
-        return next.run(req).await;
+        return next(req).await;
     }
     let Some(Authenticated(requester)) = req.extensions().get::<Authenticated>().cloned() else {
-        return next.run(req).await;
+        return next(req).await;
     };
     match crate::authz::impersonation::impersonate(&im.authz, requester.clone(), req.headers_mut())
         .await
@@ -45,7 +44,7 @@ pub async fn layer(
                 }
             }
             req.extensions_mut().insert(acting);
-            next.run(req).await
+            next(req).await
         }
         Err(e) => super::status_response(&e),
     }

@@ -4,7 +4,6 @@
 use std::time::Instant;
 
 use axum::extract::Request;
-use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::api::request::{RequestInfo, Route, Verb};
@@ -43,10 +42,14 @@ pub fn labels(method: &http::Method, info: &RequestInfo) -> RequestLabels {
     }
 }
 
-pub async fn layer(req: Request, next: Next) -> Response {
+pub async fn layer<F, Fut>(req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let start = Instant::now();
     let labels = labels(req.method(), &super::info(&req));
-    let resp = next.run(req).await;
+    let resp = next(req).await;
     record_request(&labels, resp.status().as_u16(), start.elapsed());
     resp
 }

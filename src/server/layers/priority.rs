@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 use http::StatusCode;
 
@@ -113,7 +112,11 @@ fn rejected(r: &crate::flowcontrol::Rejected) -> Response {
     resp
 }
 
-pub async fn layer(State(p): State<Arc<Priority>>, mut req: Request, next: Next) -> Response {
+pub async fn layer<F, Fut>(p: &Priority, mut req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let info = super::info(&req);
     let user = super::acting_user(&req);
     let digest = digest(&info, req.method(), &user);
@@ -160,11 +163,11 @@ pub async fn layer(State(p): State<Arc<Priority>>, mut req: Request, next: Next)
         req.extensions_mut().insert(InitialEventsSent::new(move || {
             seats.release_initial_seats()
         }));
-        next.run(req).await
+        next(req).await
     } else {
         let connection = req.extensions().get::<ConnectionControl>().cloned();
         let held = Arc::new(Mutex::new(Some(seats)));
-        let resp = next.run(req).await;
+        let resp = next(req).await;
         let (parts, body) = resp.into_parts();
         Response::from_parts(
             parts,

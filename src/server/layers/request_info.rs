@@ -4,13 +4,16 @@
 //! stage can see a different resource, subresource or namespace than another.
 
 use axum::extract::Request;
-use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::api::request::RequestInfo;
 
-pub async fn layer(mut req: Request, next: Next) -> Response {
+pub async fn layer<F, Fut>(mut req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
     let info = RequestInfo::parse(req.method(), req.uri());
-    req.extensions_mut().insert(info);
-    next.run(req).await
+    req.extensions_mut().insert(std::sync::Arc::new(info));
+    next(req).await
 }
