@@ -90,7 +90,11 @@ pub fn stack(app: Router, parts: Parts) -> Router {
         auditor,
         impersonation,
         replica,
-        priority: priority::Priority { apf, registry },
+        priority: priority::Priority {
+            apf,
+            registry,
+            watchdog: priority::Watchdog::default(),
+        },
         authz,
         app,
     }));

@@ -29,6 +29,8 @@ use crate::server::conn::ConnectionControl;
 pub struct Priority {
     pub apf: Arc<Apf>,
     pub registry: Arc<Registry>,
+    /// Deadlines of the responses still holding seats.
+    pub watchdog: Watchdog,
 }
 
 /// The classifier's view of a request.
@@ -171,7 +173,12 @@ where
         let (parts, body) = resp.into_parts();
         Response::from_parts(
             parts,
-            axum::body::Body::new(FinishOnEnd::new(body, held, deadline, connection)),
+            axum::body::Body::new(FinishOnEnd::new(
+                body,
+                held,
+                deadline.map(|d| (&p.watchdog, d)),
+                connection,
+            )),
         )
     };
     set_header(&mut resp, "x-kubernetes-pf-flowschema-uid", &fs);
@@ -185,47 +192,127 @@ fn take(seats: &Held) -> Option<SeatGuard> {
     seats.lock().unwrap_or_else(|p| p.into_inner()).take()
 }
 
+/// One task that enforces the deadline of every response still holding
+/// seats. A task and timer per request cost 1–2 % of a create's CPU; here a
+/// response registers in a map under one lock and leaves it when sent.
+#[derive(Clone, Default)]
+pub struct Watchdog(Arc<WatchdogShared>);
+
+#[derive(Default)]
+struct WatchdogShared {
+    due: Mutex<Due>,
+    wake: tokio::sync::Notify,
+}
+
+type DueKey = (tokio::time::Instant, u64);
+
+#[derive(Default)]
+struct Due {
+    entries: std::collections::BTreeMap<DueKey, (Held, Option<ConnectionControl>)>,
+    next_id: u64,
+    running: bool,
+}
+
+impl Watchdog {
+    fn due(&self) -> std::sync::MutexGuard<'_, Due> {
+        self.0.due.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn watch(
+        &self,
+        deadline: tokio::time::Instant,
+        seats: Held,
+        connection: Option<ConnectionControl>,
+    ) -> DueKey {
+        let mut due = self.due();
+        let key = (deadline, due.next_id);
+        due.next_id += 1;
+        let earliest = due.entries.keys().next().is_none_or(|k| key < *k);
+        due.entries.insert(key, (seats, connection));
+        if !due.running {
+            due.running = true;
+            tokio::spawn(watch_deadlines(self.0.clone()));
+        } else if earliest {
+            self.0.wake.notify_one();
+        }
+        key
+    }
+
+    fn unwatch(&self, key: &DueKey) {
+        self.due().entries.remove(key);
+    }
+}
+
+async fn watch_deadlines(shared: Arc<WatchdogShared>) {
+    loop {
+        let mut expired = Vec::new();
+        let next = {
+            let mut due = shared.due.lock().unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            while let Some(entry) = due.entries.first_entry() {
+                if entry.key().0 > now {
+                    break;
+                }
+                expired.push(entry.remove());
+            }
+            due.entries.keys().next().map(|k| k.0)
+        };
+        for (seats, connection) in expired {
+            if let Some(s) = take(&seats) {
+                tracing::debug!(
+                    "response unsent at the request deadline: seats returned, connection closed"
+                );
+                s.finish();
+                if let Some(c) = connection {
+                    c.close();
+                }
+            }
+        }
+        // A notification sent meanwhile is kept by `Notify`, not lost.
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(at) => {}
+                    _ = shared.wake.notified() => {}
+                }
+            }
+            None => shared.wake.notified().await,
+        }
+    }
+}
+
 /// A response body that returns its request's seats when it has been sent
 /// (or dropped, when the client goes away), or at the request deadline,
 /// whichever comes first. At the deadline an unsent body also closes its
 /// connection: hyper may not poll a body whose client keeps its window
-/// shut, so a watchdog task does it.
+/// shut, so the [`Watchdog`] does it.
 struct FinishOnEnd {
     inner: axum::body::Body,
     seats: Held,
-    watchdog: Option<tokio::task::JoinHandle<()>>,
+    watched: Option<(Watchdog, DueKey)>,
 }
 
 impl FinishOnEnd {
     fn new(
         inner: axum::body::Body,
         seats: Held,
-        deadline: Option<tokio::time::Instant>,
+        deadline: Option<(&Watchdog, tokio::time::Instant)>,
         connection: Option<ConnectionControl>,
     ) -> Self {
-        let watchdog = deadline.map(|deadline| {
-            let held = seats.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep_until(deadline).await;
-                if let Some(s) = take(&held) {
-                    tracing::debug!("response unsent at the request deadline: seats returned, connection closed");
-                    s.finish();
-                    if let Some(c) = connection {
-                        c.close();
-                    }
-                }
-            })
+        let watched = deadline.map(|(watchdog, at)| {
+            let key = watchdog.watch(at, seats.clone(), connection);
+            (watchdog.clone(), key)
         });
         Self {
             inner,
             seats,
-            watchdog,
+            watched,
         }
     }
 
-    fn finish(&self) {
-        if let Some(w) = &self.watchdog {
-            w.abort();
+    fn finish(&mut self) {
+        if let Some((watchdog, key)) = self.watched.take() {
+            watchdog.unwatch(&key);
         }
         if let Some(s) = take(&self.seats) {
             s.finish();
@@ -261,5 +348,66 @@ impl http_body::Body for FinishOnEnd {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::flowcontrol::ServerConfig;
+
+    async fn seats(apf: &Arc<Apf>) -> Held {
+        let info = RequestInfo::parse(
+            &http::Method::GET,
+            &"/apis/demo.kshard.dev/v1/widgets".parse().expect("uri"),
+        );
+        let user = Identity {
+            user: "alice".into(),
+            groups: vec!["system:authenticated".into()],
+            ..Default::default()
+        };
+        let d = digest(&info, &http::Method::GET, &user);
+        let guard = apf
+            .admit(
+                &d,
+                EstimateInputs::Simple,
+                None,
+                std::future::pending::<()>(),
+            )
+            .await
+            .expect("admitted");
+        Arc::new(Mutex::new(Some(guard)))
+    }
+
+    fn holds(seats: &Held) -> bool {
+        seats.lock().expect("lock").is_some()
+    }
+
+    /// One task serves every deadline: one registered later but due sooner
+    /// still fires on time, and a response sent before its deadline leaves.
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_returns_seats_at_each_deadline() {
+        let apf = Apf::new(ServerConfig::default());
+        let dog = Watchdog::default();
+        let start = tokio::time::Instant::now();
+        let far = seats(&apf).await;
+        dog.watch(start + Duration::from_secs(60), far.clone(), None);
+        // The task now sleeps until the far deadline.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let near = seats(&apf).await;
+        dog.watch(start + Duration::from_secs(1), near.clone(), None);
+        let sent = seats(&apf).await;
+        let key = dog.watch(start + Duration::from_secs(2), sent.clone(), None);
+        dog.unwatch(&key);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert!(!holds(&near), "the sooner deadline fired");
+        assert!(holds(&far), "the far one has not yet");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(holds(&sent), "an unwatched response keeps its seats");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!holds(&far), "the far deadline fired");
+        assert!(dog.due().entries.is_empty());
     }
 }
