@@ -347,14 +347,17 @@ impl Stream {
             EventType::Modified if prev => ("DELETED", true),
             _ => return None,
         };
-        let api_version = self.t.api_version();
-        if self.out == Output::Json
-            && !left
-            && kind == ev.kind.as_str()
-            && ev.object.api_version() == api_version
-        {
+        // Compared in parts: this runs per event and watcher.
+        let same_version = ev
+            .object
+            .api_version()
+            .strip_prefix(self.t.rt.group.as_str())
+            .and_then(|rest| rest.strip_prefix('/'))
+            == Some(self.t.version.as_str());
+        if self.out == Output::Json && !left && kind == ev.kind.as_str() && same_version {
             return Some(ev.json_frame());
         }
+        let api_version = self.t.api_version();
         if matches!(self.out, Output::Table(_)) && !self.headers_sent {
             self.headers_sent = true;
             return self.build(ev, kind, left, true);
