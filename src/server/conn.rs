@@ -154,16 +154,34 @@ pub async fn accept_loop<F, Fut>(
 /// Serves HTTP/1.1 or HTTP/2 on one connection with the limits applied,
 /// until the client is done, a layer closes it ([`ConnectionControl`]), or
 /// a graceful shutdown (`stop`) lets its in-flight requests finish.
+///
+/// Every request carries the peer's address (`ConnectInfo`), its client
+/// certificates when the connection is TLS, and the [`ConnectionControl`].
+/// They are inserted here rather than by `Extension` layers on a
+/// per-connection router, which would box and clone services per request.
 pub async fn serve_connection<I>(
     io: I,
     app: axum::Router,
+    peer: SocketAddr,
+    certs: Option<crate::auth::PeerCertificates>,
     limits: &ConnectionLimits,
     stop: &CancellationToken,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let control = ConnectionControl::default();
-    let service = TowerToHyperService::new(app.layer(axum::Extension(control.clone())));
+    let on_request = control.clone();
+    let service = TowerToHyperService::new(tower::service_fn(
+        move |mut req: http::Request<hyper::body::Incoming>| {
+            let ext = req.extensions_mut();
+            ext.insert(axum::extract::ConnectInfo(peer));
+            if let Some(certs) = &certs {
+                ext.insert(certs.clone());
+            }
+            ext.insert(on_request.clone());
+            tower::Service::call(&mut app.clone(), req)
+        },
+    ));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let header_bytes = usize::try_from(limits.max_request_header_bytes).unwrap_or(usize::MAX);
     builder

@@ -873,10 +873,7 @@ async fn serve_tls(
                     .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
                     .unwrap_or_default(),
             ));
-            let app = app
-                .layer(axum::Extension(peer_certs))
-                .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
-            conn::serve_connection(stream, app, &limits, &stop).await;
+            conn::serve_connection(stream, app, peer, Some(peer_certs), &limits, &stop).await;
             drop(permit);
         }
     })
@@ -892,13 +889,11 @@ async fn serve_plain(
     let l = limits.clone();
     let stop = conns.stop.clone();
     conn::accept_loop(listener, &l, conns, move |tcp, peer, permit| {
-        let app = app
-            .clone()
-            .layer(axum::Extension(axum::extract::ConnectInfo(peer)));
+        let app = app.clone();
         let limits = limits.clone();
         let stop = stop.clone();
         async move {
-            conn::serve_connection(tcp, app, &limits, &stop).await;
+            conn::serve_connection(tcp, app, peer, None, &limits, &stop).await;
             drop(permit);
         }
     })
