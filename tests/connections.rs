@@ -239,3 +239,115 @@ async fn oversized_request_lines_and_headers_are_refused() {
     assert!(ok.starts_with("HTTP/1.1 "), "{ok}");
     assert_eq!(s.get(common::WIDGETS).await.status, 200);
 }
+
+/// HTTP/2 writes are gathered until the connection's task has nothing more
+/// to send: a small answer alone on a connection, the last frame of a burst
+/// and a lone event on an idle connection must still leave at once, not
+/// wait for the next activity (the keep-alive ping is 30 s away).
+#[tokio::test(flavor = "multi_thread")]
+async fn http2_watch_frames_leave_at_once_after_a_burst_and_when_idle() {
+    use http_body_util::BodyExt;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let s = common::start().await;
+    let tcp = TcpStream::connect(s.running.addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let tls = common::tls_connector(&s, &[b"h2"])
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, http_body_util::Empty<bytes::Bytes>>(TokioIo::new(tls))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    // A small answer alone on the connection (no DATA frame h2 holds on to).
+    let req = http::Request::get("https://localhost/healthz")
+        .body(http_body_util::Empty::new())
+        .expect("req");
+    let health = tokio::time::timeout(Duration::from_secs(5), async {
+        let resp = send.clone().send_request(req).await.expect("healthz");
+        resp.into_body().collect().await.expect("body").to_bytes()
+    })
+    .await
+    .expect("a lone small answer is not held back");
+    assert_eq!(&health[..], b"ok");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
+    let (open_tx, mut open_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    for w in 0..WATCHERS {
+        let mut send = send.clone();
+        let (tx, open) = (tx.clone(), open_tx.clone());
+        tokio::spawn(async move {
+            let req = http::Request::get(format!(
+                "https://localhost{}?watch=1&resourceVersion=0",
+                common::WIDGETS
+            ))
+            .body(http_body_util::Empty::new())
+            .expect("req");
+            let resp = send.send_request(req).await.expect("watch");
+            // Headers come once the watch is subscribed.
+            let _ = open.send(());
+            let mut body = resp.into_body();
+            let mut pending = String::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                pending.push_str(&String::from_utf8_lossy(&data));
+                while let Some(end) = pending.find('\n') {
+                    let line: String = pending.drain(..=end).collect();
+                    let _ = tx.send((w, line));
+                }
+            }
+        });
+    }
+    for _ in 0..WATCHERS {
+        open_rx.recv().await.expect("watch opened");
+    }
+    assert_eq!(
+        s.post_json(common::WIDGETS, &common::widget("lone", 1))
+            .await
+            .status,
+        201
+    );
+    expect_events(&mut rx, 1, "a lone event").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        s.post_json(common::WIDGETS, &common::widget("after-idle", 1))
+            .await
+            .status,
+        201
+    );
+    expect_events(&mut rx, 1, "an event on an idle connection").await;
+    let writes = (0..100).map(|i| {
+        let s = &s;
+        async move {
+            s.post_json(common::WIDGETS, &common::widget(&format!("burst-{i}"), 1))
+                .await
+                .status
+        }
+    });
+    let statuses = futures::future::join_all(writes).await;
+    assert!(statuses.iter().all(|st| *st == 201), "{statuses:?}");
+    expect_events(&mut rx, 100, "the end of a burst").await;
+}
+
+const WATCHERS: usize = 20;
+
+/// Every watcher reports `n` more ADDED events within 5 s.
+async fn expect_events(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(usize, String)>,
+    n: usize,
+    what: &str,
+) {
+    let mut seen = vec![0usize; WATCHERS];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while seen.iter().any(|c| *c < n) {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some((w, line))) => {
+                assert!(line.contains("\"ADDED\""), "{line}");
+                seen[w] += 1;
+            }
+            _ => panic!("{what}: events per watcher after 5 s: {seen:?} (want {n})"),
+        }
+    }
+}

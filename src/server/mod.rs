@@ -4,6 +4,7 @@
 
 mod config;
 pub mod conn;
+mod gather;
 pub mod layers;
 pub mod metrics;
 pub mod pki;
@@ -873,7 +874,14 @@ async fn serve_tls(
                     .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
                     .unwrap_or_default(),
             ));
-            conn::serve_connection(stream, app, peer, Some(peer_certs), &limits, &stop).await;
+            let certs = Some(peer_certs);
+            if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                // Many streams' frames leave as few TLS records in one write.
+                let stream = gather::Gathered::new(stream);
+                conn::serve_connection(stream, app, peer, certs, &limits, &stop).await;
+            } else {
+                conn::serve_connection(stream, app, peer, certs, &limits, &stop).await;
+            }
             drop(permit);
         }
     })

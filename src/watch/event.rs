@@ -4,7 +4,7 @@
 //! watchers of that form.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 
@@ -22,13 +22,13 @@ pub struct WatchEvent {
     /// under the lock; the others of that form wait for it and share the
     /// bytes rather than encoding the same frame again.
     encodings: Mutex<Vec<(String, Option<Bytes>)>>,
+    /// The storage version's JSON frame, the form nearly every watcher
+    /// takes: read without a lock once built.
+    json: OnceLock<Bytes>,
     /// Where the bytes of frames built later are counted (the history's
     /// byte budget covers them).
     ledger: Arc<AtomicU64>,
 }
-
-/// The form of the storage version's JSON frame of the event's own type.
-const STORAGE_JSON: &str = "";
 
 impl WatchEvent {
     pub fn new(
@@ -44,6 +44,7 @@ impl WatchEvent {
             object,
             prev,
             encodings: Mutex::new(Vec::new()),
+            json: OnceLock::new(),
             ledger,
         }
     }
@@ -66,19 +67,23 @@ impl WatchEvent {
 
     /// The JSON watch frame for this event's own type and object, encoded once.
     pub fn json_frame(&self) -> Bytes {
-        self.encoded(STORAGE_JSON, || {
-            Some(frame(self.kind.as_str(), &self.object.json))
-        })
-        .unwrap_or_default()
+        self.json
+            .get_or_init(|| {
+                let f = frame(self.kind.as_str(), &self.object.json);
+                self.ledger.fetch_add(f.len() as u64, Ordering::Relaxed);
+                f
+            })
+            .clone()
     }
 
     /// Bytes the frames built so far hold.
     pub fn encoded_bytes(&self) -> u64 {
         let cached = self.encodings.lock().unwrap_or_else(|e| e.into_inner());
-        cached
+        let json = self.json.get().map_or(0, Bytes::len) as u64;
+        json + cached
             .iter()
             .map(|(k, f)| (k.len() + f.as_ref().map_or(0, Bytes::len)) as u64)
-            .sum()
+            .sum::<u64>()
     }
 }
 
