@@ -102,7 +102,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gathered<T> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.written && this.pending() < FLUSH_AT {
+        // Deferred only while something is gathered and more may follow.
+        if this.written && (1..FLUSH_AT).contains(&this.pending()) {
             this.written = false;
             cx.waker().wake_by_ref();
             return Poll::Ready(Ok(()));
