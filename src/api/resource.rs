@@ -50,17 +50,25 @@ fn content_type(headers: &HeaderMap) -> &str {
         .unwrap_or("application/json")
 }
 
+/// The body's media type, without parameters.
+fn media_type(headers: &HeaderMap) -> &str {
+    content_type(headers).split(';').next().unwrap_or("").trim()
+}
+
+fn json_error(kind: &str, e: serde_json::Error) -> ApiError {
+    ApiError::bad_request(format!("the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e}"))
+}
+
 /// Decodes a request body (JSON or YAML) into an object.
 pub fn decode_body(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<Value, ApiError> {
-    let ct = content_type(headers);
-    let media = ct.split(';').next().unwrap_or("").trim();
-    let value: Value = match media {
+    let value: Value = match media_type(headers) {
         // An absent type is JSON, as kube reads it; a wildcard names no format: 415.
-        "" | "application/json" => serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e}"))
+        "" | "application/json" => serde_json::from_slice(body).map_err(|e| json_error(kind, e))?,
+        "application/cbor" => super::encoding::cbor::from_cbor(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {kind}): {e}"
+            ))
         })?,
-        "application/cbor" => super::encoding::cbor::from_cbor(body)
-            .map_err(|e| ApiError::bad_request(format!("the object provided is unrecognized (must be of type {kind}): {e}")))?,
         "application/yaml" => {
             let text = std::str::from_utf8(body)
                 .map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
@@ -227,8 +235,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let out = negotiate(accept, true)?;
             let mut wo = write_options(&q, call.headers, false, "CreateOptions")?;
             wo.caller = Some(write_caller(&call.caller, &q));
-            let dups = duplicate_check(&call.body, &wo)?;
-            let obj = decode_body(call.headers, &call.body, &rt.kind)?;
+            let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
             let done = reg.create(&t, obj, &wo).await?;
             Ok(with_warnings(
                 response::object(StatusCode::CREATED, &t, &done.item, &out, include),
@@ -239,8 +246,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let out = negotiate(accept, true)?;
             let mut wo = write_options(&q, call.headers, false, "UpdateOptions")?;
             wo.caller = Some(write_caller(&call.caller, &q));
-            let dups = duplicate_check(&call.body, &wo)?;
-            let obj = decode_body(call.headers, &call.body, &rt.kind)?;
+            let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
             if sub == Some("scale") {
                 let spec = scale_spec(&t)?;
                 let done = reg
@@ -441,11 +447,28 @@ fn delete_caller(
 
 /// Repeated JSON keys: an error under Strict, warnings under Warn (as kube's
 /// strict decoder reports them).
-fn duplicate_check(
+/// A write's body decoded, with the warnings its repeated keys earn (or the
+/// strict decoding error). A JSON body is parsed once for both.
+fn decode_checked(
+    headers: &HeaderMap,
     body: &[u8],
+    kind: &str,
+    wo: &crate::registry::WriteOptions,
+) -> Result<(Value, Vec<String>), ApiError> {
+    if !matches!(media_type(headers), "" | "application/json") {
+        let dups = duplicate_check(super::strict::duplicate_fields(body), wo)?;
+        return Ok((decode_body(headers, body, kind)?, dups));
+    }
+    let (value, dups) =
+        super::strict::from_slice_with_duplicates(body).map_err(|e| json_error(kind, e))?;
+    Ok((value, duplicate_check(dups, wo)?))
+}
+
+fn duplicate_check(
+    dups: Vec<String>,
     wo: &crate::registry::WriteOptions,
 ) -> Result<Vec<String>, ApiError> {
-    let dups: Vec<String> = super::strict::duplicate_fields(body)
+    let dups: Vec<String> = dups
         .iter()
         .map(|p| format!("duplicate field {}", crate::status::quote(p)))
         .collect();

@@ -606,16 +606,38 @@ impl Set {
         }
         // Members and children are interleaved by element order; an element
         // that is both is written once with a "." entry inside.
-        let mut keys: BTreeSet<&PathElement> = self.members.iter().collect();
-        keys.extend(self.children.keys());
-        for pe in keys {
-            let body = match self.children.get(pe) {
-                Some(child) => child.fields_v1_level(self.members.contains(pe)),
-                None => Map::new(),
+        // Both are sorted: a merge, without a set of their union.
+        let mut members = self.members.iter().peekable();
+        let mut children = self.children.iter().peekable();
+        loop {
+            let (pe, body) = match (members.peek(), children.peek()) {
+                (None, None) => return out,
+                (Some(m), Some((c, child))) if *m == *c => {
+                    let level = child.fields_v1_level(true);
+                    let pe = *c;
+                    members.next();
+                    children.next();
+                    (pe, level)
+                }
+                (Some(m), Some((c, _))) if *m < *c => {
+                    let pe = *m;
+                    members.next();
+                    (pe, Map::new())
+                }
+                (Some(m), None) => {
+                    let pe = *m;
+                    members.next();
+                    (pe, Map::new())
+                }
+                (_, Some((c, child))) => {
+                    let level = child.fields_v1_level(false);
+                    let pe = *c;
+                    children.next();
+                    (pe, level)
+                }
             };
             out.insert(pe.to_fields_key(), Value::Object(body));
         }
-        out
     }
 
     /// The exact bytes kube writes for this set.

@@ -820,9 +820,15 @@ impl FieldManager<'_> {
         now: i64,
     ) -> Managed {
         let id = self.update_id(manager);
-        let cmp = compare(self.root(), live, new);
-        let mut set = cmp.added;
-        set.union_with(cmp.modified);
+        let mut set = match super::merge::added_over(self.root(), live, new) {
+            Some(added) => added,
+            None => {
+                let cmp = compare(self.root(), live, new);
+                let mut set = cmp.added;
+                set.union_with(cmp.modified);
+                set
+            }
+        };
         set.subtract_recursive(&self.reset);
         set.subtract(&STRIP_SET);
         if !set.is_empty() {

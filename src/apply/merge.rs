@@ -436,6 +436,77 @@ pub(crate) fn compare(ty: &TypeRef, lhs: &Value, rhs: &Value) -> Comparison {
     c
 }
 
+/// `compare(ty, lhs, rhs).added` when `lhs` is a map whose every field
+/// `rhs` has with the same value, so nothing is modified or removed: every
+/// create, whose live stub holds only apiVersion and kind. Built straight
+/// into the set, without a path per leaf. `None` when that does not hold.
+pub(crate) fn added_over(ty: &TypeRef, lhs: &Value, rhs: &Value) -> Option<Set> {
+    let Shape::Map(map) = shape(ty, Some(lhs), Some(rhs)) else {
+        return None;
+    };
+    let (l, r) = (lhs.as_object()?, rhs.as_object()?);
+    if map.atomic
+        || l.iter()
+            .any(|(k, v)| !r.get(k).is_some_and(|w| values_equal(v, w)))
+    {
+        return None;
+    }
+    let mut set = Set::new();
+    for (k, v) in r {
+        if !l.contains_key(k) {
+            add_new(
+                map.field_type(k),
+                v,
+                PathElement::Field(k.clone()),
+                &mut set,
+            );
+        }
+    }
+    Some(set)
+}
+
+/// What `compare_at(ty, None, Some(v))` adds at `pe`, added under `set`.
+fn add_new(ty: &TypeRef, v: &Value, pe: PathElement, set: &mut Set) {
+    let mut child = Set::new();
+    match shape(ty, None, Some(v)) {
+        Shape::Scalar(_) | Shape::Invalid => {}
+        Shape::List(list) => {
+            let items = v.as_array().map_or(&[][..], Vec::as_slice);
+            if !list.atomic && !items.is_empty() {
+                // Items grouped by element; a repeated element is owned whole.
+                let mut groups: BTreeMap<PathElement, Vec<&Value>> = BTreeMap::new();
+                for item in items {
+                    if let Ok(e) = list_item_element(list, item) {
+                        groups.entry(e).or_default().push(item);
+                    }
+                }
+                for (e, group) in groups {
+                    match group.as_slice() {
+                        [item] => add_new(&list.elem, item, e, &mut child),
+                        _ => child.add_member(e),
+                    }
+                }
+            }
+        }
+        Shape::Map(map) => {
+            if let Some(m) = v.as_object().filter(|_| !map.atomic) {
+                for (k, w) in m {
+                    add_new(
+                        map.field_type(k),
+                        w,
+                        PathElement::Field(k.clone()),
+                        &mut child,
+                    );
+                }
+            }
+        }
+    }
+    if !child.is_empty() {
+        set.set_child(pe.clone(), child);
+    }
+    set.add_member(pe);
+}
+
 fn compare_at(
     ty: &TypeRef,
     lhs: Option<&Value>,

@@ -871,3 +871,37 @@ fn a_failing_conversion_fails_an_apply_and_keeps_live_entries_on_update() {
         live["metadata"]["managedFields"]
     );
 }
+
+/// The create path's direct walk owns exactly what the general comparison
+/// against the live stub finds added, for every kind of field.
+#[test]
+fn create_walk_matches_the_comparison_with_the_stub() {
+    let s = widget_schema();
+    let stub = json!({"apiVersion": V1, "kind": "Widget"});
+    let objects = [
+        widget(json!({"replicas": 2, "a": "x", "labels": {}, "selector": {"k": "v"}})),
+        widget(
+            json!({"tags": ["x", "y", "x"], "args": ["a", "a"], "containers": [
+            {"name": "c", "image": "1"}, {"name": "d"}, {"name": "d", "image": "2"}, {"image": "no-key"}, 3]}),
+        ),
+        widget(json!({"free": {"deep": {"er": [1, {"x": null}]}, "e": {}}, "labels": {"a": "b"}})),
+        widget(json!({"containers": [], "tags": [], "unknown": {"n": [1, 2]}, "b": null})),
+        json!({"apiVersion": V1, "kind": "Widget", "metadata": {"name": "w", "labels": {"a": "1"}},
+            "status": {"ready": 1}, "spec": "not a map"}),
+    ];
+    for obj in &objects {
+        let cmp = merge::compare(&s.root, &stub, obj);
+        let mut expected = cmp.added;
+        expected.union_with(cmp.modified);
+        let walked = merge::added_over(&s.root, &stub, obj).expect("a map over its stub");
+        assert_eq!(
+            walked.to_fields_v1_string(),
+            expected.to_fields_v1_string(),
+            "{obj}"
+        );
+    }
+    // Not over the stub: a differing or extra live field takes the general path.
+    let other = json!({"apiVersion": "demo.kshard.dev/v2", "kind": "Widget"});
+    assert!(merge::added_over(&s.root, &other, &objects[0]).is_none());
+    assert!(merge::added_over(&s.root, &json!({"x": 1}), &objects[0]).is_none());
+}

@@ -184,12 +184,12 @@ impl Registry {
         old: Option<&Value>,
         sub: Subresource,
     ) -> Result<(), ApiError> {
+        let no_meta = serde_json::Map::new();
         let meta = meta_view
             .get("metadata")
             .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        let mut errs = validate_object_meta(&meta, t.rt.namespaced);
+            .unwrap_or(&no_meta);
+        let mut errs = validate_object_meta(meta, t.rt.namespaced);
         let version = t.version_info();
         let schema = version.and_then(|v| v.validation.clone());
         let ratchet = |errs: &mut Vec<FieldError>, from: usize| {
@@ -492,7 +492,7 @@ impl Registry {
             .to_string();
         meta.insert(
             "uid".into(),
-            Value::String(uuid::Uuid::new_v4().to_string()),
+            Value::String(super::meta::new_uid().to_string()),
         );
         meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
 
