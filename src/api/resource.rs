@@ -445,8 +445,6 @@ fn delete_caller(
     })
 }
 
-/// Repeated JSON keys: an error under Strict, warnings under Warn (as kube's
-/// strict decoder reports them).
 /// A write's body decoded, with the warnings its repeated keys earn (or the
 /// strict decoding error). A JSON body is parsed once for both.
 fn decode_checked(
@@ -464,6 +462,8 @@ fn decode_checked(
     Ok((value, duplicate_check(dups, wo)?))
 }
 
+/// Repeated JSON keys: an error under Strict, warnings under Warn (as kube's
+/// strict decoder reports them).
 fn duplicate_check(
     dups: Vec<String>,
     wo: &crate::registry::WriteOptions,
