@@ -503,3 +503,60 @@ async fn whole_numbers_keep_kube_integer_form() {
     assert!(!text.contains("\"count\":3.0"), "{text}");
     assert!(text.contains("\"ratio\":2.5"), "{text}");
 }
+
+/// kube-apiserver (Go's crypto/tls) picks the cipher suite by its own order,
+/// AES-128-GCM first, even from a client that lists AES-256-GCM first, as
+/// rustls and OpenSSL clients do; a client offering only another suite is
+/// still served.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_chooses_aes_128_gcm_as_kube_apiserver_does() {
+    use rustls::CipherSuite;
+    let s = common::start().await;
+    let handshake = |suites: Option<Vec<CipherSuite>>, tls12: bool| {
+        let s = &s;
+        async move {
+            let mut provider = rustls::crypto::ring::default_provider();
+            if let Some(keep) = &suites {
+                provider.cipher_suites.retain(|c| keep.contains(&c.suite()));
+            }
+            let versions: &[&rustls::SupportedProtocolVersion] = if tls12 {
+                &[&rustls::version::TLS12]
+            } else {
+                &[&rustls::version::TLS13]
+            };
+            let connector = common::tls_connector_with(s, provider, versions, &[b"http/1.1"]);
+            let tcp = tokio::net::TcpStream::connect(s.running.addr)
+                .await
+                .expect("connect");
+            let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+            let tls = connector.connect(name, tcp).await.expect("handshake");
+            tls.get_ref().1.negotiated_cipher_suite().map(|c| c.suite())
+        }
+    };
+    let client_order: Vec<_> = rustls::crypto::ring::default_provider()
+        .cipher_suites
+        .iter()
+        .map(|c| c.suite())
+        .collect();
+    assert_eq!(
+        client_order.first(),
+        Some(&CipherSuite::TLS13_AES_256_GCM_SHA384),
+        "the client prefers AES-256"
+    );
+    assert_eq!(
+        handshake(None, false).await,
+        Some(CipherSuite::TLS13_AES_128_GCM_SHA256)
+    );
+    assert_eq!(
+        handshake(None, true).await,
+        Some(CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256)
+    );
+    assert_eq!(
+        handshake(
+            Some(vec![CipherSuite::TLS13_CHACHA20_POLY1305_SHA256]),
+            false
+        )
+        .await,
+        Some(CipherSuite::TLS13_CHACHA20_POLY1305_SHA256)
+    );
+}

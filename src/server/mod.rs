@@ -426,7 +426,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             ))
         }
     };
-    let tls = tls::server_config(Arc::new(serving), !auth.is_dev());
+    let tls = tls::server_config(Arc::new(serving), !auth.is_dev())
+        .map_err(|e| ServerError::Tls(e.to_string()))?;
     tasks.push(tokio::spawn(serve_tls(
         listener,
         tls,

@@ -385,18 +385,31 @@ pub fn limit_memory(pid: u32, headroom: u64) {
 /// A TLS client that trusts the server's generated CA (no client
 /// certificate), offering `alpn` (e.g. `h2`).
 pub fn tls_connector(s: &TestServer, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
+    tls_connector_with(
+        s,
+        rustls::crypto::ring::default_provider(),
+        rustls::DEFAULT_VERSIONS,
+        alpn,
+    )
+}
+
+/// [`tls_connector`] with the client's own cipher suites and TLS versions.
+pub fn tls_connector_with(
+    s: &TestServer,
+    provider: rustls::crypto::CryptoProvider,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: &[&[u8]],
+) -> tokio_rustls::TlsConnector {
     let ca = std::fs::read(s.running.kubeconfig.with_file_name("pki").join("ca.crt")).expect("ca");
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile_certs(&ca) {
         roots.add(cert).expect("ca cert");
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(provider))
+        .with_protocol_versions(versions)
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
 }
