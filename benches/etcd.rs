@@ -206,6 +206,9 @@ struct Round {
     p99_ms: f64,
     /// The server's own CPU (user + system) per acknowledged write.
     cpu_us_per_op: f64,
+    /// The load generator's CPU per acknowledged write: on this shared
+    /// machine what the client spends, the server cannot.
+    client_us_per_op: f64,
 }
 
 /// The CPU `pid` used since `before` (seconds), per write of `round`.
@@ -225,6 +228,7 @@ fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
         cpu_us_per_op: 0.0,
+        client_us_per_op: 0.0,
     }
 }
 
@@ -937,6 +941,7 @@ async fn run() {
                 r + 1
             ));
             let cpu = cpu_seconds(pid);
+            let own = cpu_seconds(std::process::id());
             let mut k = kshard_creates(
                 &kubeconfig,
                 WIDGETS,
@@ -946,6 +951,7 @@ async fn run() {
             )
             .await;
             k.cpu_us_per_op = server_cpu_per_op(pid, cpu, &k, secs);
+            k.client_us_per_op = server_cpu_per_op(std::process::id(), own, &k, secs);
             ks.push(k);
             if let Some((child, port)) = &etcd {
                 progress(&format!(
@@ -953,25 +959,29 @@ async fn run() {
                     r + 1
                 ));
                 let cpu = cpu_seconds(child.id());
+                let own = cpu_seconds(std::process::id());
                 let mut e = etcd_puts(*port, clients, secs, r).await;
                 e.cpu_us_per_op = server_cpu_per_op(child.id(), cpu, &e, secs);
+                e.client_us_per_op = server_cpu_per_op(std::process::id(), own, &e, secs);
                 es.push(e);
             }
         }
         let k = median_round(ks);
         let e = (!es.is_empty()).then(|| median_round(es));
         println!(
-            "c={clients:>3}  kshard {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU/write)  etcd {}",
+            "c={clients:>3}  kshard {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU/write, client {:.0})  etcd {}",
             k.ops_per_sec,
             k.p50_ms,
             k.p99_ms,
             k.cpu_us_per_op,
+            k.client_us_per_op,
             e.as_ref().map_or("skipped".to_string(), |e| format!(
-                "{:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU/put)  ratio {:.2}",
+                "{:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU/put, client {:.0})  ratio {:.2}",
                 e.ops_per_sec,
                 e.p50_ms,
                 e.p99_ms,
                 e.cpu_us_per_op,
+                e.client_us_per_op,
                 k.ops_per_sec / e.ops_per_sec.max(1e-9)
             ))
         );

@@ -3,6 +3,7 @@
 //! and `*`, scope), its match policy (an equivalent version of the resource),
 //! its namespace and object selectors, then its CEL match conditions.
 
+use crate::registry::object::MetaField;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -194,7 +195,7 @@ impl Selector {
 pub fn labels_of(obj: Option<&Value>) -> Option<BTreeMap<String, String>> {
     let obj = obj.filter(|o| o.is_object())?;
     Some(
-        obj.pointer("/metadata/labels")
+        obj.meta_field("labels")
             .and_then(Value::as_object)
             .map(|m| {
                 m.iter()

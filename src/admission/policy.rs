@@ -10,6 +10,7 @@
 //! and `variables`; `authorizer` is not bound (an expression using it fails
 //! to evaluate). Params are objects of a kind kshard serves.
 
+use crate::registry::object::MetaField;
 use std::collections::BTreeMap;
 use std::sync::Weak;
 
@@ -800,7 +801,7 @@ impl Webhooks {
         };
         let name = match attrs.name {
             "" => object
-                .and_then(|o| o.pointer("/metadata/name"))
+                .and_then(|o| o.meta_field("name"))
                 .and_then(Value::as_str)
                 .unwrap_or(""),
             n => n,

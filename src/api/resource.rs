@@ -1,6 +1,7 @@
 //! Handlers for resource paths: thin glue from a parsed request to the
 //! registry and back to a negotiated response.
 
+use crate::registry::object::MetaField;
 use std::sync::Arc;
 
 use axum::response::Response;
@@ -356,7 +357,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 DeleteOutcome::Deleted(item) => {
                     let uid = item
                         .value()
-                        .pointer("/metadata/uid")
+                        .meta_field("uid")
                         .and_then(Value::as_str)
                         .unwrap_or("");
                     Ok(response::json_response(

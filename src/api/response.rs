@@ -1,6 +1,7 @@
 //! Building responses: Status errors, objects and lists in the negotiated
 //! form. Lists stream the cached object bytes instead of re-encoding them.
 
+use crate::registry::object::MetaField;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -193,7 +194,7 @@ pub fn object(
                 Some(&cols),
                 vec![cols.row(item.value(), include)],
                 json!({
-                    "resourceVersion": item.value().pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)
+                    "resourceVersion": item.value().meta_field("resourceVersion").cloned().unwrap_or(Value::Null)
                 }),
             );
             doc["apiVersion"] = json!(v);

@@ -1,6 +1,7 @@
 //! The HTTP side of watch: start the subscription the options ask for, then
 //! stream frames (shared bytes on the fast path), bookmarks and the timeout.
 
+use crate::registry::object::MetaField;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,10 +147,12 @@ fn error_frame(out: &Output, status: &ApiError) -> Bytes {
 
 /// Frames of queued events joined into one write (a watch body is a byte
 /// stream: JSON frames are newline-delimited, protobuf ones length-prefixed).
+/// The frames are the events' shared encodings, held until taken and then
+/// copied once into a buffer of their exact size.
 #[derive(Default)]
 struct Batch {
-    first: Option<Bytes>,
-    joined: Option<bytes::BytesMut>,
+    frames: Vec<Bytes>,
+    bytes: usize,
     events: usize,
 }
 
@@ -160,32 +163,26 @@ impl Batch {
 
     fn push(&mut self, frame: Option<Bytes>) {
         self.events += 1;
-        let Some(f) = frame else { return };
-        match (&mut self.joined, self.first.take()) {
-            (Some(j), _) => j.extend_from_slice(&f),
-            (None, None) => self.first = Some(f),
-            (None, Some(first)) => {
-                let mut j = bytes::BytesMut::with_capacity(first.len() + f.len() * 4);
-                j.extend_from_slice(&first);
-                j.extend_from_slice(&f);
-                self.joined = Some(j);
-            }
+        if let Some(f) = frame {
+            self.bytes += f.len();
+            self.frames.push(f);
         }
     }
 
-    fn len(&self) -> usize {
-        self.joined
-            .as_ref()
-            .map_or(self.first.as_ref().map_or(0, Bytes::len), |j| j.len())
-    }
-
     fn full(&self) -> bool {
-        self.events >= Self::EVENTS || self.len() >= Self::BYTES
+        self.events >= Self::EVENTS || self.bytes >= Self::BYTES
     }
 
     /// One frame stays the shared encoding itself: no copy.
-    fn take(self) -> Option<Bytes> {
-        self.joined.map(|j| j.freeze()).or(self.first)
+    fn take(mut self) -> Option<Bytes> {
+        if self.frames.len() <= 1 {
+            return self.frames.pop();
+        }
+        let mut joined = Vec::with_capacity(self.bytes);
+        for f in &self.frames {
+            joined.extend_from_slice(f);
+        }
+        Some(Bytes::from(joined))
     }
 }
 
@@ -211,6 +208,8 @@ struct Running {
     initial: std::vec::IntoIter<Arc<WatchEvent>>,
     /// Frames due before anything else (the events drained before a bookmark, and it).
     queued: std::collections::VecDeque<Bytes>,
+    /// Events taken from the subscription and not yet written.
+    received: Vec<Arc<WatchEvent>>,
     last_sent: u64,
     tick: tokio::time::Interval,
     definitions: tokio::sync::watch::Receiver<u64>,
@@ -248,6 +247,7 @@ impl Stream {
             sub,
             initial,
             queued: std::collections::VecDeque::new(),
+            received: Vec::new(),
             tick,
         };
         futures::stream::unfold(Some(running), |state| async move {
@@ -259,6 +259,24 @@ impl Stream {
 }
 
 impl Running {
+    /// The frame of the received events, in order, up to one write's worth
+    /// (the rest wait for the next frame); `None` when the watcher's filter
+    /// left nothing of them.
+    fn take_batch(&mut self) -> Option<Bytes> {
+        let mut batch = Batch::default();
+        let mut taken = 0;
+        for ev in &self.received {
+            if batch.full() {
+                break;
+            }
+            taken += 1;
+            self.last_sent = self.last_sent.max(ev.revision);
+            batch.push(self.stream.encode(ev));
+        }
+        self.received.drain(..taken);
+        batch.take()
+    }
+
     /// The next frame of the body, or `None` when the watch ends.
     async fn next_frame(&mut self) -> Option<Bytes> {
         if let Some(f) = self.queued.pop_front() {
@@ -278,6 +296,13 @@ impl Running {
             h.fire();
         }
         loop {
+            // Events received beyond the last write's bytes go first.
+            if !self.received.is_empty() {
+                if let Some(f) = self.take_batch() {
+                    return Some(f);
+                }
+                continue;
+            }
             tokio::select! {
                 // The resource's definition went away (or stopped serving this
                 // version): the stream ends cleanly, as kube ends watches of a
@@ -285,20 +310,15 @@ impl Running {
                 changed = self.definitions.changed() => {
                     if changed.is_err() || !self.stream.still_served() { return None; }
                 }
-                ev = self.sub.rx.recv() => {
-                    let ev = ev?;
-                    self.last_sent = self.last_sent.max(ev.revision);
-                    let mut batch = Batch::default();
-                    batch.push(self.stream.encode(&ev));
-                    // Events already queued go out with it, as one write:
-                    // under load a watcher costs one DATA frame per batch
-                    // rather than per event.
-                    while !batch.full() {
-                        let Ok(ev) = self.sub.rx.try_recv() else { break };
-                        self.last_sent = self.last_sent.max(ev.revision);
-                        batch.push(self.stream.encode(&ev));
+                // Every event already queued comes at once (one wake, one
+                // release of the channel's permits) and goes out as one
+                // write: under load a watcher costs one DATA frame per batch
+                // rather than per event.
+                n = self.sub.rx.recv_many(&mut self.received, Batch::EVENTS) => {
+                    if n == 0 {
+                        return None;
                     }
-                    if let Some(f) = batch.take() {
+                    if let Some(f) = self.take_batch() {
                         return Some(f);
                     }
                 }
@@ -404,7 +424,7 @@ impl Stream {
                     headers.then_some(&cols),
                     vec![cols.row(&obj, self.include)],
                     json!({
-                        "resourceVersion": obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null)
+                        "resourceVersion": obj.meta_field("resourceVersion").cloned().unwrap_or(Value::Null)
                     }),
                 );
                 doc["apiVersion"] = json!(v);

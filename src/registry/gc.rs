@@ -3,6 +3,7 @@
 //! It keeps its own owner graph from the store's change feed, like kube's
 //! garbage collector keeps one from informers.
 
+use crate::registry::object::MetaField;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -184,7 +185,7 @@ async fn run(registry: Arc<Registry>) -> Result<(), StorageError> {
         for ev in &batch.events {
             let uid = ev
                 .object
-                .pointer("/metadata/uid")
+                .meta_field("uid")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
@@ -211,13 +212,10 @@ async fn run(registry: Arc<Registry>) -> Result<(), StorageError> {
 /// Records an object in the graph; returns its uid.
 fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Option<String> {
     let (resource, sub) = split_key(key)?;
-    let uid = v
-        .pointer("/metadata/uid")
-        .and_then(Value::as_str)?
-        .to_string();
+    let uid = v.meta_field("uid").and_then(Value::as_str)?.to_string();
     let catalog = registry.catalog();
     let owners = v
-        .pointer("/metadata/ownerReferences")
+        .meta_field("ownerReferences")
         .and_then(Value::as_array)
         .map(|refs| {
             refs.iter()

@@ -2,6 +2,19 @@
 
 use serde_json::{json, Map, Value};
 
+/// `metadata.<field>` of an object. `Value::pointer` would build a string
+/// per path token (for its `~` escapes) and look each up anew; this is on
+/// every write's path (garbage collector, finalizers, selectors).
+pub trait MetaField {
+    fn meta_field(&self, field: &str) -> Option<&Value>;
+}
+
+impl MetaField for Value {
+    fn meta_field(&self, field: &str) -> Option<&Value> {
+        self.get("metadata")?.get(field)
+    }
+}
+
 pub(super) fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
     let o = obj.as_object_mut()?;
     let m = o.entry("metadata").or_insert_with(|| json!({}));
@@ -19,7 +32,7 @@ pub(super) fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
 }
 
 pub(super) fn finalizers(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/finalizers")
+    obj.meta_field("finalizers")
         .and_then(Value::as_array)
         .map(|a| {
             a.iter()
@@ -41,7 +54,7 @@ pub(super) fn set_finalizers(obj: &mut Value, list: &[String]) {
 }
 
 pub(super) fn is_deleting(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp")
+    obj.meta_field("deletionTimestamp")
         .is_some_and(|v| !v.is_null())
 }
 
@@ -61,7 +74,7 @@ pub(super) fn spec_part(obj: &Value, skip_status: bool) -> Map<String, Value> {
 }
 
 pub(super) fn generation(obj: &Value) -> i64 {
-    obj.pointer("/metadata/generation")
+    obj.meta_field("generation")
         .and_then(Value::as_i64)
         .unwrap_or(0)
 }

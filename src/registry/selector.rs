@@ -1,5 +1,6 @@
 //! Label and field selectors: kube's grammar, its error messages, and matching.
 
+use crate::registry::object::MetaField;
 use serde_json::Value;
 
 use super::meta::{validate_label_key, validate_label_value};
@@ -341,7 +342,7 @@ impl LabelSelector {
     }
 
     pub fn matches_object(&self, obj: &Value) -> bool {
-        self.is_empty() || self.matches(obj.pointer("/metadata/labels").and_then(Value::as_object))
+        self.is_empty() || self.matches(obj.meta_field("labels").and_then(Value::as_object))
     }
 }
 
@@ -616,7 +617,7 @@ mod tests {
         ) {
             if let Ok(sel) = LabelSelector::parse(&s) {
                 let _ = sel.matches_object(&obj);
-                let _ = sel.matches(obj.pointer("/metadata/labels").and_then(Value::as_object));
+                let _ = sel.matches(obj.meta_field("labels").and_then(Value::as_object));
             }
         }
 

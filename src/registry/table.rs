@@ -2,6 +2,7 @@
 //! Name column, the CRD's additionalPrinterColumns (or Age), and row objects
 //! as kube's `includeObject` asks.
 
+use crate::registry::object::MetaField;
 use serde_json::{json, Map, Value};
 
 use super::catalog::PrinterColumn;
@@ -78,7 +79,7 @@ impl Columns {
 
     pub fn row(&self, obj: &Value, include: IncludeObject) -> Value {
         let mut cells = vec![obj
-            .pointer("/metadata/name")
+            .meta_field("name")
             .cloned()
             .unwrap_or(Value::String(String::new()))];
         for (c, path) in self.defs.iter().zip(&self.paths) {

@@ -4,6 +4,7 @@
 //! `guaranteed::Attempts`), with admission where kube has it. Deletion is in
 //! `delete.rs`.
 
+use crate::registry::object::MetaField;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -753,10 +754,9 @@ impl Registry {
                 if let Some(o) = new.as_object_mut() {
                     copy_field(o, obj.as_object(), "status");
                 }
-                if let (Some(mf), Some(m)) = (
-                    obj.pointer("/metadata/managedFields").cloned(),
-                    meta_mut(&mut new),
-                ) {
+                if let (Some(mf), Some(m)) =
+                    (obj.meta_field("managedFields").cloned(), meta_mut(&mut new))
+                {
                     m.insert("managedFields".into(), mf);
                 }
                 new

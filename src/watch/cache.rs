@@ -1,3 +1,4 @@
+use crate::registry::object::MetaField;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -626,7 +627,7 @@ pub(super) fn interested(filter: &Filter, ev: &WatchEvent) -> bool {
 
 pub fn object_revision(value: &Value) -> Revision {
     value
-        .pointer("/metadata/resourceVersion")
+        .meta_field("resourceVersion")
         .and_then(Value::as_str)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)

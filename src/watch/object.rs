@@ -7,6 +7,7 @@
 //! JSON answer in the storage version needs none), as kube's cache keeps
 //! the decoded object plus precomputed label and field sets.
 
+use crate::registry::object::MetaField;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -36,7 +37,7 @@ impl CachedObject {
         api_version: Arc<str>,
     ) -> Self {
         let mut labels: Vec<(Box<str>, Box<str>)> = value
-            .pointer("/metadata/labels")
+            .meta_field("labels")
             .and_then(Value::as_object)
             .map(|m| {
                 m.iter()
