@@ -1067,6 +1067,8 @@ async fn run() {
             "kshard_per_sec": k.ops_per_sec, "kshard_p50_ms": k.p50_ms, "kshard_p99_ms": k.p99_ms,
             "kshard_cpu_us_per_write": k.cpu_us_per_op,
             "etcd_cpu_us_per_put": e.as_ref().map(|e| e.cpu_us_per_op),
+            "kshard_client_cpu_us_per_write": k.client_us_per_op,
+            "etcd_client_cpu_us_per_put": e.as_ref().map(|e| e.client_us_per_op),
             "etcd_per_sec": e.as_ref().map(|e| e.ops_per_sec),
             "etcd_p50_ms": e.as_ref().map(|e| e.p50_ms),
             "etcd_p99_ms": e.as_ref().map(|e| e.p99_ms),

@@ -351,3 +351,91 @@ async fn expect_events(
         }
     }
 }
+
+/// A watcher that stops reading while a burst larger than one write (64
+/// events or 256 KiB) is committed gets, once it reads again, every event
+/// once and in revision order: the events taken from the cache beyond one
+/// write wait for the next.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watcher_behind_a_burst_larger_than_one_write_gets_every_event_in_order() {
+    let s = common::start().await;
+    let ns = "/apis/demo.kshard.dev/v1/namespaces/burst/widgets";
+    let list = s.get(&format!("{ns}?limit=1")).await.json();
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_string();
+    // A small receive buffer: the server's writes stall once its socket
+    // and hyper's buffers are full (a few MB), and the rest of the burst
+    // waits in the watcher's cache buffer.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    let tcp = socket.connect(s.running.addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = common::tls_connector(&s, &[b"http/1.1"])
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let request =
+        format!("GET {ns}?watch=1&resourceVersion={rv} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    tls.write_all(request.as_bytes()).await.expect("request");
+    let n = 150;
+    let payload = "p".repeat(60 * 1024);
+    for i in 0..n {
+        let mut w = common::widget(&format!("b{i:03}"), 1);
+        w["metadata"]["annotations"] = serde_json::json!({ "payload": payload });
+        let r = s.post_json(ns, &w).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let mut raw = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let marker = b"\"ADDED\",\"obj";
+    let (mut seen, mut scanned) = (0, 0usize);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Until the last event's chunk has ended.
+    while (seen < n || !raw.ends_with(b"\n\r\n")) && Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(10), tls.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(k)) => raw.extend_from_slice(&buf[..k]),
+        }
+        // Only the new bytes (and a marker's length before them) are searched.
+        let from = scanned.saturating_sub(marker.len() - 1);
+        seen += raw[from..]
+            .windows(marker.len())
+            .filter(|w| w == marker)
+            .count();
+        scanned = raw.len();
+    }
+    // Chunked HTTP/1.1: each chunk is whole events, newline-terminated.
+    let text = String::from_utf8_lossy(&raw);
+    let events: Vec<(String, String, u64)> = text
+        .split(['\n', '\r'])
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).expect("one event per line");
+            let rv = e["object"]["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .expect("rv");
+            (
+                e["type"].as_str().unwrap_or_default().to_string(),
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                rv,
+            )
+        })
+        .collect();
+    assert_eq!(events.len(), n, "nothing more, nothing twice");
+    for (i, (kind, name, _)) in events.iter().enumerate() {
+        assert_eq!(
+            (kind.as_str(), name.as_str()),
+            ("ADDED", format!("b{i:03}").as_str())
+        );
+    }
+    assert!(
+        events.windows(2).all(|w| w[0].2 < w[1].2),
+        "revisions only grow"
+    );
+}

@@ -1,7 +1,7 @@
 //! The request path from a decoded HTTP request to the API handler: a stack
 //! of small layers, one concern each, in kube-apiserver's order. Each layer
 //! is an async function given the request and the rest of the chain
-//! (`next`); [`stack`] nests them into one future per request. This list is
+//! (`next`); [`stack`] chains them, each step's future in its own box. This list is
 //! the one place to read the chain; adding a concern means adding one layer
 //! here.
 //!
@@ -62,9 +62,9 @@ pub struct Parts {
 }
 
 /// Wraps `app` in the request path, outermost first. The layers are plain
-/// async functions composed statically into one future per request: axum's
-/// `from_fn` would clone the inner service and box a future per layer and
-/// request, which cost several percent of a create's CPU.
+/// async functions composed statically: axum's `from_fn` would also clone
+/// the inner service per layer and request, which cost several percent of a
+/// create's CPU.
 pub fn stack(app: Router, parts: Parts) -> Router {
     let Parts {
         apf,
