@@ -147,6 +147,18 @@ impl Writer {
         }
         let failure = match result {
             Ok(Ok(())) => None,
+            // Replicas: the whole transaction still met another writer after
+            // its retries (this one was paused and deposed, and the new
+            // leader keeps committing). Nothing of it was written, and this
+            // replica is not the one writing: the client retries elsewhere
+            // (503), as with a lost lease.
+            Ok(Err(StorageError::Conflict { current })) | Err(Fenced(current))
+                if self.fence.is_some() =>
+            {
+                Some(StorageError::NotLeader(format!(
+                    "another replica committed revision {current}; nothing was written"
+                )))
+            }
             Ok(Err(e)) => Some(e),
             Err(Fenced(stored)) => Some(StorageError::Conflict { current: stored }),
         };
