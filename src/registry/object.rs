@@ -25,10 +25,7 @@ pub(super) fn meta_mut(obj: &mut Value) -> Option<&mut Map<String, Value>> {
 }
 
 pub(super) fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.get("metadata")
-        .and_then(|m| m.get(field))
-        .and_then(Value::as_str)
-        .unwrap_or("")
+    obj.meta_field(field).and_then(Value::as_str).unwrap_or("")
 }
 
 pub(super) fn finalizers(obj: &Value) -> Vec<String> {
