@@ -360,7 +360,8 @@ async fn follow_local(
     // One stream of every kind's events; the end of any watch (`None`)
     // ends the pass.
     let mut events = futures::stream::select_all(subs.into_iter().map(|(plural, sub)| {
-        tokio_stream::wrappers::ReceiverStream::new(sub.rx)
+        sub.rx
+            .into_events()
             .map(move |ev| (plural, Some(ev)))
             .chain(futures::stream::once(async move { (plural, None) }))
             .boxed()

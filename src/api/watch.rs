@@ -20,7 +20,7 @@ use crate::registry::table::{partial_metadata, table, Columns, IncludeObject};
 use crate::registry::{convert_json, Registry, Selectors, Target, Watch};
 use crate::status::ApiError;
 use crate::storage::EventType;
-use crate::watch::{frame, Filter, Subscription, WatchEvent};
+use crate::watch::{frame, EventRun, Filter, Subscription, WatchEvent};
 
 /// How long a watch lasts: the client's `timeoutSeconds`, else (kube's
 /// rule, which also treats 0 as unset) a random time in [min, 2×min) of `--min-request-timeout`, which
@@ -161,8 +161,9 @@ impl Batch {
     const EVENTS: usize = 64;
     const BYTES: usize = 256 * 1024;
 
-    fn push(&mut self, frame: Option<Bytes>) {
-        self.events += 1;
+    /// Adds the frame of `events` events (`None`: none of them is sent).
+    fn push(&mut self, frame: Option<Bytes>, events: usize) {
+        self.events += events;
         if let Some(f) = frame {
             self.bytes += f.len();
             self.frames.push(f);
@@ -171,6 +172,12 @@ impl Batch {
 
     fn full(&self) -> bool {
         self.events >= Self::EVENTS || self.bytes >= Self::BYTES
+    }
+
+    /// Whether a frame of `events` events and `bytes` bytes still fits.
+    fn fits(&self, events: usize, bytes: usize) -> bool {
+        self.events + events <= Self::EVENTS
+            && (self.bytes + bytes <= Self::BYTES || (self.events == 0 && events == 1))
     }
 
     /// One frame stays the shared encoding itself: no copy.
@@ -208,8 +215,10 @@ struct Running {
     initial: std::vec::IntoIter<Arc<WatchEvent>>,
     /// Frames due before anything else (the events drained before a bookmark, and it).
     queued: std::collections::VecDeque<Bytes>,
-    /// Events taken from the subscription and not yet written.
-    received: Vec<Arc<WatchEvent>>,
+    /// Runs of events taken from the subscription and not yet written,
+    /// the first of them from its event `offset` on.
+    received: Vec<Arc<EventRun>>,
+    offset: usize,
     last_sent: u64,
     tick: tokio::time::Interval,
     definitions: tokio::sync::watch::Receiver<u64>,
@@ -248,6 +257,7 @@ impl Stream {
             initial,
             queued: std::collections::VecDeque::new(),
             received: Vec::new(),
+            offset: 0,
             tick,
         };
         futures::stream::unfold(Some(running), |state| async move {
@@ -261,19 +271,44 @@ impl Stream {
 impl Running {
     /// The frame of the received events, in order, up to one write's worth
     /// (the rest wait for the next frame); `None` when the watcher's filter
-    /// left nothing of them.
+    /// left nothing of them. A whole run this watcher sends as stored goes
+    /// as the run's joined frame, shared with every other such watcher.
     fn take_batch(&mut self) -> Option<Bytes> {
+        let Running {
+            received,
+            offset,
+            stream,
+            last_sent,
+            ..
+        } = self;
         let mut batch = Batch::default();
-        let mut taken = 0;
-        for ev in &self.received {
+        let mut done = 0;
+        'runs: for run in received.iter() {
             if batch.full() {
                 break;
             }
-            taken += 1;
-            self.last_sent = self.last_sent.max(ev.revision);
-            batch.push(self.stream.encode(ev));
+            let whole = *offset == 0
+                && run.events.iter().all(|ev| stream.sends_stored(ev))
+                && batch.fits(run.events.len(), run.json_len());
+            if whole {
+                batch.push(Some(run.joined_json()), run.events.len());
+            } else {
+                for ev in &run.events[*offset..] {
+                    if batch.full() {
+                        break 'runs;
+                    }
+                    *offset += 1;
+                    *last_sent = (*last_sent).max(ev.revision);
+                    batch.push(stream.encode(ev), 1);
+                }
+            }
+            if let Some(last) = run.events.last() {
+                *last_sent = (*last_sent).max(last.revision);
+            }
+            *offset = 0;
+            done += 1;
         }
-        self.received.drain(..taken);
+        received.drain(..done);
         batch.take()
     }
 
@@ -314,7 +349,7 @@ impl Running {
                 // release of the channel's permits) and goes out as one
                 // write: under load a watcher costs one DATA frame per batch
                 // rather than per event.
-                n = self.sub.rx.recv_many(&mut self.received, Batch::EVENTS) => {
+                n = self.sub.rx.recv_runs(&mut self.received, Batch::EVENTS) => {
                     if n == 0 {
                         return None;
                     }
@@ -325,9 +360,11 @@ impl Running {
                 _ = self.tick.tick(), if self.stream.allow_bookmarks => {
                     // Everything up to the cache revision is already queued for us: drain, then mark.
                     let rev = self.stream.registry.cache_revision();
-                    while let Ok(ev) = self.sub.rx.try_recv() {
-                        self.last_sent = self.last_sent.max(ev.revision);
-                        if let Some(f) = self.stream.encode(&ev) {
+                    while let Some(run) = self.sub.rx.try_recv_run() {
+                        self.received.push(run);
+                    }
+                    while !self.received.is_empty() {
+                        if let Some(f) = self.take_batch() {
                             self.queued.push_back(f);
                         }
                     }
@@ -351,22 +388,32 @@ impl Stream {
             .is_some()
     }
 
-    /// The frame for one event as this watcher sees it (selector transitions
-    /// applied). Frames are built once per form and shared by every watcher
-    /// of that form through the event; only a table's first frame, which
-    /// carries this watcher's column headers, is its own.
-    fn encode(&mut self, ev: &WatchEvent) -> Option<Bytes> {
+    /// How this watcher sees one event (selector transitions applied): the
+    /// frame type and whether the object left its selector; `None` when it
+    /// does not see it.
+    fn sees(&self, ev: &WatchEvent) -> Option<(&'static str, bool)> {
         let cur = self.filter.matches(&ev.object);
         let prev = ev.prev.as_ref().is_some_and(|p| self.filter.matches(p));
         // `left`: the object left the selector; the watcher sees its old state deleted.
-        let (kind, left) = match ev.kind {
-            EventType::Added if cur => ("ADDED", false),
-            EventType::Deleted if cur => ("DELETED", false),
-            EventType::Modified if cur && prev => ("MODIFIED", false),
-            EventType::Modified if cur => ("ADDED", false),
-            EventType::Modified if prev => ("DELETED", true),
-            _ => return None,
-        };
+        match ev.kind {
+            EventType::Added if cur => Some(("ADDED", false)),
+            EventType::Deleted if cur => Some(("DELETED", false)),
+            EventType::Modified if cur && prev => Some(("MODIFIED", false)),
+            EventType::Modified if cur => Some(("ADDED", false)),
+            EventType::Modified if prev => Some(("DELETED", true)),
+            _ => None,
+        }
+    }
+
+    /// Whether this watcher's frame of `ev` is the event's stored JSON
+    /// frame (its own type, the stored object, JSON at the storage
+    /// version): the frame nearly every watcher sends.
+    fn sends_stored(&self, ev: &WatchEvent) -> bool {
+        self.sees(ev)
+            .is_some_and(|(kind, left)| self.is_stored_form(ev, kind, left))
+    }
+
+    fn is_stored_form(&self, ev: &WatchEvent, kind: &str, left: bool) -> bool {
         // Compared in parts: this runs per event and watcher.
         let same_version = ev
             .object
@@ -374,7 +421,16 @@ impl Stream {
             .strip_prefix(self.t.rt.group.as_str())
             .and_then(|rest| rest.strip_prefix('/'))
             == Some(self.t.version.as_str());
-        if self.out == Output::Json && !left && kind == ev.kind.as_str() && same_version {
+        self.out == Output::Json && !left && kind == ev.kind.as_str() && same_version
+    }
+
+    /// The frame for one event as this watcher sees it. Frames are built
+    /// once per form and shared by every watcher of that form through the
+    /// event; only a table's first frame, which carries this watcher's
+    /// column headers, is its own.
+    fn encode(&mut self, ev: &WatchEvent) -> Option<Bytes> {
+        let (kind, left) = self.sees(ev)?;
+        if self.is_stored_form(ev, kind, left) {
             return Some(ev.json_frame());
         }
         let api_version = self.t.api_version();
@@ -486,26 +542,26 @@ mod tests {
     fn queued_frames_go_out_as_one_write_and_a_lone_frame_is_not_copied() {
         let lone = Bytes::from_static(b"{\"type\":\"ADDED\"}\n");
         let mut one = Batch::default();
-        one.push(Some(lone.clone()));
+        one.push(Some(lone.clone()), 1);
         let out = one.take().expect("frame");
         assert_eq!(out.as_ptr(), lone.as_ptr(), "the shared encoding itself");
 
         let mut many = Batch::default();
-        many.push(Some(Bytes::from_static(b"a\n")));
-        many.push(None); // filtered out for this watcher
-        many.push(Some(Bytes::from_static(b"b\n")));
-        many.push(Some(Bytes::from_static(b"c\n")));
+        many.push(Some(Bytes::from_static(b"a\n")), 1);
+        many.push(None, 1); // filtered out for this watcher
+        many.push(Some(Bytes::from_static(b"b\n")), 1);
+        many.push(Some(Bytes::from_static(b"c\n")), 1);
         assert!(!many.full());
         assert_eq!(many.take().as_deref(), Some(&b"a\nb\nc\n"[..]));
 
         let mut capped = Batch::default();
         for _ in 0..Batch::EVENTS {
-            capped.push(None);
+            capped.push(None, 1);
         }
         assert!(capped.full(), "at most {} events a write", Batch::EVENTS);
         assert!(capped.take().is_none());
         let mut big = Batch::default();
-        big.push(Some(Bytes::from(vec![b'x'; Batch::BYTES])));
+        big.push(Some(Bytes::from(vec![b'x'; Batch::BYTES])), 1);
         assert!(big.full());
     }
 

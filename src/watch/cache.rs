@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::storage::{Batch, Event, EventType, Revision, StorageError, Store};
 
+use super::feed::{feed, EventRun, Feed, FeedSender};
 use super::history::{History, HistoryLimits};
 use super::{split_key, CachedObject, WatchEvent};
 
@@ -92,13 +93,13 @@ pub struct Subscription {
     pub initial: Vec<Arc<WatchEvent>>,
     /// The revision the initial events bring the watcher to.
     pub revision: Revision,
-    pub rx: mpsc::Receiver<Arc<WatchEvent>>,
+    pub rx: Feed,
 }
 
 struct Watcher {
     after: Revision,
     filter: Filter,
-    tx: mpsc::Sender<Arc<WatchEvent>>,
+    tx: FeedSender,
 }
 
 struct ResourceState {
@@ -341,6 +342,9 @@ impl Cache {
         // Rewritten before taking the lock, which readers and writers wait on.
         let rewritten: Vec<_> = batch.events.iter().map(|e| self.rewrite(e)).collect();
         let mut state = self.write();
+        // The commit's events per resource, in order: each resource's run
+        // goes to its watchers once they are all made.
+        let mut runs: Vec<(String, Vec<Arc<WatchEvent>>)> = Vec::new();
         for (event, rewritten) in batch.events.iter().zip(rewritten) {
             let Some((resource, sub)) = split_key(&event.key) else {
                 continue;
@@ -371,14 +375,16 @@ impl Cache {
                 prev,
                 res.history.ledger(),
             ));
-            res.watchers.retain(|w| {
-                if ev.revision <= w.after || !interested(&w.filter, &ev) {
-                    return true;
-                }
-                // A watcher that cannot keep up is closed; its client re-watches.
-                w.tx.try_send(ev.clone()).is_ok()
-            });
-            res.history.push(now, ev, &self.limits);
+            res.history.push(now, ev.clone(), &self.limits);
+            match runs.iter_mut().find(|(r, _)| r == resource) {
+                Some((_, events)) => events.push(ev),
+                None => runs.push((resource.to_string(), vec![ev])),
+            }
+        }
+        for (resource, events) in runs {
+            if let Some(res) = state.resources.get_mut(&resource) {
+                fan_out(&mut res.watchers, events);
+            }
         }
         state.revision = batch.revision;
         drop(state);
@@ -524,7 +530,7 @@ impl Cache {
                 (replay, rev.max(current))
             }
         };
-        let (tx, rx) = mpsc::channel(WATCHER_BUFFER);
+        let (tx, rx) = feed(WATCHER_BUFFER);
         res.watchers.push(Watcher { after, filter, tx });
         Ok(Subscription {
             initial,
@@ -621,6 +627,29 @@ fn page_of(
 }
 
 /// An event concerns a watcher if the object passes its filter now or did before.
+/// Hands a resource's run of events to each watcher: the run itself to
+/// every watcher that wants all of it (shared, frames and all), its own
+/// subset to one that wants part. A watcher that cannot keep up is closed;
+/// its client re-watches.
+fn fan_out(watchers: &mut Vec<Watcher>, events: Vec<Arc<WatchEvent>>) {
+    if watchers.is_empty() {
+        return;
+    }
+    let run = Arc::new(EventRun::new(events));
+    watchers.retain(|w| {
+        let wants = |ev: &&Arc<WatchEvent>| ev.revision > w.after && interested(&w.filter, ev);
+        let wanted = run.events.iter().filter(wants).count();
+        if wanted == run.events.len() {
+            w.tx.send(run.clone())
+        } else if wanted > 0 {
+            let own = run.events.iter().filter(wants).cloned().collect();
+            w.tx.send(Arc::new(EventRun::new(own)))
+        } else {
+            true
+        }
+    });
+}
+
 pub(super) fn interested(filter: &Filter, ev: &WatchEvent) -> bool {
     filter.matches(&ev.object) || ev.prev.as_ref().is_some_and(|p| filter.matches(p))
 }
@@ -665,6 +694,63 @@ mod tests {
             .await
             .expect("create")
             .revision
+    }
+
+    #[tokio::test]
+    async fn a_commit_reaches_each_watcher_as_one_run_shared_with_its_frames() {
+        let (_d, _store, cache) = setup(100).await;
+        let mut a = cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("a");
+        let mut b = cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("b");
+        let only_x = Filter {
+            key_prefix: "x/".into(),
+            ..Filter::everything()
+        };
+        let mut x = cache.watch("g/r", Start::After(0), only_x).expect("x");
+        // One commit of three creates, the second in namespace x.
+        let events = (1..=3u64)
+            .map(|rev| {
+                let ns = if rev == 2 { "x" } else { "y" };
+                let object = json!({"apiVersion": "g/v1", "kind": "K",
+                    "metadata": {"name": format!("o{rev}"), "namespace": ns,
+                                 "resourceVersion": rev.to_string()}});
+                Event {
+                    kind: EventType::Added,
+                    key: format!("g/r/{ns}/o{rev}"),
+                    revision: rev,
+                    json: crate::storage::json_bytes(&object).expect("json"),
+                    object: Arc::new(object),
+                }
+            })
+            .collect();
+        cache.apply(&Batch {
+            events,
+            revision: 3,
+        });
+        let (mut ra, mut rb, mut rx) = (Vec::new(), Vec::new(), Vec::new());
+        assert_eq!(a.rx.recv_runs(&mut ra, 16).await, 1, "one item per commit");
+        assert_eq!(b.rx.recv_runs(&mut rb, 16).await, 1);
+        assert_eq!(x.rx.recv_runs(&mut rx, 16).await, 1);
+        assert_eq!(ra[0].events.len(), 3);
+        assert!(Arc::ptr_eq(&ra[0], &rb[0]), "the same run, not a copy");
+        let joined = ra[0].joined_json();
+        assert_eq!(
+            joined.as_ptr(),
+            rb[0].joined_json().as_ptr(),
+            "joined once for every watcher"
+        );
+        let frames: Vec<u8> = ra[0]
+            .events
+            .iter()
+            .flat_map(|e| e.json_frame().to_vec())
+            .collect();
+        assert_eq!(&joined[..], &frames[..], "the events' frames, in order");
+        let revs: Vec<_> = rx[0].events.iter().map(|e| e.revision).collect();
+        assert_eq!(revs, [2], "a filtered watcher gets only its part");
+        assert!(!Arc::ptr_eq(&rx[0], &ra[0]));
     }
 
     #[tokio::test]

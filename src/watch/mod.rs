@@ -5,11 +5,13 @@
 
 mod cache;
 mod event;
+mod feed;
 mod history;
 mod object;
 
 pub use cache::{Cache, Filter, OnLoad, Page, Start, Subscription, WatchError};
 pub use event::{frame, WatchEvent};
+pub use feed::{EventRun, Feed};
 pub use history::{
     HistoryLimits, DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_EVENTS, DEFAULT_HISTORY_WINDOW,
 };
