@@ -20,7 +20,8 @@
 //! `KSHARD_ETCD_OBJECTS` (40000),
 //! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run),
 //! `KSHARD_ETCD_ONLY` (`creates`, `memory`, `fanout`, `watched`, `lists`),
-//! `KSHARD_ETCD_ARGS` (extra kshard flags).
+//! `KSHARD_ETCD_ARGS` (extra kshard flags), `KSHARD_ETCD_CLIENTS` (the
+//! creates' concurrencies, comma-separated; `1,16,64`).
 //!
 //! The etcd client is written here (a gRPC unary `KV/Put` over one HTTP/2
 //! connection per worker, the protobuf message encoded by hand): the etcd
@@ -930,7 +931,14 @@ async fn run() {
 
     let rounds = env_usize("KSHARD_ETCD_ROUNDS", if smoke() { 1 } else { 3 }).max(1);
     let mut results = Vec::new();
-    let concurrencies: &[usize] = if wanted("creates") { &[1, 16, 64] } else { &[] };
+    let concurrencies: Vec<usize> = if wanted("creates") {
+        std::env::var("KSHARD_ETCD_CLIENTS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![1, 16, 64])
+    } else {
+        Vec::new()
+    };
     for clients in concurrencies.iter().copied() {
         // Rounds alternate between the servers, so a slow spell of the
         // shared machine costs both alike; the median round of each is kept.
