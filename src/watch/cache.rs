@@ -696,15 +696,17 @@ mod tests {
             .revision
     }
 
+    /// A watcher of every object of `g/r` from the start.
+    fn watch_all(cache: &Cache) -> Subscription {
+        cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("watch")
+    }
+
     #[tokio::test]
     async fn a_commit_reaches_each_watcher_as_one_run_shared_with_its_frames() {
         let (_d, _store, cache) = setup(100).await;
-        let mut a = cache
-            .watch("g/r", Start::After(0), Filter::everything())
-            .expect("a");
-        let mut b = cache
-            .watch("g/r", Start::After(0), Filter::everything())
-            .expect("b");
+        let (mut a, mut b) = (watch_all(&cache), watch_all(&cache));
         let only_x = Filter {
             key_prefix: "x/".into(),
             ..Filter::everything()
@@ -756,12 +758,7 @@ mod tests {
     #[tokio::test]
     async fn every_watcher_gets_the_same_encoded_bytes() {
         let (_d, store, cache) = setup(100).await;
-        let mut a = cache
-            .watch("g/r", Start::After(0), Filter::everything())
-            .expect("a");
-        let mut b = cache
-            .watch("g/r", Start::After(0), Filter::everything())
-            .expect("b");
+        let (mut a, mut b) = (watch_all(&cache), watch_all(&cache));
         create(&store, "x").await;
         let ea = a.rx.recv().await.expect("a event");
         let eb = b.rx.recv().await.expect("b event");
