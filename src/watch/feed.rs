@@ -109,6 +109,12 @@ impl FeedSender {
 }
 
 impl Feed {
+    /// What is left of a run [`Feed::recv`] stopped in, as a run of its own.
+    fn take_partial(&mut self) -> Option<Arc<EventRun>> {
+        let (run, at) = self.partial.take()?;
+        Some(Arc::new(EventRun::new(run.events[at..].to_vec())))
+    }
+
     fn taken(&self, run: &EventRun) {
         self.queued.fetch_sub(run.events.len(), Ordering::AcqRel);
     }
@@ -116,8 +122,8 @@ impl Feed {
     /// Waits for runs, then takes every queued one (up to `limit`) into
     /// `out`; 0 when the feed has ended.
     pub async fn recv_runs(&mut self, out: &mut Vec<Arc<EventRun>>, limit: usize) -> usize {
-        if let Some((run, at)) = self.partial.take() {
-            out.push(Arc::new(EventRun::new(run.events[at..].to_vec())));
+        if let Some(rest) = self.take_partial() {
+            out.push(rest);
             return 1;
         }
         let start = out.len();
@@ -130,8 +136,8 @@ impl Feed {
 
     /// A run already queued, without waiting.
     pub fn try_recv_run(&mut self) -> Option<Arc<EventRun>> {
-        if let Some((run, at)) = self.partial.take() {
-            return Some(Arc::new(EventRun::new(run.events[at..].to_vec())));
+        if let Some(rest) = self.take_partial() {
+            return Some(rest);
         }
         let run = self.rx.try_recv().ok()?;
         self.taken(&run);
