@@ -185,11 +185,7 @@ impl Batch {
         if self.frames.len() <= 1 {
             return self.frames.pop();
         }
-        let mut joined = Vec::with_capacity(self.bytes);
-        for f in &self.frames {
-            joined.extend_from_slice(f);
-        }
-        Some(Bytes::from(joined))
+        Some(crate::watch::concat(&self.frames))
     }
 }
 
@@ -283,6 +279,8 @@ impl Running {
         } = self;
         let mut batch = Batch::default();
         let mut done = 0;
+        // Whether every run taken goes whole, as stored.
+        let mut all_whole = true;
         'runs: for run in received.iter() {
             if batch.full() {
                 break;
@@ -293,6 +291,7 @@ impl Running {
             if whole {
                 batch.push(Some(run.joined_json()), run.events.len());
             } else {
+                all_whole = false;
                 for ev in &run.events[*offset..] {
                     if batch.full() {
                         break 'runs;
@@ -308,8 +307,13 @@ impl Running {
             *offset = 0;
             done += 1;
         }
+        let frame = if all_whole && done > 1 {
+            Some(EventRun::joined_runs(&received[..done]))
+        } else {
+            batch.take()
+        };
         received.drain(..done);
-        batch.take()
+        frame
     }
 
     /// The next frame of the body, or `None` when the watch ends.

@@ -19,6 +19,10 @@ pub struct EventRun {
     /// The events' storage-form JSON frames joined, built by the first
     /// watcher that sends the whole run in that form.
     joined: OnceLock<Bytes>,
+    /// This run's frames joined with those of the runs after it, as the
+    /// last watcher to take them together took them: watchers woken by the
+    /// same commits take the same runs, and share one buffer.
+    joined_on: std::sync::Mutex<Option<(Vec<Arc<EventRun>>, Bytes)>>,
 }
 
 impl EventRun {
@@ -26,7 +30,29 @@ impl EventRun {
         Self {
             events,
             joined: OnceLock::new(),
+            joined_on: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The storage-form frames of consecutive whole `runs` as one buffer,
+    /// shared with every watcher that takes the same runs together.
+    pub fn joined_runs(runs: &[Arc<EventRun>]) -> Bytes {
+        let [first, rest @ ..] = runs else {
+            return Bytes::new();
+        };
+        if rest.is_empty() {
+            return first.joined_json();
+        }
+        let mut slot = first.joined_on.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((after, bytes)) = slot.as_ref() {
+            if after.len() == rest.len() && after.iter().zip(rest).all(|(a, b)| Arc::ptr_eq(a, b)) {
+                return bytes.clone();
+            }
+        }
+        let frames: Vec<Bytes> = runs.iter().map(|r| r.joined_json()).collect();
+        let joined = concat(&frames);
+        *slot = Some((rest.to_vec(), joined.clone()));
+        joined
     }
 
     /// The storage-form frames of all the run's events as one buffer, built
@@ -37,11 +63,7 @@ impl EventRun {
                 [one] => one.json_frame(),
                 events => {
                     let frames: Vec<Bytes> = events.iter().map(|e| e.json_frame()).collect();
-                    let mut joined = Vec::with_capacity(frames.iter().map(Bytes::len).sum());
-                    for f in &frames {
-                        joined.extend_from_slice(f);
-                    }
-                    Bytes::from(joined)
+                    concat(&frames)
                 }
             })
             .clone()
@@ -54,6 +76,15 @@ impl EventRun {
             None => self.events.iter().map(|e| e.json_frame().len()).sum(),
         }
     }
+}
+
+/// `frames` in one buffer of their exact size (one copy).
+pub fn concat(frames: &[Bytes]) -> Bytes {
+    let mut joined = Vec::with_capacity(frames.iter().map(Bytes::len).sum());
+    for f in frames {
+        joined.extend_from_slice(f);
+    }
+    Bytes::from(joined)
 }
 
 /// A watcher's side of its feed: bounded in events (not runs), so a watcher
@@ -198,6 +229,37 @@ mod tests {
             })
             .collect();
         Arc::new(EventRun::new(events))
+    }
+
+    #[test]
+    fn watchers_taking_the_same_runs_share_one_joined_buffer() {
+        let (a, b, c) = (run(1..=2), run(3..=3), run(4..=5));
+        let frames = |runs: &[&Arc<EventRun>]| -> Vec<u8> {
+            runs.iter()
+                .flat_map(|r| r.events.iter().flat_map(|e| e.json_frame().to_vec()))
+                .collect()
+        };
+        let first = EventRun::joined_runs(&[a.clone(), b.clone(), c.clone()]);
+        assert_eq!(first.as_ref(), frames(&[&a, &b, &c]).as_slice());
+        let again = EventRun::joined_runs(&[a.clone(), b.clone(), c.clone()]);
+        assert_eq!(
+            again.as_ptr(),
+            first.as_ptr(),
+            "the same runs share the buffer"
+        );
+        // A watcher that took fewer runs, or other runs after the first,
+        // gets its own frames, never the shared ones.
+        let fewer = EventRun::joined_runs(&[a.clone(), b.clone()]);
+        assert_eq!(fewer.as_ref(), frames(&[&a, &b]).as_slice());
+        let other = run(3..=3);
+        let own = EventRun::joined_runs(&[a.clone(), other.clone(), c.clone()]);
+        assert_eq!(own.as_ref(), frames(&[&a, &other, &c]).as_slice());
+        assert_ne!(own.as_ptr(), first.as_ptr());
+        // A lone run is its own joined frame.
+        assert_eq!(
+            EventRun::joined_runs(std::slice::from_ref(&b)).as_ptr(),
+            b.joined_json().as_ptr()
+        );
     }
 
     #[tokio::test]

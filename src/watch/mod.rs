@@ -11,7 +11,7 @@ mod object;
 
 pub use cache::{Cache, Filter, OnLoad, Page, Start, Subscription, WatchError};
 pub use event::{frame, WatchEvent};
-pub use feed::{EventRun, Feed};
+pub use feed::{concat, EventRun, Feed};
 pub use history::{
     HistoryLimits, DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_EVENTS, DEFAULT_HISTORY_WINDOW,
 };
