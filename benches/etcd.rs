@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
+use futures::stream::{FuturesUnordered, StreamExt};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
@@ -729,25 +730,39 @@ async fn open_watchers(
     }
     let mut tasks = Vec::new();
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(watchers.max(1));
-    for w in 0..watchers {
-        let mut send = senders[w % conns].clone();
+    for (c, send) in senders.into_iter().enumerate() {
+        let streams = watchers / conns + usize::from(c < watchers % conns);
         let ready = ready_tx.clone();
         let url = format!(
             "https://localhost{collection}?watch=1&timeoutSeconds=600&resourceVersion={rv}"
         );
+        // One task drains every stream of its connection: data on any of
+        // them wakes this task once, rather than a task per stream each
+        // time, so the client's scheduling stays off the shared cores.
         tasks.push(tokio::spawn(async move {
-            let req = http::Request::get(url)
-                .body(http_body_util::Empty::new())
-                .expect("request");
-            if send.ready().await.is_err() {
-                return;
+            let mut opening: FuturesUnordered<_> = (0..streams)
+                .map(|_| {
+                    let mut send = send.clone();
+                    let req = http::Request::get(url.as_str())
+                        .body(http_body_util::Empty::new())
+                        .expect("request");
+                    async move {
+                        send.ready().await.ok()?;
+                        send.send_request(req).await.ok()
+                    }
+                })
+                .collect();
+            let mut draining = FuturesUnordered::new();
+            while let Some(resp) = opening.next().await {
+                let Some(resp) = resp else { continue };
+                let _ = ready.send(()).await;
+                draining.push(async move {
+                    let mut body = resp.into_body();
+                    while let Some(Ok(_)) = body.frame().await {}
+                });
             }
-            let Ok(resp) = send.send_request(req).await else {
-                return;
-            };
-            let _ = ready.send(()).await;
-            let mut body = resp.into_body();
-            while let Some(Ok(_)) = body.frame().await {}
+            drop(ready);
+            while draining.next().await.is_some() {}
         }));
     }
     drop(ready_tx);
