@@ -1,16 +1,16 @@
-//! Writes of one HTTP/2 connection gathered into few TLS records and
-//! syscalls.
+//! Writes of one HTTP/2 connection gathered into few `writev` calls.
 //!
 //! h2 hands its transport one DATA frame at a time and flushes after each
 //! (`FramedWrite::poll_ready` flushes whenever a large frame is pending), so
-//! a connection carrying many watch streams wrote one TLS record and made
-//! one `writev` per event per watcher. This transport buffers writes and
-//! answers the first flush after new writes by deferring it: it wakes the
-//! connection's task and reports success. h2 ends every poll of its
+//! a connection carrying many watch streams made one `writev` per event per
+//! watcher. This transport hands each write to the TLS session, which
+//! encrypts it into its own outgoing buffer (the one copy TLS makes anyway),
+//! and answers the first flush after new writes by deferring it: it wakes
+//! the connection's task and reports success. h2 ends every poll of its
 //! connection with a flush, so when the task runs again (having taken every
-//! frame queued meanwhile) a flush with nothing new written in between
-//! writes the whole buffer through. Bytes wait at most one task poll, or
-//! none once [`FLUSH_AT`] bytes are gathered.
+//! frame queued meanwhile) a flush with nothing new written sends every
+//! record as one write. Bytes wait at most one task poll, or none once
+//! [`FLUSH_AT`] bytes are buffered.
 
 use std::io;
 use std::pin::Pin;
@@ -18,16 +18,31 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Bytes gathered at most before a write goes through.
+/// Bytes buffered at most before a write goes through (rustls's own limit
+/// on its outgoing buffer is the same).
 const CAPACITY: usize = 64 * 1024;
-/// A flush with this much gathered is never deferred.
+/// A flush with this much buffered is never deferred.
 const FLUSH_AT: usize = 32 * 1024;
+
+/// A transport that takes bytes into a buffer of its own, to be written out
+/// at its next flush.
+pub trait Buffered: AsyncWrite + Unpin {
+    /// Takes what of `bufs` fits in the buffer: 0 when it is full.
+    fn buffer(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize>;
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> Buffered for tokio_rustls::server::TlsStream<IO> {
+    fn buffer(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        // Encrypted into the session's outgoing records; the socket is
+        // written at the next flush.
+        io::Write::write_vectored(&mut self.get_mut().1.writer(), bufs)
+    }
+}
 
 pub struct Gathered<T> {
     inner: T,
-    buf: Vec<u8>,
-    /// Bytes of `buf` already written to `inner`.
-    sent: usize,
+    /// Bytes buffered in `inner` since it was last flushed.
+    pending: usize,
     /// Writes arrived since the last flush request.
     written: bool,
 }
@@ -36,38 +51,22 @@ impl<T> Gathered<T> {
     pub fn new(inner: T) -> Self {
         Self {
             inner,
-            buf: Vec::new(),
-            sent: 0,
+            pending: 0,
             written: false,
         }
     }
-
-    fn pending(&self) -> usize {
-        self.buf.len() - self.sent
-    }
 }
 
-impl<T: AsyncWrite + Unpin> Gathered<T> {
-    /// Writes everything gathered to `inner`.
+impl<T: Buffered> Gathered<T> {
+    /// Writes everything buffered out.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.sent < self.buf.len() {
-            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.buf[self.sent..]))?;
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            self.sent += n;
-        }
-        self.buf.clear();
-        self.sent = 0;
-        // A burst's buffer is not kept by an idle connection.
-        if self.buf.capacity() > CAPACITY {
-            self.buf.shrink_to(CAPACITY);
-        }
+        ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
+        self.pending = 0;
         Poll::Ready(Ok(()))
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Gathered<T> {
+impl<T: Buffered> AsyncWrite for Gathered<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -83,17 +82,24 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gathered<T> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if this.pending() + total > CAPACITY {
+        if total == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        if this.pending > 0 && this.pending + total > CAPACITY {
             ready!(this.poll_drain(cx))?;
         }
-        if total > CAPACITY {
-            return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        let mut taken = this.inner.buffer(bufs)?;
+        if taken == 0 {
+            // Full: out with what it holds, then take what fits.
+            ready!(this.poll_drain(cx))?;
+            taken = this.inner.buffer(bufs)?;
+            if taken == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
         }
-        for b in bufs {
-            this.buf.extend_from_slice(b);
-        }
-        this.written |= total > 0;
-        Poll::Ready(Ok(total))
+        this.pending += taken;
+        this.written = true;
+        Poll::Ready(Ok(taken))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -102,15 +108,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gathered<T> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        // Deferred only while something is gathered and more may follow.
-        if this.written && (1..FLUSH_AT).contains(&this.pending()) {
+        // Deferred only while something is buffered and more may follow.
+        if this.written && (1..FLUSH_AT).contains(&this.pending) {
             this.written = false;
             cx.waker().wake_by_ref();
             return Poll::Ready(Ok(()));
         }
         this.written = false;
-        ready!(this.poll_drain(cx))?;
-        Pin::new(&mut this.inner).poll_flush(cx)
+        this.poll_drain(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -135,9 +140,26 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
-    /// A transport that records each write it is given.
+    /// A buffering transport (as a TLS session is) that records each write
+    /// of its buffer to the socket.
     #[derive(Clone, Default)]
-    struct Recorder(Arc<Mutex<Vec<Vec<u8>>>>);
+    struct Recorder {
+        buffered: Arc<Mutex<Vec<u8>>>,
+        writes: Arc<Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl Buffered for Recorder {
+        fn buffer(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+            let mut b = self.buffered.lock().map_err(|_| io::ErrorKind::Other)?;
+            let mut taken = 0;
+            for buf in bufs {
+                let n = buf.len().min(CAPACITY - b.len());
+                b.extend_from_slice(&buf[..n]);
+                taken += n;
+            }
+            Ok(taken)
+        }
+    }
 
     impl AsyncWrite for Recorder {
         fn poll_write(
@@ -145,13 +167,17 @@ mod tests {
             _: &mut Context<'_>,
             data: &[u8],
         ) -> Poll<io::Result<usize>> {
-            self.0
-                .lock()
-                .map_err(|_| io::ErrorKind::Other)?
-                .push(data.to_vec());
-            Poll::Ready(Ok(data.len()))
+            self.get_mut().buffer(&[io::IoSlice::new(data)]).into()
         }
         fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            let mut b = self.buffered.lock().map_err(|_| io::ErrorKind::Other)?;
+            if !b.is_empty() {
+                let out = std::mem::take(&mut *b);
+                self.writes
+                    .lock()
+                    .map_err(|_| io::ErrorKind::Other)?
+                    .push(out);
+            }
             Poll::Ready(Ok(()))
         }
         fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -160,7 +186,7 @@ mod tests {
     }
 
     fn writes(r: &Recorder) -> Vec<Vec<u8>> {
-        r.0.lock().map(|w| w.clone()).unwrap_or_default()
+        r.writes.lock().map(|w| w.clone()).unwrap_or_default()
     }
 
     #[test]
@@ -192,7 +218,7 @@ mod tests {
             Poll::Ready(Ok(()))
         ));
         assert_eq!(writes(&rec), vec![b"one two three".to_vec()]);
-        // Nothing gathered: a flush is a plain flush.
+        // Nothing buffered: a flush is a plain flush.
         assert!(matches!(
             Pin::new(&mut g).poll_flush(&mut cx),
             Poll::Ready(Ok(()))
@@ -212,19 +238,28 @@ mod tests {
         }
         let out: usize = writes(&rec).iter().map(Vec::len).sum();
         assert_eq!(out, 3 * chunk.len(), "the fourth chunk did not fit");
-        // More than FLUSH_AT gathered: the flush is not deferred.
+        // More than FLUSH_AT buffered: the flush is not deferred.
         let big = vec![1u8; FLUSH_AT];
         assert!(Pin::new(&mut g).poll_write(&mut cx, &big).is_ready());
         assert!(Pin::new(&mut g).poll_flush(&mut cx).is_ready());
         let out: usize = writes(&rec).iter().map(Vec::len).sum();
         assert_eq!(out, 4 * chunk.len() + big.len());
-        // A write larger than the buffer goes straight through.
+        // A write larger than the buffer is taken as far as it fits; the
+        // rest is the caller's next write.
         let huge = vec![2u8; CAPACITY + 1];
         assert!(matches!(
             Pin::new(&mut g).poll_write(&mut cx, &huge),
-            Poll::Ready(Ok(n)) if n == huge.len()
+            Poll::Ready(Ok(n)) if n == CAPACITY
         ));
-        assert_eq!(writes(&rec).last().map(Vec::len), Some(huge.len()));
+        assert!(matches!(
+            Pin::new(&mut g).poll_write(&mut cx, &huge[CAPACITY..]),
+            Poll::Ready(Ok(1))
+        ));
+        // (The first flush after a write is deferred, the next one sends.)
+        assert!(Pin::new(&mut g).poll_flush(&mut cx).is_ready());
+        assert!(Pin::new(&mut g).poll_flush(&mut cx).is_ready());
+        let tail: usize = writes(&rec).iter().rev().take(2).map(Vec::len).sum();
+        assert_eq!(tail, huge.len());
     }
 
     fn waker_fn(count: Arc<std::sync::atomic::AtomicUsize>) -> std::task::Waker {
