@@ -38,6 +38,10 @@ const WAL_EPOCH: &str = "wal-epoch";
 const PENDING_GROUPS: usize = 64;
 /// Log bytes applied to one redb commit at most.
 const PENDING_BYTES: u64 = 2 * 1024 * 1024;
+/// A sync at most this long counts as quick (an SSD's; a disk's takes milliseconds).
+const QUICK_SYNC: std::time::Duration = std::time::Duration::from_micros(500);
+/// The record size a quick write is expected to stay under.
+const QUICK_RECORD: u64 = 64 * 1024;
 
 /// The write-ahead log and what of it redb has not committed yet.
 struct Durable {
@@ -434,6 +438,29 @@ impl Engine for Embedded {
         }
         Ok(())
     }
+
+    fn quick_write(&self) -> bool {
+        // A write under way (the lock taken) makes the next one wait: not quick.
+        match self.wal.try_lock() {
+            Ok(slot) => slot.as_ref().is_some_and(next_is_quick),
+            Err(_) => false,
+        }
+    }
+}
+
+/// Whether a small write after this point is only a log append with a fast
+/// sync: the last sync was fast and neither a redb commit, a checkpoint nor
+/// the log's growth falls due with it.
+fn next_is_quick(durable: &Durable) -> bool {
+    let wal = &durable.wal;
+    let pending_ok = durable
+        .pending
+        .as_ref()
+        .is_none_or(|p| p.groups + 1 < PENDING_GROUPS && p.bytes + QUICK_RECORD < PENDING_BYTES);
+    wal.last_sync() <= QUICK_SYNC
+        && wal.fits(QUICK_RECORD)
+        && wal.len() + QUICK_RECORD < wal::CHECKPOINT_BYTES
+        && pending_ok
 }
 
 /// A durable redb commit that records the next log epoch: every record so
@@ -555,6 +582,34 @@ mod tests {
         }
         assert!(!e.has_pending.load(Ordering::Acquire));
         assert_eq!(get(&e, "n0"), Some(b"w".to_vec()));
+    }
+
+    #[test]
+    fn only_a_plain_append_with_a_fast_sync_is_quick() {
+        let dir = tempfile::tempdir().expect("dir");
+        let e = Embedded::open(&dir.path().join("db")).expect("open");
+        assert!(!e.quick_write(), "no sync measured yet");
+        put(&e, "a", b"1");
+        let pretend = |d: std::time::Duration| {
+            if let Some(durable) = e.wal.lock().expect("wal").as_mut() {
+                durable.wal.pretend_last_sync(d);
+            }
+        };
+        pretend(std::time::Duration::from_micros(100));
+        assert!(e.quick_write(), "an SSD's sync, nothing else due");
+        pretend(std::time::Duration::from_millis(5));
+        assert!(!e.quick_write(), "a disk's sync");
+        pretend(std::time::Duration::from_micros(100));
+        // The write that fills the pending redb transaction commits it.
+        for i in 1..PENDING_GROUPS - 1 {
+            put(&e, &format!("k{i}"), b"v");
+            pretend(std::time::Duration::from_micros(100));
+        }
+        assert!(!e.quick_write(), "the next write commits redb");
+        put(&e, "last", b"v");
+        pretend(std::time::Duration::from_micros(100));
+        assert!(!e.has_pending.load(Ordering::Acquire), "committed");
+        assert!(e.quick_write(), "a fresh transaction follows");
     }
 
     #[test]

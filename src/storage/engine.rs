@@ -30,6 +30,13 @@ pub trait Engine: Send + Sync + 'static {
     /// Runs `f` in one transaction and makes it durable before returning.
     /// If `f` fails nothing is written.
     fn write(&self, f: &mut WriteFn<'_>) -> Result<(), StorageError>;
+    /// Whether the next write is expected to finish within a sync of a
+    /// small record (well under a millisecond), so a request may commit it
+    /// on its runtime worker instead of handing the worker to another
+    /// thread first. No by default: a remote engine waits on the network.
+    fn quick_write(&self) -> bool {
+        false
+    }
     /// Called after the store has compacted its history: an engine with its
     /// own garbage collection (TiKV's GC safe point) advances it here.
     fn after_compaction(&self) -> Result<(), StorageError> {

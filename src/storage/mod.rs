@@ -389,10 +389,11 @@ impl Store {
 
     /// A write with no other in flight commits itself, on this thread: the
     /// two hand-offs to and from the writer thread (a thread wake each) were
-    /// a third of a lone create's latency. The runtime's core is handed to
-    /// another thread meanwhile (`block_in_place`), so the sync stalls no
-    /// other task. Concurrent writes go to the writer thread, which groups
-    /// them. Returns the op when it must go there.
+    /// a third of a lone create's latency. Unless the engine expects the
+    /// write to be quick (a log append with a fast sync), the runtime's core
+    /// is handed to another thread meanwhile (`block_in_place`), so a slow
+    /// sync stalls no other task. Concurrent writes go to the writer thread,
+    /// which groups them. Returns the op when it must go there.
     fn commit_alone(&self, op: Op, alone: bool) -> Option<Op> {
         let multi_thread = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
@@ -404,7 +405,13 @@ impl Store {
         let Ok(mut sequencer) = self.sequencer.try_lock() else {
             return Some(op);
         };
-        tokio::task::block_in_place(|| sequencer.commit_group(vec![op]));
+        if self.engine.quick_write() {
+            // A fast sync costs less than handing the worker to another
+            // thread and back; the runtime's other workers serve meanwhile.
+            sequencer.commit_group(vec![op]);
+        } else {
+            tokio::task::block_in_place(|| sequencer.commit_group(vec![op]));
+        }
         None
     }
 

@@ -74,6 +74,8 @@ pub struct Wal {
     offset: u64,
     /// Bytes of the file already written (zeros or records).
     allocated: u64,
+    /// How long the last record's sync took (`MAX` before the first).
+    last_sync: std::time::Duration,
 }
 
 impl Wal {
@@ -100,6 +102,7 @@ impl Wal {
             epoch,
             offset: 0,
             allocated,
+            last_sync: std::time::Duration::MAX,
         };
         let mut records = Vec::new();
         while let Some((ops, next)) = wal.read_at(wal.offset)? {
@@ -132,9 +135,26 @@ impl Wal {
         let end = self.offset + rec.len() as u64;
         self.reserve(end)?;
         self.file.write_all_at(&rec, self.offset)?;
+        let synced = std::time::Instant::now();
         self.file.sync_data()?;
+        self.last_sync = synced.elapsed();
         self.offset = end;
         Ok(())
+    }
+
+    /// How long the last record's sync took.
+    pub fn last_sync(&self) -> std::time::Duration {
+        self.last_sync
+    }
+
+    #[cfg(test)]
+    pub fn pretend_last_sync(&mut self, took: std::time::Duration) {
+        self.last_sync = took;
+    }
+
+    /// Whether `bytes` more fit in what the file already holds (no growth step).
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.offset + HEADER as u64 + bytes <= self.allocated
     }
 
     /// After a checkpoint: the records so far are in redb; `epoch` begins.
