@@ -211,6 +211,12 @@ struct Due {
     entries: std::collections::BTreeMap<DueKey, (Held, Option<ConnectionControl>)>,
     next_id: u64,
     running: bool,
+    /// When the task looks next (`None`: only when notified). A deadline
+    /// after it needs no wake: deadlines mostly only grow, and a wake per
+    /// request was a task wake (often a thread's) on every lone create.
+    looks_at: Option<tokio::time::Instant>,
+    /// How many times the task has looked (what the tests count wakes by).
+    rounds: u64,
 }
 
 impl Watchdog {
@@ -227,12 +233,14 @@ impl Watchdog {
         let mut due = self.due();
         let key = (deadline, due.next_id);
         due.next_id += 1;
-        let earliest = due.entries.keys().next().is_none_or(|k| key < *k);
+        let sooner = due.looks_at.is_none_or(|at| deadline < at);
         due.entries.insert(key, (seats, connection));
         if !due.running {
             due.running = true;
             tokio::spawn(watch_deadlines(self.0.clone()));
-        } else if earliest {
+        } else if sooner {
+            // Set here so that a burst wakes the task once.
+            due.looks_at = Some(deadline);
             self.0.wake.notify_one();
         }
         key
@@ -248,6 +256,7 @@ async fn watch_deadlines(shared: Arc<WatchdogShared>) {
         let mut expired = Vec::new();
         let next = {
             let mut due = shared.due.lock().unwrap_or_else(|p| p.into_inner());
+            due.rounds += 1;
             let now = tokio::time::Instant::now();
             while let Some(entry) = due.entries.first_entry() {
                 if entry.key().0 > now {
@@ -255,7 +264,8 @@ async fn watch_deadlines(shared: Arc<WatchdogShared>) {
                 }
                 expired.push(entry.remove());
             }
-            due.entries.keys().next().map(|k| k.0)
+            due.looks_at = due.entries.keys().next().map(|k| k.0);
+            due.looks_at
         };
         for (seats, connection) in expired {
             if let Some(s) = take(&seats) {
@@ -409,5 +419,34 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(!holds(&far), "the far deadline fired");
         assert!(dog.due().entries.is_empty());
+    }
+
+    /// Requests one after another register ever later deadlines: the task,
+    /// asleep until an earlier one, is not woken for each.
+    #[tokio::test(start_paused = true)]
+    async fn later_deadlines_do_not_wake_the_watchdog() {
+        let apf = Apf::new(ServerConfig::default());
+        let dog = Watchdog::default();
+        let start = tokio::time::Instant::now();
+        let first = seats(&apf).await;
+        let key = dog.watch(start + Duration::from_secs(60), first, None);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        dog.unwatch(&key);
+        let rounds = dog.due().rounds;
+        let mut held = Vec::new();
+        for i in 1..=20u64 {
+            let s = seats(&apf).await;
+            let key = dog.watch(start + Duration::from_secs(60 + i), s.clone(), None);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            dog.unwatch(&key);
+            held.push(s);
+        }
+        assert_eq!(dog.due().rounds, rounds, "no wake for a later deadline");
+        // A sooner one still wakes it, and fires on time.
+        let soon = seats(&apf).await;
+        dog.watch(start + Duration::from_secs(1), soon.clone(), None);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert!(!holds(&soon), "the sooner deadline fired");
+        assert!(held.iter().all(holds), "the sent ones kept their seats");
     }
 }
