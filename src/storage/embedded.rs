@@ -9,6 +9,13 @@
 //! the log start over. Opening the database replays the log's records onto
 //! redb's last durable commit.
 //!
+//! A write's inserts into redb need not precede its acknowledgement: once
+//! the log holds it, it is durable. So a write records its changes in its
+//! log payload only (its own reads look there first), and they reach the
+//! redb transaction after the sync, when the caller `settle`s the engine
+//! off the request's path, or else before the next read or write, which
+//! must see them. A payload larger than `UNSETTLED_BYTES` goes in at once.
+//!
 //! After an I/O error (a full disk) redb refuses every later transaction
 //! ("previous I/O error") until the database is opened again. The engine
 //! does that itself: the failed write is refused (nothing of it is visible,
@@ -16,6 +23,7 @@
 //! which redb checks and repairs, so writes succeed again once the cause is
 //! gone, without a restart.
 
+use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -42,11 +50,27 @@ const PENDING_BYTES: u64 = 2 * 1024 * 1024;
 const QUICK_SYNC: std::time::Duration = std::time::Duration::from_micros(500);
 /// The record size a quick write is expected to stay under.
 const QUICK_RECORD: u64 = 64 * 1024;
+/// A write's changes not yet in redb stay under this much: its reads search
+/// them one by one before redb's table.
+const UNSETTLED_BYTES: usize = 16 * 1024;
 
 /// The write-ahead log and what of it redb has not committed yet.
 struct Durable {
     wal: Wal,
     pending: Option<Pending>,
+    /// The last write's changes that are durable in the log but not yet in
+    /// `pending`: its payload from the given byte on.
+    unsettled: Option<(Payload, usize)>,
+}
+
+impl Durable {
+    fn new(wal: Wal) -> Self {
+        Self {
+            wal,
+            pending: None,
+            unsettled: None,
+        }
+    }
 }
 
 /// A redb transaction holding transactions already durable in the log.
@@ -90,7 +114,7 @@ impl Embedded {
         let (db, wal) = open_db(path, cache_bytes)?;
         Ok(Self {
             db: RwLock::new(Some(Arc::new(db))),
-            wal: Mutex::new(Some(Durable { wal, pending: None })),
+            wal: Mutex::new(Some(Durable::new(wal))),
             has_pending: AtomicBool::new(false),
             closed: std::sync::atomic::AtomicBool::new(false),
             path: path.to_path_buf(),
@@ -113,7 +137,7 @@ impl Embedded {
         let (db, wal) = open_db(&self.path, self.cache_bytes)?;
         let db = Arc::new(db);
         tracing::info!(path = %self.path.display(), "store reopened after an I/O error");
-        *self.wal.lock().unwrap_or_else(|e| e.into_inner()) = Some(Durable { wal, pending: None });
+        *self.wal.lock().unwrap_or_else(|e| e.into_inner()) = Some(Durable::new(wal));
         *slot = Some(db.clone());
         Ok(db)
     }
@@ -139,9 +163,36 @@ impl Embedded {
         *self.db.write().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
+    /// Puts the last write's unsettled changes into the pending redb
+    /// transaction. A failure gives up the database: the changes are in the
+    /// log, so opening it again replays them.
+    fn settle_locked(&self, slot: &mut Option<Durable>) -> Result<(), StorageError> {
+        let Some(durable) = slot.as_mut() else {
+            return Ok(());
+        };
+        let Some((log, from)) = durable.unsettled.take() else {
+            return Ok(());
+        };
+        let applied = match durable.pending.as_ref() {
+            Some(pending) => pending
+                .txn
+                .open_table(KV)
+                .map_err(engine_err)
+                .and_then(|mut table| insert_all(&mut table, log.ops_from(from))),
+            None => Err(engine_err("changes to settle without a transaction")),
+        };
+        if let Err(e) = applied {
+            tracing::error!(error = %e, "applying logged changes to redb failed; the store is reopened");
+            self.reopen_later(slot);
+            return Err(StorageError::Unavailable(format!("storage I/O error: {e}")));
+        }
+        Ok(())
+    }
+
     /// Commits the records redb holds uncommitted, so a read sees them.
     fn flush(&self) -> Result<(), StorageError> {
         let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+        self.settle_locked(&mut slot)?;
         let Some(pending) = slot.as_mut().and_then(|d| d.pending.take()) else {
             return Ok(());
         };
@@ -282,35 +333,82 @@ impl ReadTxn for Reader {
     }
 }
 
+/// Puts a payload's writes into redb's table.
+fn insert_all(table: &mut KvTable<'_>, ops: wal::OpRefs<'_>) -> Result<(), StorageError> {
+    for op in ops {
+        match op {
+            wal::OpRef::Put(k, v) => table.insert(k, v).map(|_| ()),
+            wal::OpRef::Delete(k) => table.remove(k).map(|_| ()),
+        }
+        .map_err(txn_err)?;
+    }
+    Ok(())
+}
+
+type KvTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
+
+/// A write transaction whose changes go to the log payload first and reach
+/// redb's table later (see the module's comment).
 struct Writer<'t> {
-    table: redb::Table<'t, &'static [u8], &'static [u8]>,
-    /// The same writes, for the log.
+    /// A cell because a scan, which reads, first settles the changes.
+    table: RefCell<KvTable<'t>>,
+    /// The transaction's writes, for the log.
     log: Payload,
+    /// How much of `log` is in `table` already.
+    in_table: Cell<usize>,
+}
+
+impl Writer<'_> {
+    /// Puts the changes not yet in the table there.
+    fn settle(&self) -> Result<(), StorageError> {
+        let mut table = self
+            .table
+            .try_borrow_mut()
+            .map_err(|_| engine_err("table in use"))?;
+        insert_all(&mut table, self.log.ops_from(self.in_table.get()))?;
+        self.in_table.set(self.log.len());
+        Ok(())
+    }
+
+    fn after_change(&mut self) -> Result<(), StorageError> {
+        if self.log.len() - self.in_table.get() > UNSETTLED_BYTES {
+            self.settle()?;
+        }
+        Ok(())
+    }
 }
 
 impl ReadTxn for Writer<'_> {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self
+        if let Some(change) = self.log.last_write(self.in_table.get(), key) {
+            return Ok(change.map(<[u8]>::to_vec));
+        }
+        let table = self
             .table
-            .get(key)
-            .map_err(engine_err)?
-            .map(|v| v.value().to_vec()))
+            .try_borrow()
+            .map_err(|_| engine_err("table in use"))?;
+        let value = table.get(key).map_err(engine_err)?;
+        Ok(value.map(|v| v.value().to_vec()))
     }
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
-        scan_table(&self.table, start, end, visit)
+        // A scan sees the changes by finding them in the table.
+        self.settle()?;
+        let table = self
+            .table
+            .try_borrow()
+            .map_err(|_| engine_err("table in use"))?;
+        scan_table(&*table, start, end, visit)
     }
 }
 
 impl WriteTxn for Writer<'_> {
     fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
-        self.table.insert(key, value).map_err(txn_err)?;
         self.log.put(key, value);
-        Ok(())
+        self.after_change()
     }
     fn delete(&mut self, key: &[u8]) -> Result<(), StorageError> {
-        self.table.remove(key).map_err(txn_err)?;
         self.log.delete(key);
-        Ok(())
+        self.after_change()
     }
 }
 
@@ -350,6 +448,8 @@ impl Engine for Embedded {
         let db = self.db()?;
         // One writer at a time, as redb has anyway; the log follows its order.
         let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+        // This write reads the table: the last one's changes go in first.
+        self.settle_locked(&mut slot)?;
         let Some(durable) = slot.as_mut() else {
             return Err(StorageError::Unavailable("the store is closed".into()));
         };
@@ -371,15 +471,16 @@ impl Engine for Embedded {
                 Err(e) => Err(self.failed(e)),
                 Ok(table) => {
                     let mut writer = Writer {
-                        table,
+                        table: RefCell::new(table),
                         log: Payload::default(),
+                        in_table: Cell::new(0),
                     };
-                    f(&mut writer).map(|()| writer.log)
+                    f(&mut writer).map(|()| (writer.log, writer.in_table.get()))
                 }
             }
         };
-        let log = match applied {
-            Ok(log) => log,
+        let (log, in_table) = match applied {
+            Ok(written) => written,
             Err(e) => {
                 if pending.groups > 0 {
                     // Aborting would lose the earlier, acknowledged records
@@ -416,10 +517,18 @@ impl Engine for Embedded {
         let checkpoint_due = durable.wal.len() >= wal::CHECKPOINT_BYTES;
         if pending.groups < PENDING_GROUPS && pending.bytes < PENDING_BYTES && !checkpoint_due {
             durable.pending = Some(pending);
+            if in_table < log.len() {
+                durable.unsettled = Some((log, in_table));
+            }
             self.has_pending.store(true, Ordering::Release);
             return Ok(());
         }
-        let committed = pending.txn.commit();
+        let settled = pending
+            .txn
+            .open_table(KV)
+            .map_err(engine_err)
+            .and_then(|mut table| insert_all(&mut table, log.ops_from(in_table)));
+        let committed = settled.and_then(|()| pending.txn.commit().map_err(engine_err));
         self.has_pending.store(false, Ordering::Release);
         if let Err(e) = committed {
             // The records are durable, so the writes did happen, though this
@@ -437,6 +546,19 @@ impl Engine for Embedded {
             }
         }
         Ok(())
+    }
+
+    fn settle(&self) {
+        // Whoever holds the lock is writing or reading, and settles first:
+        // waiting here could hold a runtime worker for a whole sync.
+        let mut slot = match self.wal.try_lock() {
+            Ok(slot) => slot,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        // A failure is logged and gives up the database; the next
+        // transaction opens it again.
+        let _ = self.settle_locked(&mut slot);
     }
 
     fn quick_write(&self) -> bool {
@@ -490,6 +612,7 @@ fn txn_err(e: redb::StorageError) -> StorageError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ops::ControlFlow;
 
     fn put(e: &Embedded, k: &str, v: &[u8]) {
         e.write(&mut |txn| txn.put(k.as_bytes(), v)).expect("write");
@@ -610,6 +733,78 @@ mod tests {
         pretend(std::time::Duration::from_micros(100));
         assert!(!e.has_pending.load(Ordering::Acquire), "committed");
         assert!(e.quick_write(), "a fresh transaction follows");
+    }
+
+    /// How many bytes of the last write's changes wait outside redb.
+    fn unsettled(e: &Embedded) -> usize {
+        let slot = e.wal.lock().expect("wal");
+        let unsettled = slot.as_ref().and_then(|d| d.unsettled.as_ref());
+        unsettled.map_or(0, |(log, from)| log.len() - from)
+    }
+
+    #[test]
+    fn a_write_reaches_redb_after_its_log_and_is_seen_all_along() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, copy) = (dir.path().join("db"), dir.path().join("crashed"));
+        let e = Embedded::open(&path).expect("open");
+        put(&e, "gone", b"0");
+        // Inside one write, its reads see its own changes, newest first.
+        e.write(&mut |txn| {
+            txn.put(b"a", b"1")?;
+            txn.put(b"a", b"2")?;
+            txn.delete(b"gone")?;
+            assert_eq!(txn.get(b"a")?, Some(b"2".to_vec()));
+            assert_eq!(txn.get(b"gone")?, None);
+            // A scan finds them too.
+            let mut seen = Vec::new();
+            txn.scan(b"a", b"z", &mut |k, v| {
+                seen.push((k.to_vec(), v.to_vec()));
+                ControlFlow::Continue(())
+            })?;
+            assert_eq!(seen, vec![(b"a".to_vec(), b"2".to_vec())]);
+            txn.put(b"b", b"3")
+        })
+        .expect("write");
+        // Acknowledged with `b` outside redb (put after the scan).
+        assert!(unsettled(&e) > 0, "the last change waits");
+        // A crash now loses nothing: the log has it.
+        crash_copy(&path, &copy);
+        // The next write sees it, and leaves only its own waiting.
+        e.write(&mut |txn| {
+            assert_eq!(txn.get(b"b")?, Some(b"3".to_vec()));
+            txn.put(b"c", b"4")
+        })
+        .expect("write");
+        e.settle();
+        assert_eq!(unsettled(&e), 0, "settled");
+        assert!(e.has_pending.load(Ordering::Acquire), "still uncommitted");
+        put(&e, "d", b"5");
+        // A read commits everything acknowledged, settled or not.
+        assert_eq!(get(&e, "d"), Some(b"5".to_vec()));
+        assert_eq!(get(&e, "a"), Some(b"2".to_vec()));
+        assert_eq!(get(&e, "gone"), None);
+        let r = Embedded::open(&copy).expect("reopen after the crash");
+        assert_eq!(get(&r, "b"), Some(b"3".to_vec()));
+        assert_eq!(get(&r, "gone"), None);
+    }
+
+    #[test]
+    fn large_changes_go_into_redb_as_they_are_made() {
+        let dir = tempfile::tempdir().expect("dir");
+        let e = Embedded::open(&dir.path().join("db")).expect("open");
+        let big = vec![7u8; UNSETTLED_BYTES + 1];
+        e.write(&mut |txn| {
+            txn.put(b"big", &big)?;
+            txn.put(b"small", b"1")
+        })
+        .expect("write");
+        assert!(
+            unsettled(&e) < 64,
+            "only the change after the large one waits: {}",
+            unsettled(&e)
+        );
+        assert_eq!(get(&e, "big").map(|v| v.len()), Some(big.len()));
+        assert_eq!(get(&e, "small"), Some(b"1".to_vec()));
     }
 
     #[test]

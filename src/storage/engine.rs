@@ -37,6 +37,12 @@ pub trait Engine: Send + Sync + 'static {
     fn quick_write(&self) -> bool {
         false
     }
+    /// Finishes work the last write left for later, once it is
+    /// acknowledged: the embedded engine's inserts into redb, which the log
+    /// made unnecessary for durability. Called off the request's path,
+    /// possibly on a runtime worker, so it never waits for a lock: the next
+    /// read or write does the work first anyway.
+    fn settle(&self) {}
     /// Called after the store has compacted its history: an engine with its
     /// own garbage collection (TiKV's GC safe point) advances it here.
     fn after_compaction(&self) -> Result<(), StorageError> {

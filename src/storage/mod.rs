@@ -412,6 +412,12 @@ impl Store {
         } else {
             tokio::task::block_in_place(|| sequencer.commit_group(vec![op]));
         }
+        drop(sequencer);
+        // The engine's leftover work runs once the response is on its way:
+        // the task takes this worker's next slot, which runs when the
+        // request's task waits for the client.
+        let engine = self.engine.clone();
+        tokio::spawn(async move { engine.settle() });
         None
     }
 

@@ -57,6 +57,63 @@ impl Payload {
             .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         self.0.extend_from_slice(bytes);
     }
+
+    /// The writes from byte `from` on (a length `len` returned earlier), in order.
+    pub fn ops_from(&self, from: usize) -> OpRefs<'_> {
+        OpRefs(self.0.get(from..).unwrap_or_default())
+    }
+
+    /// The last write to `key` from byte `from` on: `Some(None)` for a
+    /// delete, `None` if there is none.
+    pub fn last_write(&self, from: usize, key: &[u8]) -> Option<Option<&[u8]>> {
+        let mut found = None;
+        for op in self.ops_from(from) {
+            match op {
+                OpRef::Put(k, v) if k == key => found = Some(Some(v)),
+                OpRef::Delete(k) if k == key => found = Some(None),
+                _ => {}
+            }
+        }
+        found
+    }
+}
+
+/// A write in a payload, borrowed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum OpRef<'a> {
+    Put(&'a [u8], &'a [u8]),
+    Delete(&'a [u8]),
+}
+
+/// The writes of an encoded payload, in order; ends at a malformed one.
+pub struct OpRefs<'a>(&'a [u8]);
+
+impl<'a> Iterator for OpRefs<'a> {
+    type Item = OpRef<'a>;
+
+    fn next(&mut self) -> Option<OpRef<'a>> {
+        fn field<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+            let (len, rest) = b.split_first_chunk::<4>()?;
+            let len = u32::from_le_bytes(*len) as usize;
+            if rest.len() < len {
+                return None;
+            }
+            let (f, rest) = rest.split_at(len);
+            *b = rest;
+            Some(f)
+        }
+        let (&tag, mut rest) = self.0.split_first()?;
+        let op = match tag {
+            PUT => field(&mut rest).and_then(|k| Some(OpRef::Put(k, field(&mut rest)?))),
+            DELETE => field(&mut rest).map(OpRef::Delete),
+            _ => None,
+        };
+        // A malformed write ends the iteration with its bytes left over.
+        if op.is_some() {
+            self.0 = rest;
+        }
+        op
+    }
 }
 
 /// A write replayed from the log.
@@ -228,28 +285,17 @@ fn checksum(epoch: u64, payload: &[u8]) -> u32 {
     h.finalize()
 }
 
-fn decode(mut b: &[u8]) -> Option<Vec<Op>> {
-    fn field<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
-        let (len, rest) = b.split_first_chunk::<4>()?;
-        let len = u32::from_le_bytes(*len) as usize;
-        if rest.len() < len {
-            return None;
-        }
-        let (f, rest) = rest.split_at(len);
-        *b = rest;
-        Some(f)
-    }
-    let mut ops = Vec::new();
-    while let Some((&tag, rest)) = b.split_first() {
-        b = rest;
-        let key = field(&mut b)?.to_vec();
-        ops.push(match tag {
-            PUT => Op::Put(key, field(&mut b)?.to_vec()),
-            DELETE => Op::Delete(key),
-            _ => return None,
-        });
-    }
-    Some(ops)
+/// All of a payload's writes, or `None` if any is malformed.
+fn decode(b: &[u8]) -> Option<Vec<Op>> {
+    let mut ops = OpRefs(b);
+    let decoded = ops
+        .by_ref()
+        .map(|op| match op {
+            OpRef::Put(k, v) => Op::Put(k.to_vec(), v.to_vec()),
+            OpRef::Delete(k) => Op::Delete(k.to_vec()),
+        })
+        .collect();
+    ops.0.is_empty().then_some(decoded)
 }
 
 #[cfg(test)]

@@ -90,7 +90,10 @@ impl Writer {
                 }
             }
             w.commit_group(ops);
+            let engine = w.engine.clone();
             drop(w);
+            // The replies are sent; the engine's leftover work goes now.
+            engine.settle();
             if next.is_none() {
                 next = rx.blocking_recv();
             }
