@@ -174,11 +174,7 @@ impl Embedded {
             return Ok(());
         };
         let applied = match durable.pending.as_ref() {
-            Some(pending) => pending
-                .txn
-                .open_table(KV)
-                .map_err(engine_err)
-                .and_then(|mut table| insert_all(&mut table, log.ops_from(from))),
+            Some(pending) => insert_into(&pending.txn, log.ops_from(from)),
             None => Err(engine_err("changes to settle without a transaction")),
         };
         if let Err(e) = applied {
@@ -345,6 +341,12 @@ fn insert_all(table: &mut KvTable<'_>, ops: wal::OpRefs<'_>) -> Result<(), Stora
     Ok(())
 }
 
+/// Puts a payload's writes into the transaction's table.
+fn insert_into(txn: &redb::WriteTransaction, ops: wal::OpRefs<'_>) -> Result<(), StorageError> {
+    let mut table = txn.open_table(KV).map_err(engine_err)?;
+    insert_all(&mut table, ops)
+}
+
 type KvTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
 
 /// A write transaction whose changes go to the log payload first and reach
@@ -370,7 +372,7 @@ impl Writer<'_> {
         Ok(())
     }
 
-    fn after_change(&mut self) -> Result<(), StorageError> {
+    fn after_change(&self) -> Result<(), StorageError> {
         if self.log.len() - self.in_table.get() > UNSETTLED_BYTES {
             self.settle()?;
         }
@@ -523,12 +525,8 @@ impl Engine for Embedded {
             self.has_pending.store(true, Ordering::Release);
             return Ok(());
         }
-        let settled = pending
-            .txn
-            .open_table(KV)
-            .map_err(engine_err)
-            .and_then(|mut table| insert_all(&mut table, log.ops_from(in_table)));
-        let committed = settled.and_then(|()| pending.txn.commit().map_err(engine_err));
+        let committed = insert_into(&pending.txn, log.ops_from(in_table))
+            .and_then(|()| pending.txn.commit().map_err(engine_err));
         self.has_pending.store(false, Ordering::Release);
         if let Err(e) = committed {
             // The records are durable, so the writes did happen, though this
