@@ -18,22 +18,18 @@ use crate::watch::CachedObject;
 #[derive(Clone)]
 pub struct Item {
     pub json: Bytes,
-    value: ItemValue,
+    /// Set when built from a value, or on first use for a cached item. Held
+    /// inline (no allocation): a list makes one `Item` per cached object.
+    value: OnceLock<Arc<Value>>,
     /// Known without parsing for cached objects.
     api_version: Option<Arc<str>>,
-}
-
-#[derive(Clone)]
-enum ItemValue {
-    Ready(Arc<Value>),
-    Lazy(Arc<OnceLock<Value>>),
 }
 
 impl Item {
     pub fn new(value: impl Into<Arc<Value>>, json: Bytes) -> Self {
         Self {
             json,
-            value: ItemValue::Ready(value.into()),
+            value: OnceLock::from(value.into()),
             api_version: None,
         }
     }
@@ -41,7 +37,7 @@ impl Item {
     pub fn cached(o: &CachedObject) -> Self {
         Self {
             json: o.json.clone(),
-            value: ItemValue::Lazy(Arc::new(OnceLock::new())),
+            value: OnceLock::new(),
             api_version: Some(o.api_version_shared()),
         }
     }
@@ -49,12 +45,8 @@ impl Item {
     /// The parsed object. Cached bytes were parsed on their way into the
     /// cache, so parsing them again does not fail; `Null` if it ever did.
     pub fn value(&self) -> &Value {
-        match &self.value {
-            ItemValue::Ready(v) => v,
-            ItemValue::Lazy(cell) => {
-                cell.get_or_init(|| serde_json::from_slice(&self.json).unwrap_or(Value::Null))
-            }
-        }
+        self.value
+            .get_or_init(|| Arc::new(serde_json::from_slice(&self.json).unwrap_or(Value::Null)))
     }
 
     pub fn api_version(&self) -> &str {
