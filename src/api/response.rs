@@ -184,7 +184,7 @@ pub fn object(
     };
     let item = &item;
     match out {
-        Output::Json => bytes_response(code, JSON, item.json.clone()),
+        Output::Json => bytes_response(code, JSON, item.json().clone()),
         Output::Yaml => yaml_response(code, item.value()),
         Output::Cbor => cbor_response(code, item.value()),
         Output::ProtoMeta(v) => proto_meta_response(code, v, item.value(), false),
@@ -280,7 +280,7 @@ pub fn list(
             prefix.pop();
             prefix.extend_from_slice(b",\"items\":[");
             let estimate = prefix.len() as u64
-                + items.iter().map(|i| i.json.len() as u64 + 1).sum::<u64>()
+                + items.iter().map(|i| i.json().len() as u64 + 1).sum::<u64>()
                 + 2;
             let body = Body::from_stream(ListChunks {
                 prefix: Some(Bytes::from(prefix)),
@@ -370,7 +370,7 @@ impl futures::Stream for ListChunks {
                 buf.push(b',');
             }
             self.first = false;
-            buf.extend_from_slice(&item.json);
+            buf.extend_from_slice(item.json());
         }
         std::task::Poll::Ready(Some(Ok(Bytes::from(buf))))
     }

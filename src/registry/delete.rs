@@ -172,7 +172,7 @@ impl Registry {
                 target.namespace = meta_str(item.value(), "namespace").to_string();
             }
             match self.delete_admitted_as(&target, &name, "", opts).await {
-                Ok(_) => out.push(self.item(t, &Arc::new(item.value().clone()), &item.json)?),
+                Ok(_) => out.push(self.item(t, &Arc::new(item.value().clone()), item.json())?),
                 // Already gone: someone else deleted it meanwhile.
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(e),

@@ -17,28 +17,41 @@ use crate::watch::CachedObject;
 /// its bytes (a JSON answer in its own version needs none).
 #[derive(Clone)]
 pub struct Item {
-    pub json: Bytes,
+    source: Source,
     /// Set when built from a value, or on first use for a cached item. Held
     /// inline (no allocation): a list makes one `Item` per cached object.
     value: OnceLock<Arc<Value>>,
-    /// Known without parsing for cached objects.
-    api_version: Option<Arc<str>>,
+}
+
+/// Where an item's bytes live. A cached item keeps the cache's object: its
+/// bytes, apiVersion and reference count sit together, so a list touches
+/// one allocation per object besides the bytes it sends.
+#[derive(Clone)]
+enum Source {
+    Json(Bytes),
+    Cached(Arc<CachedObject>),
 }
 
 impl Item {
     pub fn new(value: impl Into<Arc<Value>>, json: Bytes) -> Self {
         Self {
-            json,
+            source: Source::Json(json),
             value: OnceLock::from(value.into()),
-            api_version: None,
         }
     }
 
-    pub fn cached(o: &CachedObject) -> Self {
+    pub fn cached(o: Arc<CachedObject>) -> Self {
         Self {
-            json: o.json.clone(),
+            source: Source::Cached(o),
             value: OnceLock::new(),
-            api_version: Some(o.api_version_shared()),
+        }
+    }
+
+    /// The object's JSON encoding.
+    pub fn json(&self) -> &Bytes {
+        match &self.source {
+            Source::Json(b) => b,
+            Source::Cached(o) => &o.json,
         }
     }
 
@@ -46,13 +59,13 @@ impl Item {
     /// cache, so parsing them again does not fail; `Null` if it ever did.
     pub fn value(&self) -> &Value {
         self.value
-            .get_or_init(|| Arc::new(serde_json::from_slice(&self.json).unwrap_or(Value::Null)))
+            .get_or_init(|| Arc::new(serde_json::from_slice(self.json()).unwrap_or(Value::Null)))
     }
 
     pub fn api_version(&self) -> &str {
-        match &self.api_version {
-            Some(av) => av,
-            None => self
+        match &self.source {
+            Source::Cached(o) => o.api_version(),
+            Source::Json(_) => self
                 .value()
                 .get("apiVersion")
                 .and_then(Value::as_str)
@@ -87,7 +100,7 @@ impl Registry {
                 }
                 let (_, obj) = self.cache.get(&t.rt.id(), &t.cache_key(name));
                 let obj = obj.ok_or_else(not_found)?;
-                Ok(Item::cached(&obj))
+                Ok(Item::cached(obj))
             }
         }
     }
@@ -218,6 +231,6 @@ fn list_result(page: crate::watch::Page, sel: &Selectors) -> ListResult {
             .flatten()
             .map(|last| ContinueToken::new(page.revision, &last.key).encode()),
         remaining: (more && sel.is_empty()).then_some(page.more as u64),
-        items: page.items.iter().map(|o| Item::cached(o)).collect(),
+        items: page.items.into_iter().map(Item::cached).collect(),
     }
 }

@@ -586,10 +586,13 @@ fn page_of(
             return;
         }
     }
+    // A bounded range holds only keys under the prefix: their strings need
+    // not be read (one memory access per object fewer on a long list).
+    let bounded = matches!(end, Bound::Excluded(_));
     let mut range = res
         .objects
         .range((start, end))
-        .filter(|(k, _)| k.starts_with(prefix));
+        .filter(move |(k, _)| bounded || k.starts_with(prefix));
     if filter.selects_all {
         page.items
             .extend(range.by_ref().take(limit).map(|(_, o)| o.clone()));

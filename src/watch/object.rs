@@ -67,10 +67,6 @@ impl CachedObject {
         &self.api_version
     }
 
-    pub fn api_version_shared(&self) -> Arc<str> {
-        self.api_version.clone()
-    }
-
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .binary_search_by(|(k, _)| k.as_ref().cmp(key))
