@@ -159,11 +159,12 @@ fn yaml_response(code: StatusCode, value: &Value) -> Response {
 }
 
 /// An object in the target's version (converted, and pruned by that
-/// version's schema, when it is stored in another).
-pub fn in_version(t: &Target, item: &Item) -> Result<Item, ApiError> {
+/// version's schema, when it is stored in another); one already in it
+/// comes back as is, uncloned.
+pub fn in_version(t: &Target, item: Item) -> Result<Item, ApiError> {
     let api_version = t.api_version();
     if item.api_version() == api_version {
-        return Ok(item.clone());
+        return Ok(item);
     }
     let value = crate::registry::convert_value(&t.rt, item.value(), &api_version)?;
     let json = serde_json::to_vec(&value).map_err(ApiError::internal)?;
@@ -178,7 +179,7 @@ pub fn object(
     out: &Output,
     include: IncludeObject,
 ) -> Response {
-    let item = match in_version(t, item) {
+    let item = match in_version(t, item.clone()) {
         Ok(i) => i,
         Err(e) => return error_response(&e),
     };
@@ -250,17 +251,10 @@ pub fn list(
         if let Err(e) = crate::registry::convert_list_ahead(&t.rt, &foreign, &api_version) {
             return error_response(&e);
         }
-        // Items already in the target's version move through untouched
-        // (a clone per item cost two atomic increments and decrements).
+        // Items already in the target's version move through untouched.
         match items
             .into_iter()
-            .map(|i| {
-                if i.api_version() == api_version {
-                    Ok(i)
-                } else {
-                    in_version(t, &i)
-                }
-            })
+            .map(|i| in_version(t, i))
             .collect::<Result<Vec<_>, _>>()
         {
             Ok(items) => items,
