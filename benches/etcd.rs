@@ -633,6 +633,19 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
                 .map(|(_, last)| last.saturating_duration_since(*at))
         })
         .collect();
+    // Where the tail sits (write number: ms): a stall at the start is warm-up,
+    // a spread of them is the machine.
+    let mut slowest: Vec<(usize, Duration)> = lat.iter().copied().enumerate().collect();
+    slowest.sort_by(|a, b| b.1.cmp(&a.1));
+    progress(&format!(
+        "fan-out: slowest writes {}",
+        slowest
+            .iter()
+            .take(12)
+            .map(|(i, d)| format!("#{i}: {:.1} ms", d.as_secs_f64() * 1000.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     let deliveries: usize = acked
         .iter()
         .filter_map(|(n, _)| r.get(n).map(|(c, _)| *c))

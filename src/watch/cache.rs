@@ -502,10 +502,11 @@ impl Cache {
             Start::InitialState => {
                 // Synthetic events are not history: their frames are this watch's own.
                 let ledger = Arc::new(std::sync::atomic::AtomicU64::new(0));
-                let initial = res
-                    .objects
-                    .values()
-                    .filter(|o| filter.matches(o))
+                // Only the filter's keys are visited: this runs under the
+                // write lock, and a namespace's watch must not walk every
+                // other namespace's objects while writes wait.
+                let initial = in_scope(&res.objects, &filter)
+                    .filter(|o| (filter.predicate)(o))
                     .map(|o| {
                         Arc::new(WatchEvent::new(
                             EventType::Added,
@@ -538,6 +539,29 @@ impl Cache {
             rx,
         })
     }
+}
+
+/// The objects under a filter's key (one name) or key prefix, in key order.
+fn in_scope<'a>(
+    objects: &'a BTreeMap<String, Arc<CachedObject>>,
+    filter: &'a Filter,
+) -> Box<dyn Iterator<Item = &'a Arc<CachedObject>> + 'a> {
+    use std::ops::Bound;
+    if let Some(k) = &filter.exact_key {
+        return Box::new(objects.get(k).into_iter());
+    }
+    let prefix = filter.key_prefix.as_str();
+    // Keys under a prefix ending in '/' end before the prefix with '0'.
+    let end = match prefix.strip_suffix('/') {
+        Some(p) => Bound::Excluded(format!("{p}0")),
+        None => Bound::Unbounded,
+    };
+    Box::new(
+        objects
+            .range((Bound::Included(prefix.to_string()), end))
+            .take_while(move |(k, _)| k.starts_with(prefix))
+            .map(|(_, o)| o),
+    )
 }
 
 /// Fills `page` with up to `limit` objects of `res` passing `filter`, from
@@ -756,6 +780,60 @@ mod tests {
         let revs: Vec<_> = rx[0].events.iter().map(|e| e.revision).collect();
         assert_eq!(revs, [2], "a filtered watcher gets only its part");
         assert!(!Arc::ptr_eq(&rx[0], &ra[0]));
+    }
+
+    #[tokio::test]
+    async fn an_initial_state_holds_the_filters_objects_only() {
+        let (_d, _store, cache) = setup(100).await;
+        let events = ["a", "b", "b0", "c"]
+            .iter()
+            .enumerate()
+            .flat_map(|(i, ns)| {
+                (0..2).map(move |j| {
+                    let rev = (i * 2 + j + 1) as u64;
+                    let object = json!({"apiVersion": "g/v1", "kind": "K",
+                        "metadata": {"name": format!("o{j}"), "namespace": ns,
+                                     "resourceVersion": rev.to_string()}});
+                    Event {
+                        kind: EventType::Added,
+                        key: format!("g/r/{ns}/o{j}"),
+                        revision: rev,
+                        json: crate::storage::json_bytes(&object).expect("json"),
+                        object: Arc::new(object),
+                    }
+                })
+            })
+            .collect();
+        cache.apply(&Batch {
+            events,
+            revision: 8,
+        });
+        let keys = |filter: Filter| -> Vec<String> {
+            let sub = cache
+                .watch("g/r", Start::InitialState, filter)
+                .expect("watch");
+            sub.initial.iter().map(|e| e.object.key.clone()).collect()
+        };
+        let ns_b = Filter {
+            key_prefix: "b/".into(),
+            ..Filter::everything()
+        };
+        // "b0/" sorts right after "b/": the range must stop before it.
+        assert_eq!(keys(ns_b), ["b/o0", "b/o1"]);
+        let one = Filter {
+            key_prefix: "c/".into(),
+            exact_key: Some("c/o1".into()),
+            ..Filter::everything()
+        };
+        assert_eq!(keys(one), ["c/o1"]);
+        assert_eq!(keys(Filter::everything()).len(), 8);
+        let selected = Filter {
+            key_prefix: "a/".into(),
+            predicate: Arc::new(|o: &CachedObject| o.key.ends_with("o1")),
+            selects_all: false,
+            ..Filter::everything()
+        };
+        assert_eq!(keys(selected), ["a/o1"]);
     }
 
     #[tokio::test]
