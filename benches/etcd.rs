@@ -636,7 +636,7 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
     // Where the tail sits (write number: ms): a stall at the start is warm-up,
     // a spread of them is the machine.
     let mut slowest: Vec<(usize, Duration)> = lat.iter().copied().enumerate().collect();
-    slowest.sort_by(|a, b| b.1.cmp(&a.1));
+    slowest.sort_by_key(|s| std::cmp::Reverse(s.1));
     progress(&format!(
         "fan-out: slowest writes {}",
         slowest
