@@ -391,12 +391,17 @@ impl Cache {
         self.revision.send_replace(batch.revision);
     }
 
-    /// Drops history that expired while nothing was written.
+    /// Drops history that expired while nothing was written, and watchers
+    /// whose clients went away. A sending fan-out notices a gone watcher,
+    /// but one whose filter no event passes (a quiet namespace) would
+    /// otherwise stay registered for good: memory, and a filter check on
+    /// every later event, for each watch a client ever opened there.
     fn sweep(&self) {
         let now = Instant::now();
         let mut state = self.write();
         for res in state.resources.values_mut() {
             res.history.trim(now, &self.limits);
+            res.watchers.retain(|w| !w.tx.is_closed());
         }
     }
 
@@ -780,6 +785,38 @@ mod tests {
         let revs: Vec<_> = rx[0].events.iter().map(|e| e.revision).collect();
         assert_eq!(revs, [2], "a filtered watcher gets only its part");
         assert!(!Arc::ptr_eq(&rx[0], &ra[0]));
+    }
+
+    #[tokio::test]
+    async fn watchers_whose_clients_left_a_quiet_namespace_are_dropped() {
+        let (_d, store, cache) = setup(100).await;
+        let quiet = Filter {
+            key_prefix: "quiet/".into(),
+            ..Filter::everything()
+        };
+        let subs: Vec<_> = (0..50)
+            .map(|_| {
+                cache
+                    .watch("g/r", Start::After(0), quiet.clone())
+                    .expect("watch")
+            })
+            .collect();
+        let kept = cache
+            .watch("g/r", Start::After(0), quiet.clone())
+            .expect("watch");
+        assert_eq!(cache.watcher_count("g/r"), 51);
+        drop(subs);
+        // Events elsewhere are never sent to them, so no send finds them
+        // gone: the periodic sweep must.
+        create(&store, "elsewhere").await;
+        let deadline = Instant::now() + SWEEP_EVERY * 3;
+        while cache.watcher_count("g/r") > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(cache.watcher_count("g/r"), 1, "only the open watch is left");
+        drop(kept);
+        cache.sweep();
+        assert_eq!(cache.watcher_count("g/r"), 0);
     }
 
     #[tokio::test]

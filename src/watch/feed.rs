@@ -122,6 +122,11 @@ pub fn feed(limit: usize) -> (FeedSender, Feed) {
 }
 
 impl FeedSender {
+    /// The watcher dropped its side: nothing will read what is sent.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
     /// Queues `run`; `false` when the watcher is gone or has fallen `limit`
     /// events behind (the cache then drops it, which ends its feed after
     /// what it holds).
