@@ -728,6 +728,19 @@ mod tests {
             .revision
     }
 
+    /// The ADDED event of `g/r` object `ns/name` at `rev`.
+    fn added(ns: &str, name: &str, rev: Revision) -> Event {
+        let object = json!({"apiVersion": "g/v1", "kind": "K",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": rev.to_string()}});
+        Event {
+            kind: EventType::Added,
+            key: format!("g/r/{ns}/{name}"),
+            revision: rev,
+            json: crate::storage::json_bytes(&object).expect("json"),
+            object: Arc::new(object),
+        }
+    }
+
     /// A watcher of every object of `g/r` from the start.
     fn watch_all(cache: &Cache) -> Subscription {
         cache
@@ -748,16 +761,7 @@ mod tests {
         let events = (1..=3u64)
             .map(|rev| {
                 let ns = if rev == 2 { "x" } else { "y" };
-                let object = json!({"apiVersion": "g/v1", "kind": "K",
-                    "metadata": {"name": format!("o{rev}"), "namespace": ns,
-                                 "resourceVersion": rev.to_string()}});
-                Event {
-                    kind: EventType::Added,
-                    key: format!("g/r/{ns}/o{rev}"),
-                    revision: rev,
-                    json: crate::storage::json_bytes(&object).expect("json"),
-                    object: Arc::new(object),
-                }
+                added(ns, &format!("o{rev}"), rev)
             })
             .collect();
         cache.apply(&Batch {
@@ -826,19 +830,7 @@ mod tests {
             .iter()
             .enumerate()
             .flat_map(|(i, ns)| {
-                (0..2).map(move |j| {
-                    let rev = (i * 2 + j + 1) as u64;
-                    let object = json!({"apiVersion": "g/v1", "kind": "K",
-                        "metadata": {"name": format!("o{j}"), "namespace": ns,
-                                     "resourceVersion": rev.to_string()}});
-                    Event {
-                        kind: EventType::Added,
-                        key: format!("g/r/{ns}/o{j}"),
-                        revision: rev,
-                        json: crate::storage::json_bytes(&object).expect("json"),
-                        object: Arc::new(object),
-                    }
-                })
+                (0..2).map(move |j| added(ns, &format!("o{j}"), (i * 2 + j + 1) as u64))
             })
             .collect();
         cache.apply(&Batch {
