@@ -556,17 +556,21 @@ fn in_scope<'a>(
         return Box::new(objects.get(k).into_iter());
     }
     let prefix = filter.key_prefix.as_str();
-    // Keys under a prefix ending in '/' end before the prefix with '0'.
-    let end = match prefix.strip_suffix('/') {
-        Some(p) => Bound::Excluded(format!("{p}0")),
-        None => Bound::Unbounded,
-    };
     Box::new(
         objects
-            .range((Bound::Included(prefix.to_string()), end))
+            .range((Bound::Included(prefix.to_string()), prefix_end(prefix)))
             .take_while(move |(k, _)| k.starts_with(prefix))
             .map(|(_, o)| o),
     )
+}
+
+/// Where the keys under `prefix` end: keys under a prefix ending in '/'
+/// end before the prefix with '0'; others are not bounded.
+fn prefix_end(prefix: &str) -> std::ops::Bound<String> {
+    match prefix.strip_suffix('/') {
+        Some(p) => std::ops::Bound::Excluded(format!("{p}0")),
+        None => std::ops::Bound::Unbounded,
+    }
 }
 
 /// Fills `page` with up to `limit` objects of `res` passing `filter`, from
@@ -603,11 +607,7 @@ fn page_of(
         Some(a) if a >= prefix => Bound::Excluded(a.to_string()),
         _ => Bound::Included(prefix.to_string()),
     };
-    // Keys under a prefix ending in '/' end before the prefix with '0'.
-    let end = match prefix.strip_suffix('/') {
-        Some(p) => Bound::Excluded(format!("{p}0")),
-        None => Bound::Unbounded,
-    };
+    let end = prefix_end(prefix);
     // A token's key past the prefix (kube resumes after it as given): nothing
     // follows; `range` would panic on bounds in the wrong order.
     if let (Bound::Excluded(a), Bound::Excluded(e)) = (&start, &end) {
