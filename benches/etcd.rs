@@ -220,7 +220,7 @@ struct Round {
 }
 
 /// The CPU `pid` used since `before` (seconds), per write of `round`.
-fn server_cpu_per_op(pid: u32, before: f64, round: &Round, secs: f64) -> f64 {
+fn cpu_us_per_op(pid: u32, before: f64, round: &Round, secs: f64) -> f64 {
     let ops = round.ops_per_sec * secs;
     (cpu_seconds(pid) - before) * 1e6 / ops.max(1.0)
 }
@@ -744,8 +744,8 @@ async fn watched_creates(
         ));
         let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
         let mut a = kshard_creates(kubeconfig, NS, 16, secs, &format!("alone{r}")).await;
-        a.cpu_us_per_op = server_cpu_per_op(pid, cpu, &a, secs);
-        a.client_us_per_op = server_cpu_per_op(std::process::id(), own, &a, secs);
+        a.cpu_us_per_op = cpu_us_per_op(pid, cpu, &a, secs);
+        a.client_us_per_op = cpu_us_per_op(std::process::id(), own, &a, secs);
         alone.push(a);
         let streams = open_watchers(kubeconfig, NS, watchers).await;
         progress(&format!(
@@ -754,9 +754,9 @@ async fn watched_creates(
         ));
         let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
         let mut w = kshard_creates(kubeconfig, NS, 16, secs, &format!("watched{r}")).await;
-        w.cpu_us_per_op = server_cpu_per_op(pid, cpu, &w, secs);
+        w.cpu_us_per_op = cpu_us_per_op(pid, cpu, &w, secs);
         // The watchers' draining is the client's too.
-        w.client_us_per_op = server_cpu_per_op(std::process::id(), own, &w, secs);
+        w.client_us_per_op = cpu_us_per_op(std::process::id(), own, &w, secs);
         watched.push(w);
         for t in streams {
             t.abort();
@@ -1082,8 +1082,8 @@ async fn run() {
                 &format!("r{r}-c{clients}"),
             )
             .await;
-            k.cpu_us_per_op = server_cpu_per_op(pid, cpu, &k, secs);
-            k.client_us_per_op = server_cpu_per_op(std::process::id(), own, &k, secs);
+            k.cpu_us_per_op = cpu_us_per_op(pid, cpu, &k, secs);
+            k.client_us_per_op = cpu_us_per_op(std::process::id(), own, &k, secs);
             ks.push(k);
             if let Some((child, port)) = &etcd {
                 progress(&format!(
@@ -1093,8 +1093,8 @@ async fn run() {
                 let cpu = cpu_seconds(child.id());
                 let own = cpu_seconds(std::process::id());
                 let mut e = etcd_puts(*port, clients, secs, r).await;
-                e.cpu_us_per_op = server_cpu_per_op(child.id(), cpu, &e, secs);
-                e.client_us_per_op = server_cpu_per_op(std::process::id(), own, &e, secs);
+                e.cpu_us_per_op = cpu_us_per_op(child.id(), cpu, &e, secs);
+                e.client_us_per_op = cpu_us_per_op(std::process::id(), own, &e, secs);
                 es.push(e);
             }
         }

@@ -1,5 +1,6 @@
 use crate::registry::object::MetaField;
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -551,7 +552,6 @@ fn in_scope<'a>(
     objects: &'a BTreeMap<String, Arc<CachedObject>>,
     filter: &'a Filter,
 ) -> Box<dyn Iterator<Item = &'a Arc<CachedObject>> + 'a> {
-    use std::ops::Bound;
     if let Some(k) = &filter.exact_key {
         return Box::new(objects.get(k).into_iter());
     }
@@ -566,10 +566,10 @@ fn in_scope<'a>(
 
 /// Where the keys under `prefix` end: keys under a prefix ending in '/'
 /// end before the prefix with '0'; others are not bounded.
-fn prefix_end(prefix: &str) -> std::ops::Bound<String> {
+fn prefix_end(prefix: &str) -> Bound<String> {
     match prefix.strip_suffix('/') {
-        Some(p) => std::ops::Bound::Excluded(format!("{p}0")),
-        None => std::ops::Bound::Unbounded,
+        Some(p) => Bound::Excluded(format!("{p}0")),
+        None => Bound::Unbounded,
     }
 }
 
@@ -585,7 +585,6 @@ fn page_of(
     after: Option<&str>,
     page: &mut Page,
 ) {
-    use std::ops::Bound;
     if let Some(k) = &filter.exact_key {
         if after.is_some_and(|a| k.as_str() <= a) {
             return;
