@@ -7,17 +7,19 @@
 //!   validated, managedFields tracked, fsync'd before the answer) against
 //!   1 KiB puts/s to etcd over its own gRPC (fsync on, one member), closed
 //!   loop at 1, 16 and 64 concurrent clients;
-//! - resident memory of kshard per stored object against the objects' JSON;
+//! - resident memory of kshard against the objects' JSON, at 40,000 and
+//!   200,000 objects, each on a fresh server and store of its own, above
+//!   the server's base once it has served writes and holds nothing;
 //! - fan-out: W watchers of one resource, one write every 10 ms, the
 //!   latency from the write's acknowledgement to its receipt by the last
-//!   watcher, and kshard's CPU per delivered event;
+//!   watcher, and the CPU per delivered event (kshard's and the client's);
 //! - creates at c=16 with 100 watchers of the resource against without;
 //! - a full list of 10,000 objects from the cache against serde_json
 //!   serializing the same objects in memory.
 //!
 //! `cargo bench --bench etcd`; writes `target/bench/etcd.{json,svg}`.
 //! Env: `KSHARD_ETCD_SECS` (per round, 10), `KSHARD_ETCD_ROUNDS` (3),
-//! `KSHARD_ETCD_OBJECTS` (40000),
+//! `KSHARD_ETCD_OBJECTS` (the memory points, comma-separated; `40000,200000`),
 //! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run),
 //! `KSHARD_ETCD_ONLY` (`creates`, `memory`, `fanout`, `watched`, `lists`),
 //! `KSHARD_ETCD_ARGS` (extra kshard flags), `KSHARD_ETCD_CLIENTS` (the
@@ -363,50 +365,129 @@ async fn fill(client: &kube::Client, collection: &'static str, prefix: &str, n: 
     }
 }
 
-async fn memory(kubeconfig: &Path, pid: u32, objects: usize) -> (usize, u64, u64, u64) {
-    let client = common::client_for(kubeconfig).await;
-    let list = |c: kube::Client| async move {
-        let req = http::Request::get(WIDGETS)
-            .body(kube::client::Body::empty())
-            .expect("request");
-        let resp = c.send(req).await.expect("list");
-        let body = resp.into_body().collect_bytes().await.expect("body");
-        serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null)
-    };
-    let have = list(client.clone()).await["items"]
-        .as_array()
-        .map_or(0, Vec::len);
-    let missing = objects.saturating_sub(have);
-    progress(&format!(
-        "memory: loading {missing} more objects up to {objects}…"
-    ));
-    fill(&client, WIDGETS, "m", missing).await;
-    let all = list(client).await;
-    let items = all["items"].as_array().cloned().unwrap_or_default();
-    let json_bytes: u64 = items
+/// Memory of a server holding `objects`, against the JSON it holds.
+struct MemoryPoint {
+    objects: usize,
+    json_bytes: u64,
+    /// The same server just started, idle, nothing stored.
+    base_rss: u64,
+    /// Once the load's events have left the watch history.
+    rss: u64,
+    /// Right after the load, its events still in the history.
+    rss_with_history: u64,
+}
+
+impl MemoryPoint {
+    /// Memory above the idle base per byte of stored JSON.
+    fn ratio(&self) -> f64 {
+        self.rss.saturating_sub(self.base_rss) as f64 / self.json_bytes.max(1) as f64
+    }
+
+    fn ratio_with_history(&self) -> f64 {
+        self.rss_with_history.saturating_sub(self.base_rss) as f64 / self.json_bytes.max(1) as f64
+    }
+
+    fn bytes_per_object(&self) -> f64 {
+        self.rss.saturating_sub(self.base_rss) as f64 / self.objects.max(1) as f64
+    }
+}
+
+/// Memory at each of `sizes`, each on a fresh server and store of its own,
+/// so one point's load (or another phase's) is not counted in the next.
+/// While one server waits for its load's events to leave the watch history
+/// the next is loaded: the waits overlap.
+async fn memory_points(sizes: &[usize], extra: &[&str]) -> Vec<MemoryPoint> {
+    let window = env_usize("KSHARD_ETCD_HISTORY_SECS", if smoke() { 0 } else { 77 });
+    let mut loaded = Vec::new();
+    for &objects in sizes {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let server = common::spawn_kshard(&dir.path().join("kshard"), extra);
+        let pid = server.id();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let base_rss = common::rss_bytes(pid);
+        progress(&format!(
+            "memory: loading {objects} objects into a fresh server ({:.1} MB idle)…",
+            base_rss as f64 / 1e6
+        ));
+        let client = common::client_for(&dir.path().join("kshard/kubeconfig")).await;
+        fill(&client, WIDGETS, "m", objects).await;
+        let (count, json_bytes) = stored_json(&client).await;
+        // Its connections close: what they held is not the objects'.
+        drop(client);
+        // Let the allocator settle after the big list before reading RSS.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rss_with_history = common::rss_bytes(pid);
+        progress(&format!(
+            "memory: {count} objects, {:.1} MB with the load's events in the watch history",
+            rss_with_history as f64 / 1e6
+        ));
+        let point = MemoryPoint {
+            objects: count,
+            json_bytes,
+            base_rss,
+            rss: rss_with_history,
+            rss_with_history,
+        };
+        loaded.push((dir, server, point, Instant::now()));
+    }
+    let mut points = Vec::new();
+    for (_dir, server, mut point, at) in loaded {
+        // Steady state: the history of the load (every create of the last
+        // 75 s) has expired.
+        let until = at + Duration::from_secs(window as u64);
+        if window > 0 && Instant::now() < until {
+            progress(&format!(
+                "memory: waiting {:.0} s for the history of {} objects to expire…",
+                until
+                    .saturating_duration_since(Instant::now())
+                    .as_secs_f64(),
+                point.objects
+            ));
+            tokio::time::sleep_until(until.into()).await;
+        }
+        point.rss = common::rss_bytes(server.id());
+        println!(
+            "memory: {} objects, {:.1} MB of JSON, RSS {:.1} MB over a {:.1} MB base ({:.2}× the JSON, {:.0} B/object); {:.2}× while the load's events were in the watch history",
+            point.objects,
+            point.json_bytes as f64 / 1e6,
+            point.rss as f64 / 1e6,
+            point.base_rss as f64 / 1e6,
+            point.ratio(),
+            point.bytes_per_object(),
+            point.ratio_with_history()
+        );
+        points.push(point);
+    }
+    points
+}
+
+/// Memory per byte of JSON stored between the smallest and the largest
+/// point, and what is fixed beyond the idle base (the line's intercept:
+/// what a server takes on once it has served, whatever it stores).
+fn memory_growth(points: &[MemoryPoint]) -> Option<(f64, f64)> {
+    let (a, b) = (points.first()?, points.last()?);
+    if b.json_bytes <= a.json_bytes {
+        return None;
+    }
+    let over = |m: &MemoryPoint| m.rss.saturating_sub(m.base_rss) as f64;
+    let per_byte = (over(b) - over(a)) / (b.json_bytes - a.json_bytes) as f64;
+    Some((per_byte, over(a) - per_byte * a.json_bytes as f64))
+}
+
+/// How many widgets are stored, and the bytes of their JSON.
+async fn stored_json(client: &kube::Client) -> (usize, u64) {
+    let req = http::Request::get(WIDGETS)
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let resp = client.send(req).await.expect("list");
+    let body = resp.into_body().collect_bytes().await.expect("body");
+    let all = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+    let items = all["items"].as_array().map_or(&[][..], Vec::as_slice);
+    let bytes = items
         .iter()
         .map(|i| serde_json::to_vec(i).map_or(0, |b| b.len() as u64))
         .sum();
-    drop(all);
-    // Let the allocator settle after the big list before reading RSS.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let with_history = common::rss_bytes(pid);
-    // Steady state: the watch cache's history of the load (every create of
-    // the last 75 s) has expired.
-    let window = env_usize("KSHARD_ETCD_HISTORY_SECS", if smoke() { 0 } else { 77 });
-    if window > 0 {
-        progress(&format!(
-            "memory: {:.1} MB with the load's events in the watch history; waiting {window} s for it to expire…",
-            with_history as f64 / 1e6
-        ));
-        tokio::time::sleep(Duration::from_secs(window as u64)).await;
-    }
-    (
-        items.len(),
-        json_bytes,
-        common::rss_bytes(pid),
-        with_history,
-    )
+    (items.len(), bytes)
 }
 
 // ------------------------------------------------------------------ fan-out
@@ -425,11 +506,10 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// The object's name in a watch frame: the first `"name":"…"` after
 /// `"metadata":` (the bench's objects have no other `name` key before it).
 fn frame_name(line: &[u8]) -> Option<&[u8]> {
-    let find = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).position(|w| w == needle);
-    let meta = find(line, b"\"metadata\":")?;
+    let meta = memchr::memmem::find(line, b"\"metadata\":")?;
     let key = b"\"name\":\"";
-    let at = meta + find(&line[meta..], key)? + key.len();
-    let len = line[at..].iter().position(|b| *b == b'"')?;
+    let at = meta + memchr::memmem::find(&line[meta..], key)? + key.len();
+    let len = memchr::memchr(b'"', &line[at..])?;
     Some(&line[at..at + len])
 }
 
@@ -470,7 +550,10 @@ struct FanOut {
     events: usize,
     p50_ms: f64,
     p99_ms: f64,
+    /// The server's CPU per delivered event.
     cpu_us_per_delivery: f64,
+    /// The watchers' and the writer's (this process's) CPU per delivered event.
+    client_cpu_us_per_delivery: f64,
 }
 
 /// A TLS connection to kshard as the admin (the dev PKI's client
@@ -600,15 +683,11 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                buf.extend_from_slice(&data);
                 let now = since(Instant::now());
-                let mut start = 0;
-                while let Some(i) = buf[start..].iter().position(|b| *b == b'\n') {
-                    let line = &buf[start..start + i + 1];
-                    start += i + 1;
-                    // The client only needs the name (`f-<write>`): finding
-                    // it costs far less than parsing the frame, so 1000
-                    // watchers in one process leave the machine to the server.
+                // The client only needs the name (`f-<write>`): finding it
+                // costs far less than parsing the frame, so 1000 watchers in
+                // one process leave the machine to the server.
+                let take = |line: &[u8]| {
                     let write = frame_name(line)
                         .and_then(|n| std::str::from_utf8(n).ok())
                         .and_then(|n| n.strip_prefix("f-"))
@@ -616,8 +695,25 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
                     if let Some(r) = write.and_then(|i| received.get(i)) {
                         r.record(now, w);
                     }
+                };
+                // Whole lines are read where they arrived; only a line split
+                // across frames is copied.
+                let mut rest: &[u8] = &data;
+                if !buf.is_empty() {
+                    let Some(i) = memchr::memchr(b'\n', rest) else {
+                        buf.extend_from_slice(rest);
+                        continue;
+                    };
+                    buf.extend_from_slice(&rest[..=i]);
+                    take(&buf);
+                    buf.clear();
+                    rest = &rest[i + 1..];
                 }
-                buf.drain(..start);
+                while let Some(i) = memchr::memchr(b'\n', rest) {
+                    take(&rest[..=i]);
+                    rest = &rest[i + 1..];
+                }
+                buf.extend_from_slice(rest);
             }
         }));
     }
@@ -632,6 +728,7 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
     ));
     let writer = common::client_for(kubeconfig).await;
     let cpu_before = cpu_seconds(pid);
+    let own_before = cpu_seconds(std::process::id());
     let mut acked = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     for i in 0..writes {
@@ -661,6 +758,7 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let cpu = cpu_seconds(pid) - cpu_before;
+    let own = cpu_seconds(std::process::id()) - own_before;
     for t in tasks {
         t.abort();
     }
@@ -718,6 +816,7 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
         cpu_us_per_delivery: cpu * 1e6 / deliveries.max(1) as f64,
+        client_cpu_us_per_delivery: own * 1e6 / deliveries.max(1) as f64,
     }
 }
 
@@ -871,7 +970,9 @@ async fn list_against_serde(kubeconfig: &Path, pid: u32, n: usize) -> (f64, f64,
     // server's work or the machine's (the client shares its cores).
     let cpu_before = cpu_seconds(pid);
     let own_before = cpu_seconds(std::process::id());
-    const LISTS: usize = 5;
+    // Nine, the median kept: a list takes 30-50 ms, and a slow spell of the
+    // shared machine would otherwise decide it.
+    const LISTS: usize = 9;
     for i in 0..LISTS {
         let req = http::Request::get(format!("{NS}?resourceVersion=0"))
             .body(kube::client::Body::empty())
@@ -962,7 +1063,13 @@ async fn list_against_serde(kubeconfig: &Path, pid: u32, n: usize) -> (f64, f64,
     (median(list_ms), median(serde_ms), server_cpu_ms, pages)
 }
 
-fn plot(ratios: &[(usize, f64)], mem_ratio: f64, fan: &FanOut) -> String {
+fn plot(
+    ratios: &[(usize, f64)],
+    memory: &[MemoryPoint],
+    growth: Option<(f64, f64)>,
+    fan: &FanOut,
+) -> String {
+    let mem_ratio = memory.iter().map(MemoryPoint::ratio).fold(0.0, f64::max);
     let (w, h, left, bottom) = (640.0, 320.0, 60.0, 260.0);
     let max = ratios
         .iter()
@@ -987,16 +1094,36 @@ fn plot(ratios: &[(usize, f64)], mem_ratio: f64, fan: &FanOut) -> String {
         ));
     }
     let one = bottom - (1.0 / max) * 200.0;
+    let mem_lines: String = memory
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            format!(
+                "<text x=\"410\" y=\"{}\" font-size=\"13\">{} objects: {:.2}× ({:.0} B/object)</text>",
+                80.0 + i as f64 * 20.0,
+                m.objects,
+                m.ratio(),
+                m.bytes_per_object()
+            )
+        })
+        .collect::<String>()
+        + &growth.map_or(String::new(), |(per_byte, fixed)| {
+            format!(
+                "<text x=\"410\" y=\"{}\" font-size=\"13\">growth {per_byte:.2} B per JSON byte, +{:.0} MB fixed</text>",
+                80.0 + memory.len() as f64 * 20.0,
+                fixed / 1e6
+            )
+        });
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\
 <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
 <text x=\"{left}\" y=\"24\" font-size=\"14\">kshard creates/s ÷ etcd puts/s (1 KiB, fsync'd)</text>\
 <line x1=\"{left}\" y1=\"{one}\" x2=\"{}\" y2=\"{one}\" stroke=\"gray\" stroke-dasharray=\"4\"/>\
 <text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"gray\">1.0 = etcd</text>{bars}\
-<text x=\"400\" y=\"80\" font-size=\"13\">memory above base: {mem_ratio:.2}× the JSON</text>\
-<text x=\"400\" y=\"104\" font-size=\"13\">fan-out to {} watchers:</text>\
-<text x=\"400\" y=\"124\" font-size=\"13\">p50 {:.1} ms, p99 {:.1} ms</text>\
-<text x=\"400\" y=\"144\" font-size=\"13\">{:.2} µs CPU per delivered event</text></svg>",
+<text x=\"400\" y=\"60\" font-size=\"13\">memory above base ÷ JSON:</text>{mem_lines}\
+<text x=\"400\" y=\"164\" font-size=\"13\">fan-out to {} watchers:</text>\
+<text x=\"400\" y=\"184\" font-size=\"13\">p50 {:.1} ms, p99 {:.1} ms</text>\
+<text x=\"400\" y=\"204\" font-size=\"13\">{:.2} µs CPU per delivered event</text></svg>",
         left + 340.0,
         left + 290.0,
         one - 4.0,
@@ -1024,10 +1151,14 @@ async fn run() {
     } else {
         env_usize("KSHARD_ETCD_SECS", 10) as f64
     };
-    let objects = if smoke() {
-        500
+    // `KSHARD_ETCD_OBJECTS`: the sizes memory is measured at (comma-separated).
+    let sizes: Vec<usize> = if smoke() {
+        vec![300, 600]
     } else {
-        env_usize("KSHARD_ETCD_OBJECTS", 40_000)
+        std::env::var("KSHARD_ETCD_OBJECTS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![40_000, 200_000])
     };
     let watchers = if smoke() {
         20
@@ -1043,9 +1174,6 @@ async fn run() {
     let kshard = common::spawn_kshard(&data, &extra);
     let pid = kshard.id();
     let kubeconfig = data.join("kubeconfig");
-    // The fixed base: an idle server with nothing stored.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let base_rss = common::rss_bytes(pid);
     if let Some((_, port)) = &etcd {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Etcd::connect(*port).await.is_none() && Instant::now() < deadline {
@@ -1120,21 +1248,19 @@ async fn run() {
         results.push((clients, k, e));
     }
 
-    let (count, json_bytes, rss, rss_with_history) = if wanted("memory") {
-        memory(&kubeconfig, pid, objects).await
+    // Memory first, on servers of its own, while the machine is otherwise idle.
+    let memory = if wanted("memory") {
+        memory_points(&sizes, &extra).await
     } else {
-        (0, 0, base_rss, base_rss)
+        Vec::new()
     };
-    // Memory above the idle base, against the data it holds.
-    let mem_ratio = rss.saturating_sub(base_rss) as f64 / json_bytes.max(1) as f64;
-    println!(
-        "memory: {count} objects, {:.1} MB of JSON, RSS {:.1} MB over a {:.1} MB base ({mem_ratio:.2}× the JSON, {:.0} B/object); {:.2}× while the load's events were in the watch history",
-        json_bytes as f64 / 1e6,
-        rss as f64 / 1e6,
-        base_rss as f64 / 1e6,
-        rss.saturating_sub(base_rss) as f64 / count.max(1) as f64,
-        rss_with_history.saturating_sub(base_rss) as f64 / json_bytes.max(1) as f64
-    );
+    let growth = memory_growth(&memory);
+    if let Some((per_byte, fixed)) = growth {
+        println!(
+            "memory grows {per_byte:.2} bytes per byte of JSON stored; {:.1} MB more is fixed once the server has served writes",
+            fixed / 1e6
+        );
+    }
 
     let fan = if wanted("fanout") {
         fan_out(&kubeconfig, pid, watchers, if smoke() { 20 } else { 500 }).await
@@ -1145,11 +1271,12 @@ async fn run() {
             p50_ms: 0.0,
             p99_ms: 0.0,
             cpu_us_per_delivery: 0.0,
+            client_cpu_us_per_delivery: 0.0,
         }
     };
     println!(
-        "fan-out: {} watchers, {} events, last receipt p50 {:.1} ms p99 {:.1} ms, {:.2} µs CPU per delivery",
-        fan.watchers, fan.events, fan.p50_ms, fan.p99_ms, fan.cpu_us_per_delivery
+        "fan-out: {} watchers, {} events, last receipt p50 {:.1} ms p99 {:.1} ms, {:.2} µs server CPU per delivery (client {:.2})",
+        fan.watchers, fan.events, fan.p50_ms, fan.p99_ms, fan.cpu_us_per_delivery, fan.client_cpu_us_per_delivery
     );
 
     let watched = if wanted("watched") {
@@ -1209,9 +1336,13 @@ async fn run() {
             "etcd_p99_ms": e.as_ref().map(|e| e.p99_ms),
             "ratio": e.as_ref().map(|e| k.ops_per_sec / e.ops_per_sec.max(1e-9)),
         })).collect::<Vec<_>>(),
-        "memory": {"objects": count, "json_bytes": json_bytes, "rss_bytes": rss,
-                   "rss_bytes_with_history": rss_with_history,
-                   "base_rss_bytes": base_rss, "ratio_above_base": mem_ratio},
+        "memory_growth": growth.map(|(per_byte, fixed)| json!({
+            "bytes_per_json_byte": per_byte, "fixed_bytes_beyond_idle_base": fixed})),
+        "memory": memory.iter().map(|m| json!({"objects": m.objects, "json_bytes": m.json_bytes,
+                   "rss_bytes": m.rss, "rss_bytes_with_history": m.rss_with_history,
+                   "base_rss_bytes": m.base_rss, "ratio_above_base": m.ratio(),
+                   "ratio_with_history": m.ratio_with_history(),
+                   "bytes_per_object": m.bytes_per_object()})).collect::<Vec<_>>(),
         "watched_creates": watched.as_ref().map(|(a, w)| json!({
             "clients": 16, "watchers": if smoke() { 10 } else { 100 },
             "alone_per_sec": a.ops_per_sec, "watched_per_sec": w.ops_per_sec,
@@ -1223,7 +1354,8 @@ async fn run() {
             "server_cpu_ms_per_list": cpu,
             "pages_of_500": {"pages": p.pages, "first_ms": p.first_ms, "middle_ms": p.middle_ms, "last_full_ms": p.last_ms}})),
         "fan_out": {"watchers": fan.watchers, "events": fan.events, "p50_ms": fan.p50_ms,
-                    "p99_ms": fan.p99_ms, "cpu_us_per_delivery": fan.cpu_us_per_delivery},
+                    "p99_ms": fan.p99_ms, "cpu_us_per_delivery": fan.cpu_us_per_delivery,
+                    "client_cpu_us_per_delivery": fan.client_cpu_us_per_delivery},
     });
     let target = common::repo_path("target/bench");
     std::fs::create_dir_all(&target).expect("target/bench");
@@ -1232,7 +1364,11 @@ async fn run() {
         serde_json::to_vec_pretty(&out).expect("json"),
     )
     .expect("write json");
-    std::fs::write(target.join("etcd.svg"), plot(&ratios, mem_ratio, &fan)).expect("write svg");
+    std::fs::write(
+        target.join("etcd.svg"),
+        plot(&ratios, &memory, growth, &fan),
+    )
+    .expect("write svg");
     progress(&format!(
         "wrote {}",
         target.join("etcd.{json,svg}").display()
