@@ -334,6 +334,57 @@ async fn watcher_streaming_lists_and_bookmarks() {
     }
 }
 
+/// A watcher whose events never pause still gets its periodic bookmarks and
+/// still ends at its timeout: the watch serves queued events before it looks
+/// at its timers, so these are checked by the clock on every frame.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_under_a_steady_flow_of_events_gets_bookmarks_and_ends_on_time() {
+    let s = common::start_with(|c| c.bookmark_interval = Duration::from_millis(300)).await;
+    let api = widgets(&s.client, "default");
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = {
+        let (api, writing) = (api.clone(), writing.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                let w = obj(common::widget(&format!("steady-{i}"), 1));
+                api.create(&PostParams::default(), &w)
+                    .await
+                    .expect("create");
+                i += 1;
+            }
+            i
+        })
+    };
+    let started = std::time::Instant::now();
+    let mut raw = api
+        .watch(&WatchParams::default().timeout(2), "0")
+        .await
+        .expect("watch")
+        .boxed();
+    let (mut events, mut bookmarks) = (0, 0);
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), raw.try_next())
+            .await
+            .expect("the watch ends at its timeout while events flow");
+        match next.expect("ok") {
+            Some(WatchEvent::Added(_)) => events += 1,
+            Some(WatchEvent::Bookmark(_)) => bookmarks += 1,
+            Some(other) => panic!("{other:?}"),
+            None => break,
+        }
+    }
+    let lasted = started.elapsed();
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.expect("writer");
+    assert!(
+        lasted >= Duration::from_millis(1900) && lasted < Duration::from_secs(5),
+        "the watch lasted {lasted:?}"
+    );
+    assert!(events > 20, "{events} events of {written} written");
+    assert!(bookmarks >= 3, "{bookmarks} bookmarks in {lasted:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn owner_references_cascade() {
     let s = common::start().await;
