@@ -216,8 +216,7 @@ struct Running {
     received: Vec<Arc<EventRun>>,
     offset: usize,
     last_sent: u64,
-    /// When the next periodic bookmark is due.
-    tick: std::pin::Pin<Box<tokio::time::Sleep>>,
+    tick: tokio::time::Interval,
     definitions: tokio::sync::watch::Receiver<u64>,
     expired: std::pin::Pin<Box<tokio::time::Sleep>>,
     stopped: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
@@ -239,7 +238,11 @@ impl Stream {
         let now = tokio::time::Instant::now();
         let deadline = now.checked_add(timeout).unwrap_or(now);
         let initial = std::mem::take(&mut sub.initial).into_iter();
-        let tick = Box::pin(tokio::time::sleep_until(now + self.bookmark_every));
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.bookmark_every,
+            self.bookmark_every,
+        );
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let running = Running {
             definitions: self.registry.live_catalog().subscribe(),
             expired: Box::pin(tokio::time::sleep_until(deadline)),
@@ -339,35 +342,13 @@ impl Running {
                 }
                 continue;
             }
-            // The ends and the bookmark are checked by clock and flag here,
-            // and the select below polls the feed first: under a steady
-            // flow of events a wake then polls nothing else (polling the
-            // timers and the stop token on every wake of every watcher was
-            // 3–3.5 % of the server's CPU in a fan-out's profile), and a
-            // watch still ends, and still gets its bookmarks, while events
-            // flow.
-            let now = tokio::time::Instant::now();
-            if self.stream.stop.is_cancelled() || now >= self.expired.deadline() {
-                return None;
-            }
-            // The resource's definition went away (or stopped serving this
-            // version): the stream ends cleanly, as kube ends watches of a
-            // removed CRD, and a client's re-list then gets 404.
-            match self.definitions.has_changed() {
-                Err(_) => return None,
-                Ok(true) => {
-                    self.definitions.borrow_and_update();
-                    if !self.stream.still_served() {
-                        return None;
-                    }
-                }
-                Ok(false) => {}
-            }
-            if self.stream.allow_bookmarks && now >= self.tick.deadline() {
-                return self.periodic_bookmark(now);
-            }
             tokio::select! {
-                biased;
+                // The resource's definition went away (or stopped serving this
+                // version): the stream ends cleanly, as kube ends watches of a
+                // removed CRD, and a client's re-list then gets 404.
+                changed = self.definitions.changed() => {
+                    if changed.is_err() || !self.stream.still_served() { return None; }
+                }
                 // Every event already queued comes at once (one wake, one
                 // release of the channel's permits) and goes out as one
                 // write: under load a watcher costs one DATA frame per batch
@@ -380,36 +361,26 @@ impl Running {
                         return Some(f);
                     }
                 }
-                changed = self.definitions.changed() => {
-                    if changed.is_err() || !self.stream.still_served() { return None; }
-                }
-                _ = &mut self.tick, if self.stream.allow_bookmarks => {
-                    return self.periodic_bookmark(tokio::time::Instant::now());
+                _ = self.tick.tick(), if self.stream.allow_bookmarks => {
+                    // Everything up to the cache revision is already queued for us: drain, then mark.
+                    let rev = self.stream.registry.cache_revision();
+                    while let Some(run) = self.sub.rx.try_recv_run() {
+                        self.received.push(run);
+                    }
+                    while !self.received.is_empty() {
+                        if let Some(f) = self.take_batch() {
+                            self.queued.push_back(f);
+                        }
+                    }
+                    let rev = rev.max(self.last_sent);
+                    self.last_sent = rev;
+                    self.queued.push_back(self.stream.bookmark(rev, false));
+                    return self.queued.pop_front();
                 }
                 _ = &mut self.expired => return None,
                 _ = &mut self.stopped => return None,
             }
         }
-    }
-
-    /// The periodic bookmark, after every event already queued for this
-    /// watcher; the next one is due a bookmark interval from `now`.
-    fn periodic_bookmark(&mut self, now: tokio::time::Instant) -> Option<Bytes> {
-        self.tick.as_mut().reset(now + self.stream.bookmark_every);
-        // Everything up to the cache revision is already queued for us: drain, then mark.
-        let rev = self.stream.registry.cache_revision();
-        while let Some(run) = self.sub.rx.try_recv_run() {
-            self.received.push(run);
-        }
-        while !self.received.is_empty() {
-            if let Some(f) = self.take_batch() {
-                self.queued.push_back(f);
-            }
-        }
-        let rev = rev.max(self.last_sent);
-        self.last_sent = rev;
-        self.queued.push_back(self.stream.bookmark(rev, false));
-        self.queued.pop_front()
     }
 }
 
