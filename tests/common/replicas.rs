@@ -63,7 +63,18 @@ pub fn spawn_replica_with(
         .expect("spawn kshard");
     let stdout = child.stdout.take().expect("stdout");
     let mut lines = BufReader::new(stdout).lines();
-    let first = lines.next().expect("a line").expect("utf8");
+    // A replica that exits before it serves says why in its log.
+    let first = match lines.next() {
+        Some(Ok(line)) => line,
+        other => {
+            let log = std::fs::read_to_string(dir.join(format!("{id}.log"))).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "{id} printed no first line ({other:?}); the end of its log:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    };
     let https = first
         .strip_prefix("kshard is serving on ")
         .unwrap_or_else(|| panic!("{id}: {first}"))
