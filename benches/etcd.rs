@@ -58,6 +58,14 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// A comma-separated list of numbers from the environment, or `default`.
+fn env_usizes(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name).ok().map_or_else(
+        || default.to_vec(),
+        |v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
+    )
+}
+
 fn smoke() -> bool {
     std::env::var("KSHARD_ETCD_SMOKE").is_ok_and(|v| v == "1")
 }
@@ -1155,10 +1163,7 @@ async fn run() {
     let sizes: Vec<usize> = if smoke() {
         vec![300, 600]
     } else {
-        std::env::var("KSHARD_ETCD_OBJECTS")
-            .ok()
-            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-            .unwrap_or_else(|| vec![40_000, 200_000])
+        env_usizes("KSHARD_ETCD_OBJECTS", &[40_000, 200_000])
     };
     let watchers = if smoke() {
         20
@@ -1184,10 +1189,7 @@ async fn run() {
     let rounds = env_usize("KSHARD_ETCD_ROUNDS", if smoke() { 1 } else { 3 }).max(1);
     let mut results = Vec::new();
     let concurrencies: Vec<usize> = if wanted("creates") {
-        std::env::var("KSHARD_ETCD_CLIENTS")
-            .ok()
-            .map(|v| v.split(',').filter_map(|c| c.trim().parse().ok()).collect())
-            .unwrap_or_else(|| vec![1, 16, 64])
+        env_usizes("KSHARD_ETCD_CLIENTS", &[1, 16, 64])
     } else {
         Vec::new()
     };
