@@ -357,7 +357,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         max_requests_inflight: cfg.max_requests_inflight,
         max_mutating_requests_inflight: cfg.max_mutating_requests_inflight,
     });
-    metrics::handle();
+    tasks.extend(metrics::spawn_upkeep());
     apf.set_observer(Arc::new(metrics::Observer));
     tasks.push(apf.spawn_borrowing_loop());
     let listener = TcpListener::bind(cfg.listen)
