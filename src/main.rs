@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 /// mimalloc rather than glibc's malloc: allocation and free were a sixth of
 /// a create's CPU under glibc, and its per-thread arenas held freed memory
 /// that the server's resident size then reported as its own.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

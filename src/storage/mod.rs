@@ -745,11 +745,13 @@ fn compact_engine(engine: &dyn Engine, to: Revision) -> Result<(), StorageError>
     engine.after_compaction()
 }
 
-/// An object's JSON as shared bytes, exactly as long as the encoding: the
-/// bytes live as long as the object is cached, and a growing `Vec` leaves
-/// up to half its capacity unused.
+/// An object's JSON as shared bytes in an allocation of its own length: the
+/// bytes live as long as the object is cached, and serializing grows a
+/// `Vec` by doubling. Shrinking that `Vec` does not help: mimalloc keeps a
+/// block shrunk by less than half where it is, so a 1,292-byte object held
+/// its whole 2,048-byte block. The encoding is copied out instead (~0.1 µs).
 pub fn json_bytes(v: &Value) -> Result<Bytes, serde_json::Error> {
-    Ok(Bytes::from(serde_json::to_vec(v)?.into_boxed_slice()))
+    Ok(Bytes::copy_from_slice(&serde_json::to_vec(v)?))
 }
 
 #[cfg(test)]
