@@ -335,8 +335,8 @@ async fn watcher_streaming_lists_and_bookmarks() {
 }
 
 /// A watcher whose events never pause still gets its periodic bookmarks and
-/// still ends at its timeout: the watch serves queued events before it looks
-/// at its timers, so these are checked by the clock on every frame.
+/// still ends at its timeout: a steady feed must not starve the watch's
+/// bookmark tick or its deadline.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_watch_under_a_steady_flow_of_events_gets_bookmarks_and_ends_on_time() {
     let s = common::start_with(|c| c.bookmark_interval = Duration::from_millis(300)).await;
