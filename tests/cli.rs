@@ -104,3 +104,43 @@ async fn documents_that_are_not_crds_are_skipped_and_named() {
         "{stderr}"
     );
 }
+
+/// `serve` on an AMD processor runs with glibc's vector copies: it starts
+/// itself again with the tunable, under the same pid and arguments. An
+/// operator's own `GLIBC_TUNABLES` is left as it is.
+#[test]
+fn serve_on_amd_runs_with_vector_copies_unless_tunables_are_set() {
+    let environ = |pid: u32| -> Vec<String> {
+        std::fs::read(format!("/proc/{pid}/environ"))
+            .expect("environ")
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .filter(|v| v.starts_with("GLIBC_TUNABLES="))
+            .collect()
+    };
+    let amd = cfg!(all(target_arch = "x86_64", target_env = "gnu"))
+        && std::fs::read_to_string("/proc/cpuinfo")
+            .unwrap_or_default()
+            .contains("AuthenticAMD");
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = common::spawn_kshard(dir.path(), &[]);
+    let want: Vec<String> = if amd {
+        vec!["GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=18446744073709551615".into()]
+    } else {
+        vec![]
+    };
+    assert_eq!(environ(server.id()), want);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", server.id())).expect("cmdline");
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    assert_eq!(args.get(1).copied(), Some(&b"serve"[..]), "{args:?}");
+    assert!(args.contains(&&b"--data-dir"[..]), "{args:?}");
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let own = [("GLIBC_TUNABLES", "glibc.malloc.perturb=0")];
+    let server = common::spawn_kshard_with(dir.path(), &[], &own);
+    assert_eq!(
+        environ(server.id()),
+        vec!["GLIBC_TUNABLES=glibc.malloc.perturb=0".to_string()]
+    );
+}
