@@ -34,9 +34,9 @@ enum Command {
 /// The glibc tunable that keeps `memcpy` off `rep movsb` for large copies.
 const VECTOR_COPIES: &str = "glibc.cpu.x86_rep_movsb_threshold=18446744073709551615";
 
-/// On AMD Zen processors glibc before 2.40 copies anything from 2,112
-/// bytes on with `rep movsb`, which those cores run far slower than the
-/// vector loop (glibc bug 30994). Every watch frame and response body is
+/// glibc (2.36 in Debian 12) copies anything from 2,112 bytes on with
+/// `rep movsb`, which on the AMD EPYC machines here ran far slower than its
+/// vector loop. Every watch frame and response body is
 /// such a copy inside rustls: `perf` showed `memcpy` at 11 % of the
 /// server's CPU with 100 watchers, moving 2.4 GB/s. The tunable must be in
 /// the environment when the process starts, so `serve` on an AMD CPU
