@@ -108,12 +108,25 @@ fn engine_err(e: impl std::fmt::Display) -> StorageError {
 fn is_conflict(e: &tikv_client::Error) -> bool {
     use tikv_client::Error as E;
     match e {
-        E::KeyError(k) => k.conflict.is_some() || k.locked.is_some(),
+        // `txn_not_found`: the lock of a transaction whose primary has
+        // neither a lock nor a commit record yet (or was rolled back): the
+        // other writer is in flight, as with a live lock.
+        E::KeyError(k) => k.conflict.is_some() || k.locked.is_some() || k.txn_not_found.is_some(),
         E::MultipleKeyErrors(es) | E::ExtractedErrors(es) => es.iter().any(is_conflict),
         // Prewrite met a live lock of another transaction and gave up.
         E::ResolveLockError(_) => true,
         E::PessimisticLockError { inner, .. } => is_conflict(inner),
         _ => false,
+    }
+}
+
+/// An error of a write transaction's own read: another writer's in-flight
+/// transaction is a conflict (nothing was sent yet), anything else the engine's.
+fn write_read_err(e: tikv_client::Error) -> StorageError {
+    if is_conflict(&e) {
+        conflict()
+    } else {
+        engine_err(e)
     }
 }
 
@@ -412,7 +425,7 @@ impl ReadTxn for Writer {
         let key = self.shared.key(key);
         self.shared
             .run(async move { txn.lock().await.get(key).await })?
-            .map_err(engine_err)
+            .map_err(write_read_err)
     }
 
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
@@ -565,6 +578,32 @@ impl Tikv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A write's read or commit that meets another writer's transaction
+    /// whose primary TiKV cannot find is refused as a conflict, which the
+    /// caller may retry, not reported as an engine failure (a 500).
+    #[test]
+    fn a_transaction_not_found_is_a_conflict() {
+        use tikv_client::{Error, ProtoKeyError};
+        let not_found = ProtoKeyError {
+            txn_not_found: Some(Default::default()),
+            ..Default::default()
+        };
+        let other = ProtoKeyError {
+            abort: "disk full".into(),
+            ..Default::default()
+        };
+        assert!(is_conflict(&Error::KeyError(Box::new(not_found.clone()))));
+        assert!(is_conflict(&Error::MultipleKeyErrors(vec![
+            Error::KeyError(Box::new(other.clone())),
+            Error::KeyError(Box::new(not_found)),
+        ])));
+        assert!(!is_conflict(&Error::KeyError(Box::new(other.clone()))));
+        assert!(matches!(
+            write_read_err(Error::KeyError(Box::new(other))),
+            StorageError::Engine(_)
+        ));
+    }
 
     #[test]
     fn parses_store_urls() {
