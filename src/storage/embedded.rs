@@ -389,7 +389,8 @@ impl ReadTxn for Writer<'_> {
             .table
             .try_borrow()
             .map_err(|_| engine_err("table in use"))?;
-        let value = table.get(key).map_err(engine_err)?;
+        // An I/O failure here (a full disk) is the store's, as in a commit.
+        let value = table.get(key).map_err(txn_err)?;
         Ok(value.map(|v| v.value().to_vec()))
     }
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
