@@ -134,7 +134,11 @@ impl Embedded {
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(StorageError::Unavailable("the store is closed".into()));
         }
-        let (db, wal) = open_db(&self.path, self.cache_bytes)?;
+        // Only a failure gave the database up: opening it again (a full
+        // disk still full) is the store's I/O error too.
+        let (db, wal) = open_db(&self.path, self.cache_bytes).map_err(|e| {
+            StorageError::Unavailable(format!("storage I/O error: reopening the store: {e}"))
+        })?;
         let db = Arc::new(db);
         tracing::info!(path = %self.path.display(), "store reopened after an I/O error");
         *self.wal.lock().unwrap_or_else(|e| e.into_inner()) = Some(Durable::new(wal));
