@@ -233,7 +233,13 @@ impl Hooks {
 pub struct Source {
     hooks: watch::Receiver<Arc<Hooks>>,
     synced: watch::Receiver<bool>,
+    /// Kinds the host does not let kshard follow (not served, or not
+    /// permitted), with what would fix it; served as if empty meanwhile.
+    missing: watch::Receiver<Missing>,
 }
+
+/// Kind (plural) → why it is not followed and what would fix it.
+pub type Missing = BTreeMap<&'static str, String>;
 
 /// Every kind's objects by name (a BTreeMap: kube's name order).
 #[derive(Default)]
@@ -269,10 +275,17 @@ impl Source {
     pub fn fixed(hooks: Hooks) -> Self {
         let (_, h) = watch::channel(Arc::new(hooks));
         let (_, s) = watch::channel(true);
+        let (_, missing) = watch::channel(Missing::new());
         Self {
             hooks: h,
             synced: s,
+            missing,
         }
+    }
+
+    /// What is not followed and why (for `/readyz?verbose`).
+    pub fn missing(&self) -> Missing {
+        self.missing.borrow().clone()
     }
 
     pub fn current(&self) -> Arc<Hooks> {
@@ -311,15 +324,31 @@ impl Source {
                 tokio::time::sleep(backoff).await;
             }
         });
-        (Self { hooks, synced }, task)
+        let (_, missing) = watch::channel(Missing::new());
+        (
+            Self {
+                hooks,
+                synced,
+                missing,
+            },
+            task,
+        )
     }
 
     /// Follows the host's configuration objects.
     pub fn host(client: kube::Client) -> (Self, tokio::task::JoinHandle<()>) {
         let (hooks_tx, hooks) = watch::channel(Arc::new(Hooks::default()));
         let (synced_tx, synced) = watch::channel(false);
-        let task = tokio::spawn(follow_host(client, hooks_tx, synced_tx));
-        (Self { hooks, synced }, task)
+        let (missing_tx, missing) = watch::channel(Missing::new());
+        let task = tokio::spawn(follow_host(client, hooks_tx, synced_tx, missing_tx));
+        (
+            Self {
+                hooks,
+                synced,
+                missing,
+            },
+            task,
+        )
     }
 }
 
@@ -431,10 +460,32 @@ where
     .boxed()
 }
 
+/// Why the host refuses kshard a kind for good (until someone changes the
+/// host): not served (a host before 1.30 has no v1 admission policies) or
+/// not permitted by kshard's RBAC. Other errors are passing and retried.
+fn lasting_refusal(kind: &str, e: &watcher::Error) -> Option<String> {
+    let (watcher::Error::InitialListFailed(kube::Error::Api(s))
+    | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+    | watcher::Error::WatchFailed(kube::Error::Api(s))) = e
+    else {
+        return None;
+    };
+    match s.code {
+        403 => Some(format!(
+            "forbidden: kshard's ServiceAccount needs get, list and watch on admissionregistration.k8s.io {kind} (manifests/base/rbac.yaml, ClusterRole kshard)"
+        )),
+        404 => Some(format!(
+            "not served by the host: admissionregistration.k8s.io/v1 {kind} needs Kubernetes 1.30 or later"
+        )),
+        _ => None,
+    }
+}
+
 async fn follow_host(
     client: kube::Client,
     hooks: watch::Sender<Arc<Hooks>>,
     synced: watch::Sender<bool>,
+    missing: watch::Sender<Missing>,
 ) {
     let (mutating, mutating_writer) = reflector::store::<MutatingWebhookConfiguration>();
     let (validating, validating_writer) = reflector::store::<ValidatingWebhookConfiguration>();
@@ -456,12 +507,29 @@ async fn follow_host(
         match change {
             Ok(true) => {
                 listed.insert(kind);
+                if missing.send_if_modified(|m| m.remove(kind).is_some()) {
+                    tracing::info!(kind, "now following the host's admission configuration");
+                }
             }
             Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, kind, "watching the host's admission configuration");
-                continue;
-            }
+            Err(e) => match lasting_refusal(kind, &e) {
+                // Serve with what the host gives: enforce the kinds that
+                // can be read, say once what is missing, and keep retrying
+                // (the reflector backs off) so a later fix is picked up.
+                Some(reason) if !listed.contains(kind) || missing.borrow().contains_key(kind) => {
+                    if !missing.borrow().contains_key(kind) {
+                        tracing::warn!(kind, %reason, "not enforcing the host's admission objects of this kind");
+                        missing.send_modify(|m| {
+                            m.insert(kind, reason);
+                        });
+                    }
+                    listed.insert(kind);
+                }
+                _ => {
+                    tracing::warn!(error = %e, kind, "watching the host's admission configuration");
+                    continue;
+                }
+            },
         }
         if listed.len() < 4 {
             continue;

@@ -114,6 +114,11 @@ impl Webhooks {
     }
 
     /// Whether the configuration has been read whole (readiness).
+    /// Host admission kinds not followed, with why (see [`config::Missing`]).
+    pub fn missing(&self) -> config::Missing {
+        self.source.missing()
+    }
+
     pub fn is_synced(&self) -> bool {
         self.source.is_synced()
     }

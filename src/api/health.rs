@@ -71,7 +71,12 @@ impl Readiness {
 
     fn info_lines(&self) -> String {
         let info = self.info.read().unwrap_or_else(|e| e.into_inner());
-        info.iter().map(|f| format!("info: {}\n", f())).collect()
+        // A source with nothing to say gives an empty line, which is left out.
+        info.iter()
+            .map(|f| f())
+            .filter(|l| !l.is_empty())
+            .map(|l| format!("info: {l}\n"))
+            .collect()
     }
 
     /// The checks of one endpoint with their results, in the order they were added.

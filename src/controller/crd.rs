@@ -32,6 +32,17 @@ fn set(crd: &mut Value, pointer: &str, key: &str, value: Value) {
     }
 }
 
+/// Restricts a string field to `values`. The derive gives every
+/// `#[serde(default)]` string field `default: ""`, which a real API server
+/// refuses once the field has an enum (a default must validate against its
+/// schema), so the default goes: an omitted value stays omitted.
+fn one_of(crd: &mut Value, pointer: &str, values: &[&str]) {
+    if let Some(s) = schema_mut(crd, pointer) {
+        s.insert("enum".into(), json!(values));
+        s.remove("default");
+    }
+}
+
 pub fn flow_schema() -> Value {
     let mut crd = serde_json::to_value(FlowSchemaResource::crd()).unwrap_or(Value::Null);
     let spec = "/properties/spec/properties";
@@ -47,11 +58,10 @@ pub fn flow_schema() -> Value {
         "maximum",
         json!(10000),
     );
-    set(
+    one_of(
         &mut crd,
         &format!("{spec}/distinguisherMethod/properties/type"),
-        "enum",
-        json!(["ByUser", "ByNamespace"]),
+        &["ByUser", "ByNamespace"],
     );
     add_rule(
         &mut crd,
@@ -66,12 +76,7 @@ pub fn priority_level() -> Value {
     let mut crd =
         serde_json::to_value(PriorityLevelConfigurationResource::crd()).unwrap_or(Value::Null);
     let spec = "/properties/spec/properties";
-    set(
-        &mut crd,
-        &format!("{spec}/type"),
-        "enum",
-        json!(["Exempt", "Limited"]),
-    );
+    one_of(&mut crd, &format!("{spec}/type"), &["Exempt", "Limited"]);
     let limited = format!("{spec}/limited/properties");
     set(
         &mut crd,
@@ -122,11 +127,30 @@ pub fn priority_level() -> Value {
         "!has(self.handSize) || !has(self.queues) || self.handSize <= self.queues",
         "handSize must not be greater than queues",
     );
-    set(
+    one_of(
         &mut crd,
         &format!("{limited}/limitResponse/properties/type"),
-        "enum",
-        json!(["Queue", "Reject"]),
+        &["Queue", "Reject"],
+    );
+    // The derive defaults the whole `limitResponse` to `{type: ""}`, outside
+    // the enum above; kube's own type has no default there either.
+    if let Some(s) = schema_mut(&mut crd, &format!("{limited}/limitResponse")) {
+        s.remove("default");
+    }
+    // As kube's validation: a level says its type, a limited level how it
+    // answers excess load.
+    set(&mut crd, "/properties/spec", "required", json!(["type"]));
+    set(
+        &mut crd,
+        &format!("{spec}/limited"),
+        "required",
+        json!(["limitResponse"]),
+    );
+    set(
+        &mut crd,
+        &format!("{limited}/limitResponse"),
+        "required",
+        json!(["type"]),
     );
     add_rule(
         &mut crd,

@@ -302,6 +302,18 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     readiness.add("admission-webhook-configuration-sync", move || {
         synced.is_synced()
     });
+    let described = webhooks.clone();
+    readiness.add_info(move || {
+        let missing = described.missing();
+        if missing.is_empty() {
+            return String::new();
+        }
+        missing
+            .iter()
+            .map(|(kind, why)| format!("admission: not following the host's {kind}: {why}"))
+            .collect::<Vec<_>>()
+            .join("\ninfo: ")
+    });
     if admission_host.is_none() {
         // Standalone the configuration is kshard's own, already in the watch
         // cache: serve only once it is read, as listening waits for the caches.

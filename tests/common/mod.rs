@@ -6,6 +6,7 @@
 
 pub mod apf;
 pub mod host;
+pub mod real_host;
 pub mod replicas;
 pub mod webhook;
 

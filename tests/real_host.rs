@@ -1,0 +1,942 @@
+//! kshard behind the REAL HOST (`common::real_host`: etcd and the reference
+//! kube-apiserver v1.36.2 on loopback), installed from the shipped
+//! manifests and used as an operator and their users would: kubectl and
+//! kube-rs pointed at the **host's** address, every request to kshard's
+//! group going through kube-aggregator.
+
+mod common;
+
+use std::time::Duration;
+
+use common::real_host::{poll, RealHost, ALICE, BOB, NAMESPACE};
+use serde_json::{json, Value};
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn widget_yaml(name: &str, ns: &str, replicas: i64) -> String {
+    json!({
+        "apiVersion": "demo.kshard.dev/v1",
+        "kind": "Widget",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": replicas, "color": "blue"},
+    })
+    .to_string()
+}
+
+/// The whole path a user takes: install from `manifests/base`, the
+/// APIService Available, discovery and explain through the host, and every
+/// verb kubectl has for a custom resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installs_from_the_shipped_manifests_and_serves_every_verb_through_the_host() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let kshard = host.install_kshard(&[]);
+
+    // Ready, with nothing missing: the shipped RBAC lets kshard follow
+    // everything it follows on the host.
+    let direct = host.dir.join("direct.kubeconfig");
+    common::host::write_kubeconfig(
+        &direct,
+        &format!("https://127.0.0.1:{}", kshard.port),
+        &kshard.ca.pem,
+        None,
+        None,
+    );
+    assert!(
+        poll(Duration::from_secs(30), || {
+            // /readyz is open to everyone, as kube's is.
+            common::kubectl_with(&direct, &["get", "--raw", "/readyz"], None)
+                .status
+                .success()
+        }),
+        "kshard's /readyz never passed: {}\n{}",
+        stdout(&common::kubectl_with(
+            &direct,
+            &["get", "--raw", "/readyz?verbose"],
+            None
+        )),
+        kshard.log_tail()
+    );
+
+    // Discovery and explain through the host.
+    let resources = host.kubectl_ok(&["api-resources", "--api-group=demo.kshard.dev"]);
+    assert!(resources.contains("widgets"), "{resources}");
+    let explain = host.kubectl_ok(&["explain", "widgets.spec.replicas"]);
+    assert!(explain.contains("Number of desired replicas"), "{explain}");
+
+    // Create, get, list.
+    host.kubectl_ok(&["create", "namespace", "team-a"]);
+    let out = host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("w1", "team-a", 1));
+    assert!(out.status.success(), "create: {}", stderr(&out));
+    let got: Value = serde_json::from_str(
+        &host.kubectl_ok(&["get", "widget", "w1", "-n", "team-a", "-o", "json"]),
+    )
+    .expect("json");
+    assert_eq!(got["spec"]["replicas"], 1);
+    assert!(got["metadata"]["uid"]
+        .as_str()
+        .is_some_and(|u| !u.is_empty()));
+    let table = host.kubectl_ok(&["get", "widgets", "-n", "team-a"]);
+    assert!(table.contains("w1"), "{table}");
+
+    // Server-side apply with a field manager, then a conflicting manager.
+    let applied = json!({
+        "apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+        "metadata": {"name": "w1", "namespace": "team-a"},
+        "spec": {"color": "red"},
+    })
+    .to_string();
+    let out = host.kubectl_stdin(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=gitops",
+            "-f",
+            "-",
+        ],
+        &applied,
+    );
+    assert!(out.status.success(), "apply: {}", stderr(&out));
+    let other = applied.replace("red", "green");
+    let out = host.kubectl_stdin(
+        &["apply", "--server-side", "--field-manager=other", "-f", "-"],
+        &other,
+    );
+    assert!(!out.status.success(), "a conflicting apply must fail");
+    assert!(
+        stderr(&out).contains("conflict") && stderr(&out).contains("gitops"),
+        "{}",
+        stderr(&out)
+    );
+    let managers = host.kubectl_ok(&[
+        "get",
+        "widget",
+        "w1",
+        "-n",
+        "team-a",
+        "--show-managed-fields",
+        "-o",
+        "jsonpath={.metadata.managedFields[*].manager}",
+    ]);
+    assert!(managers.contains("gitops"), "{managers}");
+
+    // Merge and JSON patches.
+    host.kubectl_ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        "team-a",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"size":"L"}}"#,
+    ]);
+    host.kubectl_ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        "team-a",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/replicas","value":2}]"#,
+    ]);
+    let spec = host.kubectl_ok(&[
+        "get",
+        "widget",
+        "w1",
+        "-n",
+        "team-a",
+        "-o",
+        "jsonpath={.spec.size}/{.spec.replicas}/{.spec.color}",
+    ]);
+    assert_eq!(spec, "L/2/red");
+
+    // The scale subresource.
+    host.kubectl_ok(&["scale", "widget", "w1", "-n", "team-a", "--replicas=5"]);
+    let replicas = host.kubectl_ok(&[
+        "get",
+        "widget",
+        "w1",
+        "-n",
+        "team-a",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ]);
+    assert_eq!(replicas, "5");
+
+    // A namespace the host does not have: 404 naming it, as kube answers.
+    let out = host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("w", "nowhere", 1));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(r#"namespaces "nowhere" not found"#),
+        "{}",
+        stderr(&out)
+    );
+
+    // Delete.
+    host.kubectl_ok(&["delete", "widget", "w1", "-n", "team-a"]);
+    let out = host.kubectl(&["get", "widget", "w1", "-n", "team-a"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("NotFound") || stderr(&out).contains("not found"));
+    drop(kshard);
+}
+
+/// A raw request through a kube client; (status, headers, body).
+async fn send(
+    c: &kube::Client,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> (u16, http::HeaderMap, String) {
+    let mut b = http::Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    if body.is_some() {
+        b = b.header("content-type", "application/json");
+    }
+    let body = body
+        .map(|v| serde_json::to_vec(v).expect("json"))
+        .unwrap_or_default();
+    let resp = c
+        .send(b.body(kube::client::Body::from(body)).expect("request"))
+        .await
+        .expect("send");
+    let code = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect_bytes().await.expect("body");
+    (code, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Who may do what is the host's RBAC, asked by kshard with
+/// SubjectAccessReviews: an ordinary user may list but not create, the
+/// refusal names them, and `kubectl auth can-i` agrees. Headers forged
+/// straight at kshard are not trusted, and a terminating namespace refuses
+/// new objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hosts_rbac_and_namespaces_govern_kshards_resources() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let kshard = host.install_kshard(&[]);
+    host.kubectl_ok(&["create", "namespace", "team-a"]);
+    host.kubectl_ok(&[
+        "create",
+        "role",
+        "widget-reader",
+        "-n",
+        "team-a",
+        "--verb=get,list,watch",
+        "--resource=widgets.demo.kshard.dev",
+    ]);
+    host.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "devs-read",
+        "-n",
+        "team-a",
+        "--role=widget-reader",
+        "--group=devs",
+    ]);
+    let out = host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("w1", "team-a", 1));
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let alice = host.kubeconfig_for(ALICE.0);
+    let alice_kubectl = |args: &[&str]| common::kubectl_with(&alice, args, None);
+    let listed = alice_kubectl(&["get", "widgets", "-n", "team-a", "-o", "name"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert_eq!(stdout(&listed).trim(), "widget.demo.kshard.dev/w1");
+    let created = common::kubectl_with(
+        &alice,
+        &["create", "-f", "-"],
+        Some(&widget_yaml("w2", "team-a", 1)),
+    );
+    assert!(!created.status.success());
+    assert!(
+        stderr(&created).contains(
+            r#"widgets.demo.kshard.dev is forbidden: User "alice" cannot create resource "widgets" in API group "demo.kshard.dev" in the namespace "team-a""#
+        ),
+        "{}",
+        stderr(&created)
+    );
+    let can = |verb: &str| {
+        stdout(&alice_kubectl(&[
+            "auth",
+            "can-i",
+            verb,
+            "widgets.demo.kshard.dev",
+            "-n",
+            "team-a",
+        ]))
+        .trim()
+        .to_string()
+    };
+    assert_eq!(can("list"), "yes");
+    assert_eq!(can("create"), "no");
+    // Bob has no binding at all.
+    let bob = host.kubeconfig_for(BOB.0);
+    let out = common::kubectl_with(&bob, &["get", "widgets", "-n", "team-a"], None);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(r#"User "bob" cannot list resource "widgets""#),
+        "{}",
+        stderr(&out)
+    );
+
+    // Straight at kshard, the front-proxy headers of a caller without the
+    // aggregator's certificate are ignored: an anonymous caller may do nothing.
+    let direct = host.dir.join("direct-anonymous.kubeconfig");
+    common::host::write_kubeconfig(
+        &direct,
+        &format!("https://127.0.0.1:{}", kshard.port),
+        &kshard.ca.pem,
+        None,
+        None,
+    );
+    let anonymous = common::client_for(&direct).await;
+    let forged = [
+        ("X-Remote-User", "admin"),
+        ("X-Remote-Group", "system:masters"),
+    ];
+    let (code, _, body) = send(
+        &anonymous,
+        "POST",
+        "/apis/demo.kshard.dev/v1/namespaces/team-a/widgets",
+        &forged,
+        Some(&serde_json::from_str(&widget_yaml("forged", "team-a", 1)).expect("json")),
+    )
+    .await;
+    assert!(code == 401 || code == 403, "{code} {body}");
+    // ... and so is a client certificate with the right name from another CA.
+    let rogue = common::host::Ca::new("front-proxy-ca");
+    let cert = rogue.client("front-proxy-client", &[]);
+    let rogue_kc = host.dir.join("rogue.kubeconfig");
+    common::host::write_kubeconfig(
+        &rogue_kc,
+        &format!("https://127.0.0.1:{}", kshard.port),
+        &kshard.ca.pem,
+        None,
+        Some(&cert),
+    );
+    let rogue = common::client_for(&rogue_kc).await;
+    let (code, _, body) = send(
+        &rogue,
+        "POST",
+        "/apis/demo.kshard.dev/v1/namespaces/team-a/widgets",
+        &forged,
+        Some(&serde_json::from_str(&widget_yaml("forged", "team-a", 1)).expect("json")),
+    )
+    .await;
+    assert!(code == 401 || code == 403, "{code} {body}");
+    let names = host.kubectl_ok(&["get", "widgets", "-n", "team-a", "-o", "name"]);
+    assert!(!names.contains("forged"), "{names}");
+
+    // A terminating namespace (no namespace controller runs on this host,
+    // so it stays terminating) takes no new objects: kube's 403.
+    host.kubectl_ok(&["create", "namespace", "doomed"]);
+    host.kubectl_ok(&["delete", "namespace", "doomed", "--wait=false"]);
+    let mut last = String::new();
+    let refused = poll(Duration::from_secs(20), || {
+        let out = host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("late", "doomed", 1));
+        last = stderr(&out);
+        !out.status.success()
+    });
+    assert!(refused, "a create in a terminating namespace succeeded");
+    assert!(
+        last.contains(
+            "unable to create new content in namespace doomed because it is being terminated"
+        ),
+        "{last}"
+    );
+    drop(kshard);
+}
+
+/// Flow control from git: `kubectl apply -k manifests/flowcontrol` against
+/// the host is accepted by the real API server and takes effect in kshard's
+/// APF (a tenant-a user's requests are classified by the new FlowSchema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_control_from_git_applies_to_the_host_and_takes_effect() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let kshard = host.install_kshard(&[]);
+    let out = host.kubectl(&[
+        "apply",
+        "-k",
+        &common::repo_path("manifests/flowcontrol")
+            .display()
+            .to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "apply -k manifests/flowcontrol: {}",
+        stderr(&out)
+    );
+    let uid = host.kubectl_ok(&[
+        "get",
+        "flowschemas.flowcontrol.kshard.dev",
+        "tenant-a-controller",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let level_uid = host.kubectl_ok(&[
+        "get",
+        "prioritylevelconfigurations.flowcontrol.kshard.dev",
+        "tenant-a",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    assert!(!uid.is_empty() && !level_uid.is_empty());
+    host.kubectl_ok(&[
+        "create",
+        "clusterrole",
+        "widget-reader",
+        "--verb=get,list,watch",
+        "--resource=widgets.demo.kshard.dev",
+    ]);
+    host.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "tenant-a-read",
+        "--clusterrole=widget-reader",
+        "--group=tenant-a",
+    ]);
+    let carol = common::client_for(&host.kubeconfig_for(common::real_host::CAROL.0)).await;
+    let mut seen = Vec::new();
+    let mut took = false;
+    for _ in 0..80 {
+        let (code, headers, body) =
+            send(&carol, "GET", "/apis/demo.kshard.dev/v1/widgets", &[], None).await;
+        assert_eq!(code, 200, "{body}");
+        seen = headers
+            .get_all("x-kubernetes-pf-prioritylevel-uid")
+            .iter()
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+            .collect();
+        if seen.iter().any(|v| v == &level_uid) {
+            took = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        took,
+        "kshard never classified tenant-a's request at level {level_uid}; priority-level uids seen: {seen:?}\n{}",
+        kshard.log_tail()
+    );
+    // kshard's controller reports on the host object, as kube's does.
+    assert!(poll(Duration::from_secs(20), || {
+        host.kubectl_ok(&[
+            "get",
+            "flowschemas.flowcontrol.kshard.dev",
+            "tenant-a-controller",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Dangling\")].status}",
+        ]) == "False"
+    }));
+    let _ = NAMESPACE;
+}
+
+/// Objects of a multi-document YAML stream.
+fn parse_yaml(text: &str) -> Vec<Value> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).expect("YAML");
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn kshard_cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run kshard");
+    assert!(out.status.success(), "kshard {args:?}: {}", stderr(&out));
+    stdout(&out)
+}
+
+/// Everything the project ships is accepted by a real API server: every
+/// object of every kustomization under `manifests/` and of `kshard
+/// manifests` / `kshard crds` passes a server-side dry run (after the
+/// CustomResourceDefinitions and namespaces they need exist, as `kubectl
+/// apply` on a cluster would have them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_object_passes_a_server_side_dry_run_on_a_real_api_server() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let repo = |p: &str| common::repo_path(p);
+    let sets: Vec<(String, Vec<Value>)> = vec![
+        (
+            "manifests/base".into(),
+            common::real_host::kustomize(&repo("manifests/base")),
+        ),
+        (
+            "manifests/overlays/single".into(),
+            common::real_host::kustomize(&repo("manifests/overlays/single")),
+        ),
+        (
+            "manifests/flowcontrol".into(),
+            common::real_host::kustomize(&repo("manifests/flowcontrol")),
+        ),
+        (
+            "kshard manifests".into(),
+            parse_yaml(&kshard_cli(&["manifests"])),
+        ),
+        (
+            "kshard manifests --self-signed --single --namespace other".into(),
+            parse_yaml(&kshard_cli(&[
+                "manifests",
+                "--self-signed",
+                "--single",
+                "--namespace",
+                "other",
+            ])),
+        ),
+        ("kshard crds".into(), parse_yaml(&kshard_cli(&["crds"]))),
+        (
+            "crds/".into(),
+            [
+                "crds/apiextensions/apiextensions.kshard.dev.yaml",
+                "crds/flowcontrol/flowcontrol.kshard.dev.yaml",
+            ]
+            .iter()
+            .flat_map(|f| parse_yaml(&std::fs::read_to_string(repo(f)).expect("read")))
+            .collect(),
+        ),
+    ];
+
+    // cert-manager does not run here: its two kinds are served by STAND-IN
+    // CRDs (no schema) so that the base's Issuer and Certificate are checked
+    // for shape (apiVersion, kind, namespace) only; everything else is
+    // checked by the real API server's own validation.
+    for (plural, kind) in [("issuers", "Issuer"), ("certificates", "Certificate")] {
+        host.apply(&[json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.cert-manager.io")},
+            "spec": {
+                "group": "cert-manager.io", "scope": "Namespaced",
+                "names": {"plural": plural, "kind": kind},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}],
+            },
+        })]);
+    }
+    // What must exist before the rest: every CRD and namespace, applied for
+    // real (the real API server's CRD validation is itself the check).
+    for (name, objects) in &sets {
+        let first: Vec<Value> = objects
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o["kind"].as_str(),
+                    Some("CustomResourceDefinition" | "Namespace")
+                )
+            })
+            .cloned()
+            .collect();
+        if first.is_empty() {
+            continue;
+        }
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": first});
+        let out = host.kubectl_stdin(&["apply", "--server-side", "-f", "-"], &list.to_string());
+        assert!(
+            out.status.success(),
+            "{name}: the real API server refused: {}",
+            stderr(&out)
+        );
+    }
+    host.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd",
+        "--all",
+        "--timeout=60s",
+    ]);
+    for (name, objects) in &sets {
+        for o in objects {
+            let out = host.kubectl_stdin(
+                &[
+                    "apply",
+                    "--server-side",
+                    "--dry-run=server",
+                    "--field-manager=ci",
+                    "-f",
+                    "-",
+                ],
+                &o.to_string(),
+            );
+            assert!(
+                out.status.success(),
+                "{name}: {} {} refused by the real API server: {}",
+                o["kind"],
+                o["metadata"]["name"],
+                stderr(&out)
+            );
+        }
+    }
+}
+
+/// Watches and large lists through the host: a watch receives another
+/// client's change and stays open past a minute (kube-aggregator's proxy
+/// and kshard's own deadlines allow it); a list of a few thousand objects
+/// and a paged list come back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_stay_open_and_large_lists_page_through_the_host() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let kshard = host.install_kshard(&[]);
+    host.kubectl_ok(&["create", "namespace", "bulk"]);
+    let client = host.client().await;
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("demo.kshard.dev", "v1", "Widget"),
+        "widgets",
+    );
+    let widgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "bulk", &ar);
+    let obj = |name: String| -> DynamicObject {
+        serde_json::from_str(&widget_yaml(&name, "bulk", 1)).expect("widget")
+    };
+
+    // A few thousand objects through the host, 16 at a time.
+    const N: usize = 3000;
+    futures::stream::iter(0..N)
+        .map(|i| {
+            let widgets = widgets.clone();
+            let o = obj(format!("w{i:05}"));
+            async move { widgets.create(&PostParams::default(), &o).await }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creates through the host");
+    let all = widgets.list(&ListParams::default()).await.expect("list");
+    assert_eq!(all.items.len(), N);
+    let mut paged = 0;
+    let mut pages = 0;
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = widgets.list(&params).await.expect("page");
+        paged += page.items.len();
+        pages += 1;
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => params = params.continue_token(&c),
+            None => break,
+        }
+    }
+    assert_eq!((paged, pages), (N, N / 500));
+    let out = host.kubectl(&[
+        "get",
+        "widgets",
+        "-n",
+        "bulk",
+        "--chunk-size=700",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(stdout(&out).lines().count(), N, "{}", stderr(&out));
+
+    // A watch through the host, open past a minute.
+    let rv = all.metadata.resource_version.clone().expect("rv");
+    let watcher_client = host.client().await;
+    let watched: Api<DynamicObject> = Api::namespaced_with(watcher_client, "bulk", &ar);
+    let mut events = watched
+        .watch(&WatchParams::default().timeout(150), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+    let next_added = async |events: &mut futures::stream::BoxStream<
+        '_,
+        kube::Result<WatchEvent<DynamicObject>>,
+    >| loop {
+        match tokio::time::timeout(Duration::from_secs(30), events.next()).await {
+            Ok(Some(Ok(WatchEvent::Added(o)))) => return o.metadata.name.unwrap_or_default(),
+            Ok(Some(Ok(WatchEvent::Bookmark(_)))) => continue,
+            other => panic!("watch through the host: {other:?}"),
+        }
+    };
+    widgets
+        .create(&PostParams::default(), &obj("early".into()))
+        .await
+        .expect("create");
+    assert_eq!(next_added(&mut events).await, "early");
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    widgets
+        .create(&PostParams::default(), &obj("late".into()))
+        .await
+        .expect("create");
+    assert_eq!(next_added(&mut events).await, "late");
+    drop(kshard);
+}
+
+/// kshard restarted (killed, as a node loss would) while a kubectl watch and
+/// a kube-rs informer watch through the host: the informer resumes from its
+/// resourceVersion and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_through_the_host_resumes_across_a_kshard_restart() {
+    use futures::StreamExt;
+    use kube::api::{Api, DynamicObject, PostParams};
+    use kube::runtime::{watcher, WatchStreamExt};
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let mut kshard = host.install_kshard(&[]);
+    host.kubectl_ok(&["create", "namespace", "team-a"]);
+    let ar = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("demo.kshard.dev", "v1", "Widget"),
+        "widgets",
+    );
+    let writer: Api<DynamicObject> = Api::namespaced_with(host.client().await, "team-a", &ar);
+    let create = |name: &str| {
+        let writer = writer.clone();
+        let o: DynamicObject = serde_json::from_str(&widget_yaml(name, "team-a", 1)).expect("w");
+        async move { writer.create(&PostParams::default(), &o).await }
+    };
+    create("before").await.expect("create");
+
+    let watched: Api<DynamicObject> = Api::namespaced_with(host.client().await, "team-a", &ar);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let informer = tokio::spawn(async move {
+        let mut stream = watcher::watcher(watched, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(e) = stream.next().await {
+            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = e {
+                let _ = tx.send(o.metadata.name.unwrap_or_default());
+            }
+        }
+    });
+    let kubectl = common::KubectlStream::spawn(
+        &host.admin_kubeconfig,
+        &[
+            "get",
+            "widgets",
+            "-n",
+            "team-a",
+            "-w",
+            "-o",
+            "name",
+            "--request-timeout=0",
+        ],
+    );
+    let wait_name = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, want: &str| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(n)) if n == want => return,
+                Ok(Some(_)) => continue,
+                other => panic!("the informer never saw {want}: {other:?}"),
+            }
+        }
+    };
+    wait_name(&mut rx, "before").await;
+    let first = kubectl.next_row();
+    assert_eq!(first, ["widget.demo.kshard.dev/before"]);
+
+    // kill -9 and start again on the same data and port.
+    if let Some(p) = kshard.process.as_mut() {
+        let _ = p.0.kill();
+        let _ = p.0.wait();
+    }
+    kshard.restart();
+    assert!(
+        poll(Duration::from_secs(60), || host
+            .apiservice_available("v1.demo.kshard.dev")),
+        "kshard did not come back"
+    );
+    // Writes may fail while the aggregator notices the new process.
+    let mut created = false;
+    for _ in 0..120 {
+        if create("after").await.is_ok() {
+            created = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(created, "no write after the restart\n{}", kshard.log_tail());
+    wait_name(&mut rx, "after").await;
+    informer.abort();
+    drop(kubectl);
+}
+
+/// The host's admission configuration governs kshard's resources: a
+/// ValidatingAdmissionPolicy with its binding and a validating webhook,
+/// written to the real host, are enforced by kshard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_admission_policies_and_webhooks_are_enforced_by_kshard() {
+    use common::webhook::{Reply, WebhookServer};
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let kshard = host.install_kshard(&[]);
+    host.kubectl_ok(&["create", "namespace", "team-a"]);
+
+    host.apply(&[
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": "few-replicas"},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["demo.kshard.dev"], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["widgets"]}]},
+                "validations": [{"expression": "!has(object.spec.replicas) || object.spec.replicas <= 10",
+                                 "message": "at most 10 replicas"}],
+            },
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": "few-replicas"},
+            "spec": {"policyName": "few-replicas", "validationActions": ["Deny"]},
+        }),
+    ]);
+    let hooks = WebhookServer::start().await;
+    hooks.handle("/validate", |review| {
+        let name = review["request"]["name"].as_str().unwrap_or_default();
+        if name.starts_with("bad-") {
+            Reply::deny(review, json!({"code": 403, "message": "no bad names"}))
+        } else {
+            Reply::allow(review)
+        }
+    });
+    let mut webhook = hooks.webhook("names.test.kshard.dev", "/validate");
+    webhook["clientConfig"] = json!({
+        "url": format!("https://127.0.0.1:{}/validate", hooks.addr.port()),
+        "caBundle": hooks.ca_bundle(),
+    });
+    host.apply(&[json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "names"},
+        "webhooks": [webhook],
+    })]);
+
+    // Each in force once kshard has seen it (it follows the host's objects).
+    let mut last = String::new();
+    assert!(
+        poll(Duration::from_secs(30), || {
+            let out =
+                host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("many", "team-a", 20));
+            last = stderr(&out);
+            !out.status.success()
+        }),
+        "the policy was never enforced\n{}",
+        kshard.log_tail()
+    );
+    assert!(
+        last.contains(
+            "ValidatingAdmissionPolicy 'few-replicas' with binding 'few-replicas' denied request"
+        ) && last.contains("at most 10 replicas"),
+        "{last}"
+    );
+    assert!(
+        poll(Duration::from_secs(30), || {
+            let out =
+                host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("bad-1", "team-a", 1));
+            last = stderr(&out);
+            !out.status.success()
+        }),
+        "the webhook was never called\n{}",
+        kshard.log_tail()
+    );
+    assert!(
+        last.contains(
+            r#"admission webhook "names.test.kshard.dev" denied the request: no bad names"#
+        ),
+        "{last}"
+    );
+    let out = host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("good", "team-a", 3));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!hooks.received("/validate").is_empty());
+}
+
+/// Definitions managed through the host: a ShardResourceDefinition applied
+/// to the real host is served by kshard through the host (kshard registers
+/// its APIService), and deleting it removes the APIService and the
+/// definition (kshard's cleanup finalizer is released).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_resource_definitions_on_the_host_are_served_and_cleaned_up() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let kshard = host.install_kshard(&[]);
+    let srd = json!({
+        "apiVersion": "apiextensions.kshard.dev/v1", "kind": "ShardResourceDefinition",
+        "metadata": {"name": "gadgets.things.kshard.dev"},
+        "spec": {"group": "things.kshard.dev", "scope": "Namespaced",
+                 "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+                 "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}}}]},
+    });
+    host.apply(&[srd]);
+    assert!(
+        poll(Duration::from_secs(60), || host
+            .apiservice_available("v1.things.kshard.dev")),
+        "APIService v1.things.kshard.dev never Available\n{}",
+        kshard.log_tail()
+    );
+    let labels = host.kubectl_ok(&[
+        "get",
+        "apiservice",
+        "v1.things.kshard.dev",
+        "-o",
+        "jsonpath={.metadata.labels.app\\.kubernetes\\.io/managed-by}",
+    ]);
+    assert_eq!(labels, "kshard");
+    let gadget = json!({"apiVersion": "things.kshard.dev/v1", "kind": "Gadget",
+        "metadata": {"name": "g1", "namespace": "default"}, "spec": {"size": 3, "extra": 1}});
+    let mut last = String::new();
+    assert!(
+        poll(Duration::from_secs(30), || {
+            let out = host.kubectl_stdin(&["create", "-f", "-"], &gadget.to_string());
+            last = stderr(&out);
+            out.status.success()
+        }),
+        "{last}"
+    );
+    let got = host.kubectl_ok(&["get", "gadget", "g1", "-o", "jsonpath={.spec}"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&got).expect("json"),
+        json!({"size": 3})
+    );
+    let status = host.kubectl_ok(&[
+        "get",
+        "shardresourcedefinition",
+        "gadgets.things.kshard.dev",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+    ]);
+    assert_eq!(status, "True");
+
+    host.kubectl_ok(&[
+        "delete",
+        "shardresourcedefinition",
+        "gadgets.things.kshard.dev",
+        "--wait=false",
+    ]);
+    assert!(
+        poll(Duration::from_secs(60), || {
+            !host
+                .kubectl(&[
+                    "get",
+                    "shardresourcedefinition",
+                    "gadgets.things.kshard.dev",
+                ])
+                .status
+                .success()
+        }),
+        "the definition was never released\n{}",
+        kshard.log_tail()
+    );
+    assert!(
+        poll(Duration::from_secs(30), || {
+            !host
+                .kubectl(&["get", "apiservice", "v1.things.kshard.dev"])
+                .status
+                .success()
+        }),
+        "the APIService stayed"
+    );
+}
