@@ -375,7 +375,7 @@ impl Running {
                     }
                     // Behind (now or meanwhile), the cache held events not
                     // queued for us: its revision is not ours to claim.
-                    let current = epoch % 2 == 0 && self.sub.rx.behind_epoch() == epoch;
+                    let current = epoch.is_multiple_of(2) && self.sub.rx.behind_epoch() == epoch;
                     let rev = if current { rev.max(self.last_sent) } else { self.last_sent };
                     self.last_sent = rev;
                     self.queued.push_back(self.stream.bookmark(rev, false));

@@ -231,7 +231,7 @@ impl FeedSender {
     /// catches up, the watcher must not claim (with a bookmark) to be current.
     pub fn set_behind(&self, behind: bool) {
         let b = &self.shared.behind;
-        if (b.load(Ordering::Acquire) % 2 == 1) != behind {
+        if b.load(Ordering::Acquire).is_multiple_of(2) == behind {
             b.fetch_add(1, Ordering::AcqRel);
         }
     }
@@ -281,7 +281,7 @@ impl Feed {
     /// Whether the cache holds events for this watcher it has not queued
     /// yet (the watcher is not current to the cache's revision).
     pub fn is_behind(&self) -> bool {
-        self.behind_epoch() % 2 == 1
+        !self.behind_epoch().is_multiple_of(2)
     }
 
     /// Counts every time the watcher fell behind or was caught up: odd
