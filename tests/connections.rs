@@ -439,3 +439,201 @@ async fn a_watcher_behind_a_burst_larger_than_one_write_gets_every_event_in_orde
         "revisions only grow"
     );
 }
+
+/// Sends `tries` POSTs of a `size`-byte body over one HTTP/2 connection
+/// (TLS, ALPN h2, anonymous) and returns each answer's status and body, or
+/// the error the client saw instead.
+async fn h2_posts(
+    s: &common::TestServer,
+    size: usize,
+    tries: usize,
+    content_length: bool,
+) -> Vec<Result<(u16, serde_json::Value), String>> {
+    use http_body_util::BodyExt;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let tcp = TcpStream::connect(s.running.addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let tls = common::tls_connector(s, &[b"h2"])
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .handshake::<_, http_body_util::Full<bytes::Bytes>>(TokioIo::new(tls))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let body = bytes::Bytes::from(vec![b' '; size]);
+    let mut out = Vec::new();
+    for _ in 0..tries {
+        let mut req = http::Request::post(format!("https://localhost{}", common::WIDGETS))
+            .header("content-type", "application/json");
+        if content_length {
+            req = req.header("content-length", size.to_string());
+        }
+        let req = req
+            .body(http_body_util::Full::new(body.clone()))
+            .expect("req");
+        let got = async {
+            let resp = send
+                .clone()
+                .send_request(req)
+                .await
+                .map_err(|e| format!("request: {e:?}"))?;
+            let code = resp.status().as_u16();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("{code} body: {e:?}"))?
+                .to_bytes();
+            let st = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{code} not JSON ({e}): {bytes:?}"))?;
+            Ok((code, st))
+        };
+        out.push(
+            tokio::time::timeout(Duration::from_secs(20), got)
+                .await
+                .unwrap_or_else(|_| Err("no answer in 20 s".into())),
+        );
+    }
+    out
+}
+
+fn assert_refused(
+    got: &[Result<(u16, serde_json::Value), String>],
+    code: u16,
+    reason: &str,
+    what: &str,
+) {
+    let bad: Vec<_> = got
+        .iter()
+        .filter(|r| {
+            !matches!(r, Ok((c, st)) if *c == code && st["kind"] == "Status" && st["reason"] == reason && st["code"] == code)
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{what}: {} of {} answers were not {code} {reason}: {:?}",
+        bad.len(),
+        got.len(),
+        bad.iter().take(3).collect::<Vec<_>>()
+    );
+}
+
+/// A refusal sent before the request body is read (401 here) reaches an
+/// HTTP/2 client whole, then the stream ends with NO_ERROR: never a stream
+/// reset in its place, whatever the body's size.
+#[tokio::test(flavor = "multi_thread")]
+async fn early_refusals_reach_http2_clients_whatever_the_body() {
+    let s = common::start_with(|c| c.anonymous_auth = false).await;
+    for size in [1, 16 * 1024, 200 * 1024, 2 * 1024 * 1024] {
+        for content_length in [true, false] {
+            let got = h2_posts(&s, size, 50, content_length).await;
+            assert_refused(
+                &got,
+                401,
+                "Unauthorized",
+                &format!("{size} bytes, content-length {content_length}"),
+            );
+        }
+    }
+    // The connection's flow-control window was not used up by unread bodies.
+    let got = h2_posts(&s, 10, 1, true).await;
+    assert_refused(&got, 401, "Unauthorized", "afterwards");
+}
+
+/// A body over the limit (413) or over the shared budget (429) is refused
+/// to an HTTP/2 client with kube's Status every time.
+#[tokio::test(flavor = "multi_thread")]
+async fn body_refusals_reach_http2_clients() {
+    let s = common::start_with(|c| {
+        c.connections.max_request_body_bytes = 64 * 1024;
+        c.connections.max_buffered_request_body_bytes = 32 * 1024;
+    })
+    .await;
+    for content_length in [true, false] {
+        let got = h2_posts(&s, 100 * 1024, 50, content_length).await;
+        assert_refused(
+            &got,
+            413,
+            "RequestEntityTooLarge",
+            &format!("413, content-length {content_length}"),
+        );
+        let got = h2_posts(&s, 48 * 1024, 50, content_length).await;
+        assert_refused(
+            &got,
+            429,
+            "TooManyRequests",
+            &format!("429, content-length {content_length}"),
+        );
+    }
+}
+
+/// `tries` POSTs of a `size`-byte body by curl over HTTP/2 (a client that
+/// reports a stream reset during its upload as an error, instead of the
+/// answer): the status codes and bodies, or curl's error.
+fn curl_posts(
+    s: &common::TestServer,
+    size: usize,
+    tries: usize,
+) -> Vec<Result<(u16, serde_json::Value), String>> {
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("body");
+    std::fs::write(&file, vec![b' '; size]).expect("body");
+    let ca = s.running.kubeconfig.with_file_name("pki").join("ca.crt");
+    let url = format!(
+        "https://localhost:{}{}",
+        s.running.addr.port(),
+        common::WIDGETS
+    );
+    (0..tries)
+        .map(|_| {
+            let out = std::process::Command::new("curl")
+                .args([
+                    "-sS",
+                    "--http2",
+                    "-X",
+                    "POST",
+                    "-H",
+                    "content-type: application/json",
+                ])
+                .arg("--cacert")
+                .arg(&ca)
+                .arg("--resolve")
+                .arg(format!("localhost:{}:127.0.0.1", s.running.addr.port()))
+                .arg("--data-binary")
+                .arg(format!("@{}", file.display()))
+                .args(["-w", "\n%{http_code}"])
+                .arg(&url)
+                .output()
+                .expect("curl on PATH");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if !out.status.success() {
+                return Err(format!(
+                    "curl: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            let (body, code) = text.rsplit_once('\n').unwrap_or(("", ""));
+            let st =
+                serde_json::from_str(body).map_err(|e| format!("{code} not JSON ({e}): {body}"))?;
+            Ok((code.parse().unwrap_or(0), st))
+        })
+        .collect()
+}
+
+/// curl over HTTP/2, refused before its body is read (401) or for its body
+/// (413), gets the answer every time, never "Stream error in the HTTP/2
+/// framing layer".
+#[tokio::test(flavor = "multi_thread")]
+async fn early_refusals_reach_curl_over_http2() {
+    let s = common::start_with(|c| c.anonymous_auth = false).await;
+    for size in [1024, 200 * 1024, 4 * 1024 * 1024] {
+        let s = &s;
+        let got = tokio::task::block_in_place(|| curl_posts(s, size, 50));
+        assert_refused(&got, 401, "Unauthorized", &format!("curl, {size} bytes"));
+    }
+    let s = common::start_with(|c| c.connections.max_request_body_bytes = 64 * 1024).await;
+    let got = tokio::task::block_in_place(|| curl_posts(&s, 1024 * 1024, 50));
+    assert_refused(&got, 413, "RequestEntityTooLarge", "curl, over the limit");
+}

@@ -226,8 +226,8 @@ impl Stream {
     /// The body: frames made as the connection asks for them. No task or
     /// channel of its own sits between the watch cache and the socket (each
     /// was one more wake-up per event per watcher); a watcher that does not
-    /// read is bounded by its subscription's buffer, which the cache closes
-    /// when full. The watch ends at its timeout, at shutdown, when its
+    /// read is bounded by its subscription's feed (in events and bytes),
+    /// which the cache ends when the watcher stays behind. The watch ends at its timeout, at shutdown, when its
     /// definition stops being served, or when the client goes (the body is
     /// dropped).
     fn frames(
@@ -363,6 +363,7 @@ impl Running {
                 }
                 _ = self.tick.tick(), if self.stream.allow_bookmarks => {
                     // Everything up to the cache revision is already queued for us: drain, then mark.
+                    let epoch = self.sub.rx.behind_epoch();
                     let rev = self.stream.registry.cache_revision();
                     while let Some(run) = self.sub.rx.try_recv_run() {
                         self.received.push(run);
@@ -372,7 +373,10 @@ impl Running {
                             self.queued.push_back(f);
                         }
                     }
-                    let rev = rev.max(self.last_sent);
+                    // Behind (now or meanwhile), the cache held events not
+                    // queued for us: its revision is not ours to claim.
+                    let current = epoch.is_multiple_of(2) && self.sub.rx.behind_epoch() == epoch;
+                    let rev = if current { rev.max(self.last_sent) } else { self.last_sent };
                     self.last_sent = rev;
                     self.queued.push_back(self.stream.bookmark(rev, false));
                     return self.queued.pop_front();

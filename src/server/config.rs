@@ -51,6 +51,16 @@ pub struct ServeConfig {
     /// events are dropped whatever their age. Bytes, or with a Ki/Mi/Gi suffix.
     #[arg(long, default_value = "64Mi", value_parser = parse_bytes)]
     pub watch_cache_history_bytes: u64,
+    /// Memory (estimated: objects and their frames) one watcher may hold
+    /// queued. A watcher that reads slower than events come falls behind
+    /// there: what it misses waits in the event history, and it is caught up
+    /// once it reads. Bytes, or with a Ki/Mi/Gi suffix.
+    #[arg(long, default_value = "32Mi", value_parser = parse_bytes)]
+    pub watch_buffer_bytes: u64,
+    /// How long a watcher may stay behind before its watch is ended (its
+    /// queue freed; the client re-watches, and re-lists on 410).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub watch_buffer_grace: Duration,
     /// Non-mutating share of the server concurrency limit (API Priority and
     /// Fairness divides the sum of the two among priority levels).
     #[arg(long, default_value_t = 400)]
@@ -331,6 +341,8 @@ mod tests {
         assert!(c.flowcontrol_controller && !c.in_cluster);
         assert_eq!(c.watch_history, crate::watch::DEFAULT_HISTORY_EVENTS);
         assert_eq!(c.watch_cache_history, crate::watch::DEFAULT_HISTORY_WINDOW);
+        assert_eq!(c.watch_buffer_bytes, crate::watch::DEFAULT_WATCHER_BYTES);
+        assert_eq!(c.watch_buffer_grace, crate::watch::DEFAULT_WATCHER_GRACE);
     }
 
     #[test]

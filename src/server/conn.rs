@@ -170,6 +170,12 @@ pub async fn serve_connection<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let control = ConnectionControl::default();
+    let drain_limits = (
+        limits
+            .max_request_body_bytes
+            .saturating_add(DRAIN_BEYOND_LIMIT),
+        limits.request_timeout,
+    );
     let on_request = control.clone();
     let service = TowerToHyperService::new(tower::service_fn(
         move |mut req: http::Request<hyper::body::Incoming>| {
@@ -179,7 +185,20 @@ pub async fn serve_connection<I>(
                 ext.insert(certs.clone());
             }
             ext.insert(on_request.clone());
-            tower::Service::call(&mut app.clone(), req)
+            if req.version() != http::Version::HTTP_2 {
+                return futures::future::Either::Left(tower::Service::call(&mut app.clone(), req));
+            }
+            let (req, unread) = keep_unread(req);
+            let answer = tower::Service::call(&mut app.clone(), req);
+            let drain = drain_limits;
+            futures::future::Either::Right(Box::pin(async move {
+                let resp = answer.await;
+                let body = unread.lock().map(|mut b| b.take()).unwrap_or(None);
+                if let Some(body) = body {
+                    drain_unread(body, drain).await;
+                }
+                resp
+            }))
         },
     ));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -220,4 +239,91 @@ pub async fn serve_connection<I>(
             }
         }
     }
+}
+
+/// How much more than the body limit an HTTP/2 request body refused unread
+/// is read and thrown away (as the body layer does for a 413).
+const DRAIN_BEYOND_LIMIT: u64 = 16 * 1024 * 1024;
+
+type Unread = std::sync::Arc<std::sync::Mutex<Option<hyper::body::Incoming>>>;
+
+/// An HTTP/2 request body that, dropped before its end (a refusal answered
+/// before reading it: 401, 403, 429...), is kept for [`drain_unread`].
+struct KeptBody {
+    inner: Option<hyper::body::Incoming>,
+    unread: Unread,
+}
+
+fn keep_unread(req: http::Request<hyper::body::Incoming>) -> (http::Request<KeptBody>, Unread) {
+    let unread = Unread::default();
+    let kept = unread.clone();
+    (
+        req.map(|b| KeptBody {
+            inner: Some(b),
+            unread: kept,
+        }),
+        unread,
+    )
+}
+
+impl http_body::Body for KeptBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        match self.inner.as_mut() {
+            Some(b) => std::pin::Pin::new(b).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner
+            .as_ref()
+            .is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.as_ref().map_or_else(
+            || http_body::SizeHint::with_exact(0),
+            http_body::Body::size_hint,
+        )
+    }
+}
+
+impl Drop for KeptBody {
+    fn drop(&mut self) {
+        if let Some(b) = self.inner.take() {
+            if !http_body::Body::is_end_stream(&b) {
+                if let Ok(mut slot) = self.unread.lock() {
+                    *slot = Some(b);
+                }
+            }
+        }
+    }
+}
+
+/// Reads what is left of a refused HTTP/2 request body, keeping nothing,
+/// before its answer goes out: the stream then ends normally. Answering
+/// first would end it with RST_STREAM(NO_ERROR) (RFC 9113 8.1), which
+/// clients still uploading (curl, among others) report as a stream error
+/// instead of the answer. Bounded by `limit` bytes and `within`; past either
+/// the answer goes out anyway.
+async fn drain_unread(mut body: hyper::body::Incoming, (limit, within): (u64, Duration)) {
+    use http_body_util::BodyExt;
+    let read = async {
+        let mut seen = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                seen += data.len() as u64;
+                if seen > limit {
+                    return;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, read).await;
 }

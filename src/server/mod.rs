@@ -231,6 +231,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         window: cfg.watch_cache_history,
         bytes: cfg.watch_cache_history_bytes,
         events: cfg.watch_history,
+        watcher_bytes: cfg.watch_buffer_bytes,
+        watcher_grace: cfg.watch_buffer_grace,
     };
     let cache = Cache::start_with(store.clone(), history, Some(on_load)).await?;
     let readiness = Arc::new(crate::api::health::Readiness::default());

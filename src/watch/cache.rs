@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::storage::{Batch, Event, EventType, Revision, StorageError, Store};
 
-use super::feed::{feed, EventRun, Feed, FeedSender};
+use super::feed::{feed, EventRun, Feed, FeedLimits, FeedSender, Sent};
 use super::history::{History, HistoryLimits};
 use super::{split_key, CachedObject, WatchEvent};
 
@@ -18,9 +18,14 @@ use super::{split_key, CachedObject, WatchEvent};
 /// cache (loaded or from a write): `Some` rewritten value, `None` unchanged.
 pub type OnLoad = Arc<dyn Fn(&str, &Value) -> Option<Value> + Send + Sync>;
 
-/// Buffered events per watcher; a watcher that falls this far behind is closed.
+/// Buffered events per watcher (besides its byte budget); beyond them it
+/// falls behind and is caught up from the history.
 const WATCHER_BUFFER: usize = 4096;
-/// How often expired history is dropped when no write comes to trim it.
+/// Events and bytes one catch-up run carries at most.
+const CATCH_UP_EVENTS: usize = 64;
+const CATCH_UP_BYTES: u64 = 512 * 1024;
+/// How often expired history is dropped, and watchers that fell behind are
+/// caught up or ended, when no write comes to do it.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Which objects a watcher or list wants: a key prefix (namespace, or one name)
@@ -101,6 +106,11 @@ struct Watcher {
     after: Revision,
     filter: Filter,
     tx: FeedSender,
+    /// Every event this watcher wants up to here is in its feed (or read).
+    queued_to: Revision,
+    /// Since when events it wants are not in its feed (it was full): they
+    /// are in the history, or it is ended.
+    behind_since: Option<Instant>,
 }
 
 struct ResourceState {
@@ -384,7 +394,7 @@ impl Cache {
         }
         for (resource, events) in runs {
             if let Some(res) = state.resources.get_mut(&resource) {
-                fan_out(&mut res.watchers, events);
+                fan_out(res, events, now, &self.limits);
             }
         }
         state.revision = batch.revision;
@@ -402,7 +412,13 @@ impl Cache {
         let mut state = self.write();
         for res in state.resources.values_mut() {
             res.history.trim(now, &self.limits);
-            res.watchers.retain(|w| !w.tx.is_closed());
+            let history = &res.history;
+            res.watchers.retain_mut(|w| {
+                if w.tx.is_closed() {
+                    return false;
+                }
+                w.behind_since.is_none() || catch_up(w, history, now, &self.limits)
+            });
         }
     }
 
@@ -537,8 +553,17 @@ impl Cache {
                 (replay, rev.max(current))
             }
         };
-        let (tx, rx) = feed(WATCHER_BUFFER);
-        res.watchers.push(Watcher { after, filter, tx });
+        let (tx, rx) = feed(FeedLimits {
+            events: WATCHER_BUFFER,
+            bytes: self.limits.watcher_bytes,
+        });
+        res.watchers.push(Watcher {
+            after,
+            filter,
+            tx,
+            queued_to: after,
+            behind_since: None,
+        });
         Ok(Subscription {
             initial,
             revision: after,
@@ -657,30 +682,107 @@ fn page_of(
     }
 }
 
-/// An event concerns a watcher if the object passes its filter now or did before.
 /// Hands a resource's run of events to each watcher: the run itself to
 /// every watcher that wants all of it (shared, frames and all), its own
-/// subset to one that wants part. A watcher that cannot keep up is closed;
-/// its client re-watches.
-fn fan_out(watchers: &mut Vec<Watcher>, events: Vec<Arc<WatchEvent>>) {
-    if watchers.is_empty() {
+/// subset to one that wants part. A watcher whose feed is full falls behind
+/// (the history keeps what it misses) rather than holding more.
+fn fan_out(
+    res: &mut ResourceState,
+    events: Vec<Arc<WatchEvent>>,
+    now: Instant,
+    limits: &HistoryLimits,
+) {
+    if res.watchers.is_empty() {
         return;
     }
     let run = Arc::new(EventRun::new(events));
-    watchers.retain(|w| {
+    let history = &res.history;
+    res.watchers.retain_mut(|w| {
+        if w.behind_since.is_some() {
+            // This run is in the history already: caught up with the rest.
+            return catch_up(w, history, now, limits);
+        }
         let wants = |ev: &&Arc<WatchEvent>| ev.revision > w.after && interested(&w.filter, ev);
         let wanted = run.events.iter().filter(wants).count();
-        if wanted == run.events.len() {
+        let sent = if wanted == run.events.len() {
             w.tx.send(run.clone())
         } else if wanted > 0 {
             let own = run.events.iter().filter(wants).cloned().collect();
             w.tx.send(Arc::new(EventRun::new(own)))
         } else {
-            true
+            Sent::Queued
+        };
+        match sent {
+            Sent::Queued => {
+                if let Some(last) = run.events.last() {
+                    w.queued_to = w.queued_to.max(last.revision);
+                }
+                true
+            }
+            Sent::Full => {
+                w.behind_since = Some(now);
+                w.tx.set_behind(true);
+                true
+            }
+            Sent::Closed => false,
         }
     });
 }
 
+/// Queues what a watcher that fell behind missed, from the history, once
+/// its reader has made room; `false` (the watcher is dropped) when it has
+/// been behind past the grace or the history no longer has what it missed.
+/// Ending it frees its feed at once; its client sees the watch end and
+/// re-watches from the last revision it got (kube-apiserver likewise
+/// closes a watcher that stays unresponsive, and a 410 then makes the client
+/// re-list).
+fn catch_up(w: &mut Watcher, history: &History, now: Instant, limits: &HistoryLimits) -> bool {
+    let Some(since) = w.behind_since else {
+        return true;
+    };
+    let end = |why: &str| {
+        tracing::info!(reason = why, "ending a watcher that fell behind");
+        metrics::counter!("apiserver_terminated_watchers_total").increment(1);
+        w.tx.terminate();
+        false
+    };
+    if now.saturating_duration_since(since) > limits.watcher_grace {
+        return end("it stayed behind past the grace");
+    }
+    if !w.tx.has_room() {
+        return true;
+    }
+    let missed = match history.since(w.queued_to.max(w.after), &w.filter) {
+        Ok(missed) => missed,
+        Err(_) => return end("the history no longer has what it missed"),
+    };
+    let mut chunk: Vec<Arc<WatchEvent>> = Vec::new();
+    let mut bytes = 0;
+    let mut missed = missed.into_iter().peekable();
+    while let Some(ev) = missed.next() {
+        bytes += super::feed::event_cost(&ev);
+        chunk.push(ev);
+        let last = missed.peek().is_none();
+        if !last && chunk.len() < CATCH_UP_EVENTS && bytes < CATCH_UP_BYTES {
+            continue;
+        }
+        let to = chunk.last().map_or(w.queued_to, |e| e.revision);
+        match w
+            .tx
+            .send(Arc::new(EventRun::new(std::mem::take(&mut chunk))))
+        {
+            Sent::Queued => w.queued_to = w.queued_to.max(to),
+            Sent::Full => return true,
+            Sent::Closed => return false,
+        }
+        bytes = 0;
+    }
+    w.behind_since = None;
+    w.tx.set_behind(false);
+    true
+}
+
+/// An event concerns a watcher if the object passes its filter now or did before.
 pub(super) fn interested(filter: &Filter, ev: &WatchEvent) -> bool {
     filter.matches(&ev.object) || ev.prev.as_ref().is_some_and(|p| filter.matches(p))
 }
@@ -1191,26 +1293,71 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_watcher_that_stops_reading_is_closed_not_buffered_forever() {
+    async fn a_watcher_that_falls_behind_is_caught_up_from_the_history_in_order() {
         let (_d, store, cache) = setup(100_000).await;
         let mut slow = cache
             .watch("g/r", Start::After(0), Filter::everything())
             .expect("slow");
-        for i in 0..(WATCHER_BUFFER + 10) {
+        let n = WATCHER_BUFFER + 10;
+        for i in 0..n {
             create(&store, &format!("o{i}")).await;
         }
         cache
             .wait_for(store.revision(), Duration::from_secs(5))
             .await
             .expect("caught up");
-        assert_eq!(cache.watcher_count("g/r"), 0, "dropped from fan-out");
-        let mut n = 0;
-        while slow.rx.recv().await.is_some() {
-            n += 1;
-        }
+        assert!(slow.rx.is_behind(), "the feed held only its bound");
         assert_eq!(
-            n, WATCHER_BUFFER,
-            "the buffered events drain, then the stream ends"
+            cache.watcher_count("g/r"),
+            1,
+            "not dropped within the grace"
+        );
+        let mut revs = Vec::new();
+        while revs.len() < n {
+            let ev = tokio::time::timeout(Duration::from_secs(5), slow.rx.recv())
+                .await
+                .expect("the rest comes from the history")
+                .expect("event");
+            revs.push(ev.revision);
+        }
+        assert!(revs.windows(2).all(|w| w[0] < w[1]), "in order, no repeats");
+        assert_eq!(revs.last().copied(), Some(store.revision()));
+        assert!(!slow.rx.is_behind());
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_stays_behind_past_the_grace_is_ended_and_lets_go_of_its_events() {
+        let limits = HistoryLimits {
+            watcher_bytes: 3 * 400,
+            watcher_grace: Duration::from_millis(100),
+            ..Default::default()
+        };
+        let (_d, store, cache) = setup_with(limits).await;
+        let mut stalled = cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("stalled");
+        let mut reading = cache
+            .watch("g/r", Start::After(0), Filter::everything())
+            .expect("reading");
+        let mut got = 0;
+        for i in 0..10 {
+            create(&store, &format!("o{i}")).await;
+            while tokio::time::timeout(Duration::from_millis(50), reading.rx.recv())
+                .await
+                .is_ok()
+            {
+                got += 1;
+            }
+        }
+        assert_eq!(got, 10, "a watcher that reads gets everything");
+        assert!(stalled.rx.is_behind());
+        // The sweep ends it once the grace has passed, with no write needed.
+        tokio::time::sleep(SWEEP_EVERY * 2).await;
+        assert_eq!(cache.watcher_count("g/r"), 1, "only the reader is left");
+        let end = tokio::time::timeout(Duration::from_millis(100), stalled.rx.recv()).await;
+        assert!(
+            matches!(end, Ok(None)),
+            "its feed holds nothing and ends at once"
         );
     }
 }

@@ -21,7 +21,14 @@ pub const DEFAULT_HISTORY_BYTES: u64 = 64 * 1024 * 1024;
 /// Events one resource's history may hold by default (kube's upper bound).
 pub const DEFAULT_HISTORY_EVENTS: usize = 100 * 1024;
 
-/// How much event history each resource keeps.
+/// Bytes (objects and frames, as `feed::event_cost` counts them) a watcher
+/// may hold queued by default: 16 events of a 1 MB object.
+pub const DEFAULT_WATCHER_BYTES: u64 = 32 * 1024 * 1024;
+/// How long a watcher may stay behind (events it could not take waiting for
+/// it) by default before it is ended.
+pub const DEFAULT_WATCHER_GRACE: Duration = Duration::from_secs(5);
+
+/// How much event history each resource keeps, and what each watcher may hold.
 #[derive(Debug, Clone, Copy)]
 pub struct HistoryLimits {
     /// Events older than this go.
@@ -30,6 +37,11 @@ pub struct HistoryLimits {
     pub bytes: u64,
     /// Events it may hold.
     pub events: usize,
+    /// Bytes one watcher may hold queued; beyond them it falls behind and
+    /// is caught up from the history once it reads.
+    pub watcher_bytes: u64,
+    /// How long a watcher may stay behind before it is ended.
+    pub watcher_grace: Duration,
 }
 
 impl Default for HistoryLimits {
@@ -38,6 +50,8 @@ impl Default for HistoryLimits {
             window: DEFAULT_HISTORY_WINDOW,
             bytes: DEFAULT_HISTORY_BYTES,
             events: DEFAULT_HISTORY_EVENTS,
+            watcher_bytes: DEFAULT_WATCHER_BYTES,
+            watcher_grace: DEFAULT_WATCHER_GRACE,
         }
     }
 }

@@ -14,6 +14,7 @@ pub use event::{frame, WatchEvent};
 pub use feed::{concat, EventRun, Feed};
 pub use history::{
     HistoryLimits, DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_EVENTS, DEFAULT_HISTORY_WINDOW,
+    DEFAULT_WATCHER_BYTES, DEFAULT_WATCHER_GRACE,
 };
 pub use object::CachedObject;
 

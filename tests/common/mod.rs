@@ -401,7 +401,23 @@ pub fn tls_connector_with(
     versions: &[&'static rustls::SupportedProtocolVersion],
     alpn: &[&[u8]],
 ) -> tokio_rustls::TlsConnector {
-    let ca = std::fs::read(s.running.kubeconfig.with_file_name("pki").join("ca.crt")).expect("ca");
+    connector_trusting(
+        &s.running.kubeconfig.with_file_name("pki"),
+        provider,
+        versions,
+        alpn,
+    )
+}
+
+/// A TLS client (no client certificate) trusting the CA in `pki` (a data
+/// directory's `pki/`), offering `alpn`.
+pub fn connector_trusting(
+    pki: &Path,
+    provider: rustls::crypto::CryptoProvider,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: &[&[u8]],
+) -> tokio_rustls::TlsConnector {
+    let ca = std::fs::read(pki.join("ca.crt")).expect("ca");
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile_certs(&ca) {
         roots.add(cert).expect("ca cert");
@@ -420,4 +436,37 @@ fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'st
     rustls::pki_types::CertificateDer::pem_slice_iter(pem)
         .map(|c| c.expect("pem"))
         .collect()
+}
+
+/// The address a spawned server serves on, from the kubeconfig in its data directory.
+pub fn served_addr(data_dir: &Path) -> std::net::SocketAddr {
+    let kc = std::fs::read_to_string(data_dir.join("kubeconfig")).expect("kubeconfig");
+    kc.lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .and_then(|a| {
+            use std::net::ToSocketAddrs;
+            a.trim().to_socket_addrs().ok()?.next()
+        })
+        .unwrap_or_else(|| panic!("no server address in {kc}"))
+}
+
+/// An anonymous TLS connection to a spawned server (standalone on loopback,
+/// anonymous may do anything), offering `alpn`.
+pub async fn connect_to(
+    data_dir: &Path,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let tcp = tokio::net::TcpStream::connect(served_addr(data_dir))
+        .await
+        .expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    connector_trusting(
+        &data_dir.join("pki"),
+        rustls::crypto::ring::default_provider(),
+        rustls::DEFAULT_VERSIONS,
+        alpn,
+    )
+    .connect(name, tcp)
+    .await
+    .expect("handshake")
 }
