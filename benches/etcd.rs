@@ -43,6 +43,14 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
+/// kshard runs with the environment the shipped Deployment gives it
+/// (`manifests/base/deployment.yaml`): glibc's vector copies for large
+/// buffers, which on these AMD machines matter for every TLS record.
+const AS_DEPLOYED: [(&str, &str); 1] = [(
+    "GLIBC_TUNABLES",
+    "glibc.cpu.x86_rep_movsb_threshold=18446744073709551615",
+)];
+
 /// The load generator allocates with the server's allocator: with glibc's,
 /// allocation was a tenth of the watch clients' CPU, which they take from
 /// the cores the servers share.
@@ -409,7 +417,7 @@ async fn memory_points(sizes: &[usize], extra: &[&str]) -> Vec<MemoryPoint> {
     let mut loaded = Vec::new();
     for &objects in sizes {
         let dir = tempfile::tempdir().expect("tempdir");
-        let server = common::spawn_kshard(&dir.path().join("kshard"), extra);
+        let server = common::spawn_kshard_with(&dir.path().join("kshard"), extra, &AS_DEPLOYED);
         let pid = server.id();
         tokio::time::sleep(Duration::from_millis(500)).await;
         let base_rss = common::rss_bytes(pid);
@@ -1176,7 +1184,7 @@ async fn run() {
     // `KSHARD_ETCD_ARGS`: extra flags for kshard (space-separated).
     let extra = std::env::var("KSHARD_ETCD_ARGS").unwrap_or_default();
     let extra: Vec<&str> = extra.split_whitespace().collect();
-    let kshard = common::spawn_kshard(&data, &extra);
+    let kshard = common::spawn_kshard_with(&data, &extra, &AS_DEPLOYED);
     let pid = kshard.id();
     let kubeconfig = data.join("kubeconfig");
     if let Some((_, port)) = &etcd {

@@ -67,7 +67,17 @@ async fn installs_from_the_shipped_manifests_and_serves_every_verb_through_the_h
     // Discovery and explain through the host.
     let resources = host.kubectl_ok(&["api-resources", "--api-group=demo.kshard.dev"]);
     assert!(resources.contains("widgets"), "{resources}");
-    let explain = host.kubectl_ok(&["explain", "widgets.spec.replicas"]);
+    // The host's OpenAPI aggregation fetches kshard's documents on its own
+    // schedule after the APIService becomes Available.
+    let mut explain = String::new();
+    assert!(
+        poll(Duration::from_secs(90), || {
+            let out = host.kubectl(&["explain", "widgets.spec.replicas"]);
+            explain = format!("{}{}", stdout(&out), stderr(&out));
+            out.status.success()
+        }),
+        "kubectl explain through the host: {explain}"
+    );
     assert!(explain.contains("Number of desired replicas"), "{explain}");
 
     // Create, get, list.
@@ -89,7 +99,7 @@ async fn installs_from_the_shipped_manifests_and_serves_every_verb_through_the_h
     let applied = json!({
         "apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
         "metadata": {"name": "w1", "namespace": "team-a"},
-        "spec": {"color": "red"},
+        "spec": {"size": "M"},
     })
     .to_string();
     let out = host.kubectl_stdin(
@@ -103,7 +113,7 @@ async fn installs_from_the_shipped_manifests_and_serves_every_verb_through_the_h
         &applied,
     );
     assert!(out.status.success(), "apply: {}", stderr(&out));
-    let other = applied.replace("red", "green");
+    let other = applied.replace("\"M\"", "\"S\"");
     let out = host.kubectl_stdin(
         &["apply", "--server-side", "--field-manager=other", "-f", "-"],
         &other,
@@ -156,7 +166,7 @@ async fn installs_from_the_shipped_manifests_and_serves_every_verb_through_the_h
         "-o",
         "jsonpath={.spec.size}/{.spec.replicas}/{.spec.color}",
     ]);
-    assert_eq!(spec, "L/2/red");
+    assert_eq!(spec, "L/2/blue");
 
     // The scale subresource.
     host.kubectl_ok(&["scale", "widget", "w1", "-n", "team-a", "--replicas=5"]);
@@ -676,7 +686,8 @@ async fn watches_stay_open_and_large_lists_page_through_the_host() {
 
 /// kshard restarted (killed, as a node loss would) while a kubectl watch and
 /// a kube-rs informer watch through the host: the informer resumes from its
-/// resourceVersion and nothing is lost.
+/// resourceVersion and nothing is lost; kubectl's watch ends cleanly, as it
+/// does when kube-apiserver restarts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_through_the_host_resumes_across_a_kshard_restart() {
     use futures::StreamExt;
@@ -759,6 +770,11 @@ async fn a_watch_through_the_host_resumes_across_a_kshard_restart() {
     }
     assert!(created, "no write after the restart\n{}", kshard.log_tail());
     wait_name(&mut rx, "after").await;
+    // kubectl's own `get -w` (1.32) does not re-watch: when the backend goes
+    // away kube-aggregator ends the proxied stream and kubectl exits, as it
+    // does when kube-apiserver itself restarts. It must end, not hang.
+    let (ended, _) = kubectl.ends_within(Duration::from_secs(30));
+    assert!(ended, "kubectl's watch neither resumed nor ended");
     informer.abort();
     drop(kubectl);
 }
@@ -886,7 +902,7 @@ async fn shard_resource_definitions_on_the_host_are_served_and_cleaned_up() {
     ]);
     assert_eq!(labels, "kshard");
     let gadget = json!({"apiVersion": "things.kshard.dev/v1", "kind": "Gadget",
-        "metadata": {"name": "g1", "namespace": "default"}, "spec": {"size": 3, "extra": 1}});
+        "metadata": {"name": "g1", "namespace": "default"}, "spec": {"size": 3}});
     let mut last = String::new();
     assert!(
         poll(Duration::from_secs(30), || {
@@ -939,4 +955,87 @@ async fn shard_resource_definitions_on_the_host_are_served_and_cleaned_up() {
         }),
         "the APIService stayed"
     );
+}
+
+/// Readiness says what is missing and degrades sensibly: without read access
+/// to the host's admission objects, kshard still becomes ready and serves
+/// writes (enforcing what it can read), `/readyz?verbose` names each kind
+/// it does not follow with the RBAC rule it needs, and granting the rule
+/// later is picked up without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_rbac_for_admission_objects_kshard_serves_and_says_what_is_missing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    let mut kshard = host.install_kshard(&[]);
+    let role: Value =
+        serde_json::from_str(&host.kubectl_ok(&["get", "clusterrole", "kshard", "-o", "json"]))
+            .expect("role");
+    let mut reduced = role.clone();
+    if let Some(rules) = reduced["rules"].as_array_mut() {
+        rules.retain(|r| r["apiGroups"] != json!(["admissionregistration.k8s.io"]));
+    }
+    assert_ne!(
+        reduced["rules"], role["rules"],
+        "the shipped role grants admissionregistration"
+    );
+    reduced["metadata"] = json!({"name": "kshard", "labels": role["metadata"]["labels"]});
+    host.kubectl_stdin(&["replace", "-f", "-"], &reduced.to_string());
+    kshard.restart();
+
+    let direct = host.dir.join("direct.kubeconfig");
+    common::host::write_kubeconfig(
+        &direct,
+        &format!("https://127.0.0.1:{}", kshard.port),
+        &kshard.ca.pem,
+        None,
+        None,
+    );
+    let verbose = || {
+        let out = common::kubectl_with(&direct, &["get", "--raw", "/readyz?verbose"], None);
+        (out.status.success(), stdout(&out))
+    };
+    let mut last = (false, String::new());
+    assert!(
+        poll(Duration::from_secs(60), || {
+            last = verbose();
+            last.0
+        }),
+        "kshard never became ready without the admission rule: {}\n{}",
+        last.1,
+        kshard.log_tail()
+    );
+    for kind in [
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
+    ] {
+        assert!(
+            last.1.contains(&format!("info: admission: not following the host's {kind}: forbidden: kshard's ServiceAccount needs get, list and watch on admissionregistration.k8s.io {kind}")),
+            "{}",
+            last.1
+        );
+    }
+    host.kubectl_ok(&["create", "namespace", "team-a"]);
+    let out = host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("w1", "team-a", 1));
+    assert!(
+        out.status.success(),
+        "a write while degraded: {}",
+        stderr(&out)
+    );
+
+    // Granted again: followed without a restart (the reflectors retry).
+    let mut restored = role.clone();
+    restored["metadata"] = reduced["metadata"].clone();
+    host.kubectl_stdin(&["replace", "-f", "-"], &restored.to_string());
+    assert!(
+        poll(Duration::from_secs(90), || !verbose()
+            .1
+            .contains("not following")),
+        "the restored rule was not picked up: {}",
+        verbose().1
+    );
+    assert!(kshard
+        .log_tail()
+        .contains("not enforcing the host's admission objects of this kind"));
 }

@@ -267,6 +267,21 @@ impl KubectlStream {
         KubectlStream { child, lines }
     }
 
+    /// Whether kubectl's output ends (the process closed it) within `limit`;
+    /// lines meanwhile are returned too.
+    pub fn ends_within(&self, limit: Duration) -> (bool, Vec<String>) {
+        let deadline = std::time::Instant::now() + limit;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => seen.push(line),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return (true, seen),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return (false, seen),
+            }
+        }
+    }
+
     /// The next line, split into columns; panics after 30 s without one.
     pub fn next_row(&self) -> Vec<String> {
         let wait = || self.lines.recv_timeout(Duration::from_secs(30));
