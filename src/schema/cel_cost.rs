@@ -391,10 +391,14 @@ impl<'v, 'a> Coster<'v, 'a> {
             }
             Expr::Select(sel) => {
                 if sel.test {
-                    // has(): the presence test costs one, plus its operand.
+                    // has(): its operand only. cel-go charges the presence
+                    // test one unit since v0.17.7, but kube's base
+                    // environment turns that off (PresenceTestHasCost(false))
+                    // for the estimator and the runtime alike; the real API
+                    // server accepts rules that charging it would refuse.
                     let c = self.cost(&sel.operand);
                     self.types.insert(e.id, Ty::Bool);
-                    return Range::fixed(1).plus(c);
+                    return c;
                 }
                 let mut c = self.cost(&sel.operand);
                 let operand = self.ty(&sel.operand);
@@ -1223,8 +1227,8 @@ mod tests {
         assert_eq!(cost(obj.clone(), "self.replicas > 0"), 3);
         // String equality: min(40, 3) * 0.1 rounded up = 1, + 2 for self.name.
         assert_eq!(cost(obj.clone(), "self.name == 'abc'"), 3);
-        // has(): 1 + self (1).
-        assert_eq!(cost(obj.clone(), "has(self.name)"), 2);
+        // has(): self (1); the presence test itself is free in kube.
+        assert_eq!(cost(obj.clone(), "has(self.name)"), 1);
         // size(): 1 + self.name (2).
         assert_eq!(cost(obj, "self.name.size() < 5"), 4);
     }
