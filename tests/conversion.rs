@@ -770,13 +770,21 @@ async fn a_hanging_webhook_ends_lists_and_watches_at_the_deadline() {
     let r = s.get(V2).await;
     assert_eq!(r.status, 504, "{}", r.text());
     assert_eq!(r.json()["reason"], "Timeout");
-    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 
     let started = std::time::Instant::now();
     let mut w = open_watch(&s.client, &format!("{V2}?watch=1&resourceVersion=0")).await;
     let (seen, ended) = read_watch(&mut w, Duration::from_secs(30), |_| false).await;
     assert!(ended, "the watch ends: {seen}");
-    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
     let evs = events(&seen);
     assert_eq!(evs.len(), 1, "{seen}");
     assert_eq!(evs[0]["type"], "ERROR");
@@ -816,7 +824,14 @@ fn proc_status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix(field)?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
         .unwrap_or(0)
 }
 

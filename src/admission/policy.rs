@@ -382,7 +382,7 @@ impl HostParams {
                 .collect::<Result<Vec<_>, _>>()?,
             (None, None) => return Err("one of name or selector must be provided".into()),
         };
-found_or_denied(params, r)
+        found_or_denied(params, r)
     }
 }
 

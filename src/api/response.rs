@@ -250,11 +250,10 @@ pub async fn list(
             .filter(|i| items[*i].api_version() != api_version)
             .collect();
         let values: Vec<&Value> = foreign.iter().map(|i| items[*i].value()).collect();
-        let converted =
-            match crate::registry::convert_values(&t.rt, &values, &api_version).await {
-                Ok(c) => c,
-                Err(e) => return error_response(&e),
-            };
+        let converted = match crate::registry::convert_values(&t.rt, &values, &api_version).await {
+            Ok(c) => c,
+            Err(e) => return error_response(&e),
+        };
         let mut items = items;
         for (i, value) in foreign.into_iter().zip(converted) {
             let json = match serde_json::to_vec(&value) {

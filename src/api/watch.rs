@@ -8,8 +8,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::StatusCode;
 use futures::FutureExt;
+use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::encoding::{cbor, protobuf};
@@ -110,7 +110,7 @@ pub async fn serve(
         initial_events_sent,
         stop: state.stop_watches.clone(),
         converted: Vec::new(),
-        initial_deadline: tokio::time::Instant::now() + state.request_timeout,
+        initial_budget: state.request_timeout,
     };
     let body = match sub {
         Watch::Started(sub) => Body::from_stream(stream.frames(sub, timeout)),
@@ -222,11 +222,11 @@ struct Stream {
     /// The webhook conversions of the events about to be encoded (by event
     /// and whether it is the old state), awaited by [`Stream::prepare`].
     converted: Vec<((usize, bool), Bytes)>,
-    /// Converting the initial events is bounded as a list is: by the
-    /// request timeout from the start of the watch.
-    initial_deadline: tokio::time::Instant,
+    /// Converting the initial events is bounded as a list is, by the
+    /// request timeout: the time left of it (time spent waiting for the
+    /// client to read is not counted).
+    initial_budget: Duration,
 }
-
 
 /// A watch stream's state between two frames of its body.
 struct Running {
@@ -388,10 +388,13 @@ impl Running {
                 // The next initial events are converted together, as a
                 // list's page is, under the deadline a list would have.
                 let ahead = &self.initial.as_slice()[..self.initial.len().min(CONVERT_AHEAD)];
-                let deadline = Some(self.stream.initial_deadline);
+                let started = tokio::time::Instant::now();
+                let deadline = Some(started + self.stream.initial_budget);
                 if let Err(e) = self.stream.prepare(ahead.iter(), deadline).await {
                     return self.fail(&e);
                 }
+                let spent = started.elapsed();
+                self.stream.initial_budget = self.stream.initial_budget.saturating_sub(spent);
                 self.initial_ready = ahead.len();
             }
             let ev = self.initial.next()?;
@@ -557,7 +560,11 @@ impl Stream {
                 continue;
             };
             let id = (Arc::as_ptr(ev) as usize, left);
-            let object = if left { ev.prev.as_ref() } else { Some(&ev.object) };
+            let object = if left {
+                ev.prev.as_ref()
+            } else {
+                Some(&ev.object)
+            };
             if object.is_none_or(|o| o.api_version() == api_version) {
                 continue;
             }
@@ -592,9 +599,13 @@ impl Stream {
             for (i, (ev, left, _)) in todo.iter().enumerate() {
                 let one = all
                     .clone()
-                    .map(move |r| r.and_then(|v| v.get(i).cloned().ok_or_else(|| {
-                        ApiError::internal("conversion returned too few objects")
-                    })))
+                    .map(move |r| {
+                        r.and_then(|v| {
+                            v.get(i).cloned().ok_or_else(|| {
+                                ApiError::internal("conversion returned too few objects")
+                            })
+                        })
+                    })
                     .boxed();
                 let c = ev.start_conversion(&api_version, *left, one);
                 waits.push(((Arc::as_ptr(ev) as usize, *left), c));
@@ -640,9 +651,8 @@ impl Stream {
     /// Encodes one event in this watcher's form.
     fn build(&self, ev: &WatchEvent, kind: &str, left: bool, headers: bool) -> Option<Bytes> {
         let value = || old_state(ev, left);
-        let in_version = || -> Option<Value> {
-            serde_json::from_slice(&self.object_json(ev, left)?).ok()
-        };
+        let in_version =
+            || -> Option<Value> { serde_json::from_slice(&self.object_json(ev, left)?).ok() };
         match &self.out {
             Output::Json | Output::Yaml => Some(frame(kind, &self.object_json(ev, left)?)),
             Output::Table(v) => {

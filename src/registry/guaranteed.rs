@@ -158,7 +158,10 @@ impl Registry {
                 let stored = both.pop();
                 (both.pop(), stored)
             }
-            None => (Some(convert_value(&t.rt, &value, &api_version).await?), None),
+            None => (
+                Some(convert_value(&t.rt, &value, &api_version).await?),
+                None,
+            ),
         };
         Ok(Some(Current {
             rev,

@@ -363,11 +363,7 @@ impl Registry {
 
     /// [`Registry::to_storage`] of an object no longer needed as it was:
     /// already at the storage version it is passed on, not copied.
-    pub(super) async fn storage_of_owned(
-        &self,
-        t: &Target,
-        obj: Value,
-    ) -> Result<Value, ApiError> {
+    pub(super) async fn storage_of_owned(&self, t: &Target, obj: Value) -> Result<Value, ApiError> {
         let storage = format!("{}/{}", t.rt.group, t.rt.storage_version);
         if obj.get("apiVersion").and_then(Value::as_str) == Some(storage.as_str()) {
             return Ok(obj);

@@ -147,9 +147,9 @@ impl WatchEvent {
             .sum::<u64>();
         json + conversions
             + cached
-            .iter()
-            .map(|(k, f)| (k.len() + f.as_ref().map_or(0, Bytes::len)) as u64)
-            .sum::<u64>()
+                .iter()
+                .map(|(k, f)| (k.len() + f.as_ref().map_or(0, Bytes::len)) as u64)
+                .sum::<u64>()
     }
 }
 
