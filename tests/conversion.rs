@@ -697,6 +697,7 @@ async fn watchers_of_a_converted_version_share_one_conversion_and_never_stall_th
     let started = std::time::Instant::now();
     let v = s.get("/version").await;
     assert_eq!(v.status, 200, "{}", v.text());
+    eprintln!("/version answered in {:?}", started.elapsed());
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "/version took {:?} while watchers converted",
@@ -855,6 +856,7 @@ async fn a_huge_conversion_answer_is_refused_without_being_read_whole() {
     );
     // The process (server and test) never held the answer.
     let peak = proc_status_kib("VmHWM:");
+    eprintln!("RSS before {rss_before} KiB, peak after {peak} KiB");
     assert!(
         peak < rss_before + 128 * 1024,
         "peak RSS {peak} KiB, {rss_before} KiB before"
