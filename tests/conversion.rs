@@ -5,12 +5,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use common::host::Ca;
+use futures::StreamExt as _;
 use serde_json::{json, Value};
 
 const V1: &str = "/apis/gadgets.kshard.dev/v1/namespaces/default/gadgets";
@@ -22,6 +23,12 @@ struct Hook {
     fail: AtomicBool,
     /// How many objects each review carried.
     batches: std::sync::Mutex<Vec<usize>>,
+    /// Waited before answering, in milliseconds.
+    delay_ms: AtomicU64,
+    /// Never answers.
+    hang: AtomicBool,
+    /// Bytes of whitespace sent ahead of the (valid) answer.
+    padding: AtomicUsize,
 }
 
 /// The webhook's conversion: rename the colour field between versions
@@ -58,6 +65,13 @@ async fn review(
         b.push(req["objects"].as_array().map_or(0, Vec::len));
     }
     let desired = req["desiredAPIVersion"].as_str().unwrap_or_default();
+    if hook.hang.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+    let delay = hook.delay_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
     let response = if hook.fail.load(Ordering::SeqCst) {
         json!({"uid": req["uid"], "result": {"status": "Failure", "message": "colour wheel broken"}})
     } else {
@@ -68,7 +82,24 @@ async fn review(
         json!({"uid": req["uid"], "convertedObjects": objects, "result": {"status": "Success"}})
     };
     let answer = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "response": response});
-    let mut r = axum::response::Response::new(axum::body::Body::from(answer.to_string()));
+    let padding = hook.padding.load(Ordering::SeqCst);
+    let body = if padding > 0 {
+        // A huge answer, made as it is sent: valid JSON after `padding`
+        // bytes of whitespace.
+        const CHUNK: usize = 1 << 20;
+        let chunks = padding.div_ceil(CHUNK);
+        let pad = futures::stream::iter(0..chunks).map(move |i| {
+            let n = CHUNK.min(padding - i * CHUNK);
+            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(vec![b' '; n]))
+        });
+        let tail = futures::stream::once(async move {
+            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(answer.to_string()))
+        });
+        axum::body::Body::from_stream(pad.chain(tail))
+    } else {
+        axum::body::Body::from(answer.to_string())
+    };
+    let mut r = axum::response::Response::new(body);
     r.headers_mut().insert(
         "content-type",
         http::HeaderValue::from_static("application/json"),
@@ -539,4 +570,297 @@ async fn managers_at_unknown_versions_are_dropped_and_a_failing_webhook_fails_ap
     let r = apply_gizmo(&s, GZ2, "b", true, json!({"replicas": 2})).await;
     assert_eq!(r.status, 500, "{}", r.text());
     assert!(r.text().contains("colour wheel broken"), "{}", r.text());
+}
+
+// ---------------------------------------------------------------- issue 41
+// No conversion webhook, however slow, hanging or verbose, and no number of
+// watchers of a converted version can hang the server or pin its memory.
+
+/// A server serving gadgets through the test's webhook.
+async fn gadget_server(
+    hook: Arc<Hook>,
+    tune: impl FnOnce(&mut kshard::server::ServeConfig),
+) -> (common::TestServer, tempfile::TempDir) {
+    let (port, ca) = start_webhook(hook).await;
+    let defs = tempfile::tempdir().expect("tempdir");
+    let file = defs.path().join("gadgets.yaml");
+    std::fs::write(&file, crd(port, &ca)).expect("write crd");
+    let s = common::start_with(|c| {
+        c.crds.push(file);
+        tune(c);
+    })
+    .await;
+    (s, defs)
+}
+
+fn gadget(name: &str, colour: &str) -> Value {
+    json!({"apiVersion": "gadgets.kshard.dev/v1", "kind": "Gadget",
+           "metadata": {"name": name}, "spec": {"size": 1, "color": colour}})
+}
+
+/// Creates `names` through the storage version, a few at a time.
+async fn create_all(s: &common::TestServer, names: Vec<String>) {
+    futures::stream::iter(names)
+        .map(|n| async move {
+            let r = s.post_json(V1, &gadget(&n, "red")).await;
+            assert_eq!(r.status, 201, "{}", r.text());
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+async fn open_watch(client: &kube::Client, uri: &str) -> http::Response<kube::client::Body> {
+    let w = client
+        .send(
+            http::Request::get(uri)
+                .body(kube::client::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("watch");
+    assert_eq!(w.status(), 200);
+    w
+}
+
+/// What a watch sent until `done` holds of it, it ended (`true`), or
+/// `limit` passed.
+async fn read_watch(
+    w: &mut http::Response<kube::client::Body>,
+    limit: Duration,
+    done: impl Fn(&str) -> bool,
+) -> (String, bool) {
+    let mut seen = String::new();
+    let body = w.body_mut();
+    let ended = tokio::time::timeout(limit, async {
+        loop {
+            match http_body_util::BodyExt::frame(body).await {
+                Some(Ok(frame)) => {
+                    if let Ok(d) = frame.into_data() {
+                        seen.push_str(&String::from_utf8_lossy(&d));
+                    }
+                    if done(&seen) {
+                        return false;
+                    }
+                }
+                _ => return true,
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    (seen, ended)
+}
+
+fn events(seen: &str) -> Vec<Value> {
+    seen.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Fails the test (the whole process: its runtime may be stuck) when not
+/// dropped within `limit`.
+struct Watchdog(#[allow(dead_code)] std::sync::mpsc::Sender<()>);
+
+fn watchdog(what: &'static str, limit: Duration) -> Watchdog {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+            eprintln!("{what}: nothing answered within {limit:?}: the server is stuck");
+            std::process::exit(1);
+        }
+    });
+    Watchdog(tx)
+}
+
+/// The old deadlock: every runtime worker blocked on an event's encoding
+/// lock while the watcher holding it waited for webhook I/O no worker was
+/// free to drive. Two workers (the server shares the test's runtime) and
+/// six watchers of the converted version, each on its own HTTP/1.1
+/// connection: every watcher gets the event, converted once for all of
+/// them, and `/version` answers meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_of_a_converted_version_share_one_conversion_and_never_stall_the_server() {
+    let _dog = watchdog("watchers of a converted version", Duration::from_secs(90));
+    let hook = Arc::new(Hook::default());
+    // Slow enough that every watcher reaches the event while it converts.
+    hook.delay_ms.store(500, Ordering::SeqCst);
+    let (s, _defs) = gadget_server(hook.clone(), |_| {}).await;
+    let mut watches = Vec::new();
+    for _ in 0..6 {
+        let client = common::client_for(&s.running.kubeconfig).await;
+        watches.push(open_watch(&client, &format!("{V2}?watch=1")).await);
+    }
+    let r = s.post_json(V1, &gadget("g1", "red")).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+
+    let started = std::time::Instant::now();
+    let v = s.get("/version").await;
+    assert_eq!(v.status, 200, "{}", v.text());
+    eprintln!("/version answered in {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "/version took {:?} while watchers converted",
+        started.elapsed()
+    );
+    for w in &mut watches {
+        let (seen, _) = read_watch(w, Duration::from_secs(30), |t| t.contains('\n')).await;
+        let evs = events(&seen);
+        assert_eq!(evs.len(), 1, "{seen}");
+        assert_eq!(evs[0]["type"], "ADDED", "{seen}");
+        assert_eq!(evs[0]["object"]["apiVersion"], "gadgets.kshard.dev/v2");
+        assert_eq!(evs[0]["object"]["spec"]["colour"], "red", "{seen}");
+    }
+    assert_eq!(
+        hook.calls.load(Ordering::SeqCst),
+        1,
+        "one conversion of the event, shared by every watcher"
+    );
+    assert_eq!(s.get("/version").await.status, 200);
+}
+
+/// Many objects go to the webhook in reviews of at most 100 objects: a
+/// watch's initial events (not one review per object) and a list (not one
+/// unbounded review).
+#[tokio::test(flavor = "multi_thread")]
+async fn many_objects_convert_in_bounded_batches() {
+    const N: usize = 250;
+    let hook = Arc::new(Hook::default());
+    let (s, _defs) = gadget_server(hook.clone(), |_| {}).await;
+    create_all(&s, (0..N).map(|i| format!("a{i:03}")).collect()).await;
+    hook.batches.lock().expect("lock").clear();
+
+    let mut w = open_watch(&s.client, &format!("{V2}?watch=1&resourceVersion=0")).await;
+    let (seen, _) = read_watch(&mut w, Duration::from_secs(60), |t| {
+        t.matches('\n').count() >= N
+    })
+    .await;
+    let evs = events(&seen);
+    assert_eq!(evs.len(), N);
+    assert!(evs
+        .iter()
+        .all(|e| e["type"] == "ADDED" && e["object"]["spec"]["colour"] == "red"));
+    let batches = std::mem::take(&mut *hook.batches.lock().expect("lock"));
+    assert_eq!(batches, [100, 100, 50], "initial events in batches");
+    drop(w);
+
+    // A list of objects not converted yet.
+    create_all(&s, (0..N).map(|i| format!("b{i:03}")).collect()).await;
+    let list = s.get(V2).await;
+    assert_eq!(list.status, 200, "{}", list.text());
+    let items = list.json()["items"].as_array().map_or(0, Vec::len);
+    assert_eq!(items, 2 * N);
+    let batches = std::mem::take(&mut *hook.batches.lock().expect("lock"));
+    assert_eq!(batches, [100, 100, 50], "the new objects, in batches");
+}
+
+/// A webhook that never answers: a list gets kube's 504 at its deadline,
+/// and a watch from resourceVersion 0 one ERROR event (kube's Status) and
+/// the end of its stream, within the same deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hanging_webhook_ends_lists_and_watches_at_the_deadline() {
+    let hook = Arc::new(Hook::default());
+    let (s, _defs) = gadget_server(hook.clone(), |c| {
+        c.connections.request_timeout = Duration::from_secs(3);
+    })
+    .await;
+    create_all(&s, (0..5).map(|i| format!("g{i}")).collect()).await;
+    hook.hang.store(true, Ordering::SeqCst);
+
+    let started = std::time::Instant::now();
+    let r = s.get(V2).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["reason"], "Timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let started = std::time::Instant::now();
+    let mut w = open_watch(&s.client, &format!("{V2}?watch=1&resourceVersion=0")).await;
+    let (seen, ended) = read_watch(&mut w, Duration::from_secs(30), |_| false).await;
+    assert!(ended, "the watch ends: {seen}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let evs = events(&seen);
+    assert_eq!(evs.len(), 1, "{seen}");
+    assert_eq!(evs[0]["type"], "ERROR");
+    let st = &evs[0]["object"];
+    assert_eq!(st["kind"], "Status", "{st}");
+    assert_eq!(st["code"], 500, "{st}");
+    assert_eq!(
+        st["message"],
+        "Internal error occurred: conversion webhook for gadgets.kshard.dev/v1, Kind=Gadget failed: context deadline exceeded"
+    );
+    // The storage version still reads.
+    assert_eq!(s.get(V1).await.status, 200);
+}
+
+/// A conversion that fails on a watch sends kube's one ERROR event and
+/// ends the stream (not one ERROR per object on a stream left open).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_conversion_ends_the_watch_with_one_error_event() {
+    let hook = Arc::new(Hook::default());
+    let (s, _defs) = gadget_server(hook.clone(), |_| {}).await;
+    let mut w = open_watch(&s.client, &format!("{V2}?watch=1")).await;
+    hook.fail.store(true, Ordering::SeqCst);
+    create_all(&s, (0..3).map(|i| format!("g{i}")).collect()).await;
+    let (seen, ended) = read_watch(&mut w, Duration::from_secs(20), |_| false).await;
+    assert!(ended, "the watch ends: {seen}");
+    let evs = events(&seen);
+    assert_eq!(evs.len(), 1, "{seen}");
+    assert_eq!(evs[0]["type"], "ERROR");
+    assert_eq!(evs[0]["object"]["kind"], "Status");
+    assert_eq!(
+        evs[0]["object"]["message"],
+        "Internal error occurred: conversion webhook for gadgets.kshard.dev/v1, Kind=Gadget failed: colour wheel broken"
+    );
+}
+
+fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// A webhook answering 300 MiB: refused once past the admission webhooks'
+/// 16 MiB bound with the error, never held whole, and the server serves on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_conversion_answer_is_refused_without_being_read_whole() {
+    let hook = Arc::new(Hook::default());
+    let (s, _defs) = gadget_server(hook.clone(), |_| {}).await;
+    create_all(&s, vec!["g1".into()]).await;
+    hook.padding.store(300 << 20, Ordering::SeqCst);
+    let rss_before = proc_status_kib("VmRSS:");
+
+    let r = s.get(&format!("{V2}/g1")).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    let msg = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        msg.starts_with("Internal error occurred: conversion webhook for gadgets.kshard.dev/v1, Kind=Gadget failed: Post \"https://127.0.0.1:")
+            && msg.ends_with("/convert\": length limit exceeded"),
+        "{msg}"
+    );
+    // The process (server and test) never held the answer.
+    let peak = proc_status_kib("VmHWM:");
+    eprintln!("RSS before {rss_before} KiB, peak after {peak} KiB");
+    assert!(
+        peak < rss_before + 128 * 1024,
+        "peak RSS {peak} KiB, {rss_before} KiB before"
+    );
+    let r = s.get(&format!("{V1}/g1")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
 }

@@ -149,7 +149,7 @@ pub(super) fn invocation(
 }
 
 /// The object as a webhook of version `inv` sees it.
-pub(super) fn versioned<'v>(
+pub(super) async fn versioned<'v>(
     t_rt: &ResourceType,
     request_version: &str,
     inv: &Invocation,
@@ -159,7 +159,21 @@ pub(super) fn versioned<'v>(
         return Ok(Cow::Borrowed(obj));
     }
     crate::registry::convert_value(t_rt, obj, &format!("{}/{}", inv.group, inv.version))
+        .await
         .map(Cow::Owned)
+}
+
+/// [`versioned`] of an object that may be absent.
+pub(super) async fn versioned_opt<'v>(
+    t_rt: &ResourceType,
+    request_version: &str,
+    inv: &Invocation,
+    obj: Option<&'v Value>,
+) -> Result<Option<Cow<'v, Value>>, ApiError> {
+    match obj {
+        Some(o) => versioned(t_rt, request_version, inv, o).await.map(Some),
+        None => Ok(None),
+    }
 }
 
 /// A patched object as kube decodes it: numbers as integers where whole,
@@ -256,13 +270,8 @@ impl Webhooks {
             return Ok(Some(inv));
         }
         let request = Value::Object(review::request("", attrs, &inv));
-        let obj = object
-            .map(|o| versioned(&t.rt, &t.version, &inv, o))
-            .transpose()?;
-        let old = attrs
-            .old_object
-            .map(|o| versioned(&t.rt, &t.version, &inv, o))
-            .transpose()?;
+        let obj = versioned_opt(&t.rt, &t.version, &inv, object).await?;
+        let old = versioned_opt(&t.rt, &t.version, &inv, attrs.old_object).await?;
         let act = matching::Activation::new(&[
             ("object", obj.as_deref()),
             ("oldObject", old.as_deref()),
@@ -312,14 +321,11 @@ impl Webhooks {
         })?;
         let uid = uuid::Uuid::new_v4().to_string();
         let t = attrs.target;
-        let obj = object
-            .map(|o| versioned(&t.rt, &t.version, inv, o))
-            .transpose()
+        let obj = versioned_opt(&t.rt, &t.version, inv, object)
+            .await
             .map_err(HookError::Final)?;
-        let old = attrs
-            .old_object
-            .map(|o| versioned(&t.rt, &t.version, inv, o))
-            .transpose()
+        let old = versioned_opt(&t.rt, &t.version, inv, attrs.old_object)
+            .await
             .map_err(HookError::Final)?;
         let body = review::review(version, &uid, attrs, inv, obj.as_deref(), old.as_deref());
         let answer = self
@@ -380,6 +386,7 @@ impl Webhooks {
         }
         let t = attrs.target;
         let current = versioned(&t.rt, &t.version, inv, obj)
+            .await
             .map_err(HookError::Final)?
             .into_owned();
         let mut patched = patch::apply(PatchType::Json, &current, &answer.patch)
@@ -389,6 +396,7 @@ impl Webhooks {
             normalize(&t.rt, &inv.version, &mut patched);
             if inv.version != t.version {
                 patched = crate::registry::convert_value(&t.rt, &patched, &t.api_version())
+                    .await
                     .map_err(HookError::Final)?;
                 normalize(&t.rt, &t.version, &mut patched);
             }

@@ -21,12 +21,12 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube_cel::cel;
 use serde_json::{json, Value};
 
-use super::dispatch::{invocation, versioned, NamespaceOnce};
+use super::dispatch::{invocation, versioned_opt, NamespaceOnce};
 use super::matching::{self, Activation, Conditions, Expr, NamedRule, Selector, Verdict};
 use super::review::{self, Invocation};
 use super::Webhooks;
 use crate::registry::admission::Attributes;
-use crate::registry::{convert_value, ReadAt, Registry, Selectors, Target};
+use crate::registry::{convert_values, ReadAt, Registry, Selectors, Target};
 use crate::status::ApiError;
 
 /// kube's largest evaluated `messageExpression` and audit annotation value.
@@ -236,13 +236,12 @@ impl RegistryParams {
             version: version.to_string(),
             namespace,
         };
-        let as_param = |v: &Value| convert_value(&t.rt, v, api_version).map_err(|e| e.message);
-        let params = match (r.name.as_deref().filter(|n| !n.is_empty()), &r.selector) {
+        let found: Vec<Value> = match (r.name.as_deref().filter(|n| !n.is_empty()), &r.selector) {
             (Some(_), Some(_)) => {
                 return Err("paramRef.name and paramRef.selector are mutually exclusive".into())
             }
             (Some(name), None) => match registry.get(&t, name, &ReadAt::Any).await {
-                Ok(item) => vec![as_param(item.value())?],
+                Ok(item) => vec![item.value().clone()],
                 Err(e) if e.code == 404 => Vec::new(),
                 Err(e) => return Err(e.message),
             },
@@ -258,11 +257,16 @@ impl RegistryParams {
                     .filter(|i| {
                         sel.matches(&matching::labels_of(Some(i.value())).unwrap_or_default())
                     })
-                    .map(|i| as_param(i.value()))
-                    .collect::<Result<Vec<_>, _>>()?
+                    .map(|i| i.value().clone())
+                    .collect()
             }
             (None, None) => return Err("one of name or selector must be provided".into()),
         };
+        // Params in the version the policy names, converted together.
+        let refs: Vec<&Value> = found.iter().collect();
+        let params = convert_values(&t.rt, &refs, api_version)
+            .await
+            .map_err(|e| e.message)?;
         found_or_denied(params, r)
     }
 }
@@ -711,13 +715,8 @@ impl Webhooks {
                     Some(ns.get(self, &t.namespace).await?.clone())
                 };
                 let request = Value::Object(review::request("", attrs, &inv));
-                let obj = object
-                    .map(|o| versioned(&t.rt, &t.version, &inv, o))
-                    .transpose()?;
-                let old = attrs
-                    .old_object
-                    .map(|o| versioned(&t.rt, &t.version, &inv, o))
-                    .transpose()?;
+                let obj = versioned_opt(&t.rt, &t.version, &inv, object).await?;
+                let old = versioned_opt(&t.rt, &t.version, &inv, attrs.old_object).await?;
                 for param in &params {
                     let result = policy.evaluate(&Inputs {
                         object: obj.as_deref(),

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::config::{Endpoint, Hook};
 
 /// Largest webhook answer read (a review holds at most an object and a patch).
-const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A failure to get an answer from a webhook (kube's `ErrCallingWebhook`):
 /// the webhook's failure policy decides whether the request fails.

@@ -38,6 +38,8 @@ pub struct ApiState {
     pub bookmark_interval: Duration,
     /// Watches without `timeoutSeconds` last between this and twice this.
     pub min_request_timeout: Duration,
+    /// `--request-timeout`: also bounds converting a watch's initial events.
+    pub request_timeout: Duration,
     /// Cancelled at shutdown: every watch stream ends cleanly.
     pub stop_watches: tokio_util::sync::CancellationToken,
 }

@@ -215,7 +215,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 },
                 &out,
                 include,
-            ))
+            )
+            .await)
         }
         Verb::Get => {
             let opts = ListOptions::parse(&q, false)?;
@@ -225,7 +226,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 return Ok(scale_response(&t, &item, StatusCode::OK));
             }
             let out = negotiate_for(accept, Shape::Object)?;
-            Ok(response::object(StatusCode::OK, &t, &item, &out, include))
+            Ok(response::object(StatusCode::OK, &t, &item, &out, include).await)
         }
         Verb::Create if rt.terminating => {
             let mut e = ApiError::method_not_supported(&rt.group, &rt.plural, "create");
@@ -239,7 +240,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
             let done = reg.create(&t, obj, &wo).await?;
             Ok(with_warnings(
-                response::object(StatusCode::CREATED, &t, &done.item, &out, include),
+                response::object(StatusCode::CREATED, &t, &done.item, &out, include).await,
                 &merge_warnings(dups, &done.warnings),
             ))
         }
@@ -264,7 +265,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             };
             let done = reg.update(&t, &name, obj, sr, &wo).await?;
             Ok(with_warnings(
-                response::object(StatusCode::OK, &t, &done.item, &out, include),
+                response::object(StatusCode::OK, &t, &done.item, &out, include).await,
                 &merge_warnings(dups, &done.warnings),
             ))
         }
@@ -310,7 +311,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                     StatusCode::OK
                 };
                 return Ok(with_warnings(
-                    response::object(code, &t, &done.item, &out, include),
+                    response::object(code, &t, &done.item, &out, include).await,
                     &done.warnings,
                 ));
             }
@@ -342,7 +343,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 .update_with(&t, &name, sr, &wo, |cur| patch::apply(kind, cur, &body))
                 .await?;
             Ok(with_warnings(
-                response::object(StatusCode::OK, &t, &done.item, &out, include),
+                response::object(StatusCode::OK, &t, &done.item, &out, include).await,
                 &done.warnings,
             ))
         }
@@ -352,7 +353,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             opts.caller = Some(delete_caller(&call.caller, &q, &call.body, &opts));
             match reg.delete(&t, &name, &opts).await? {
                 DeleteOutcome::Pending(item) => {
-                    Ok(response::object(StatusCode::OK, &t, &item, &out, include))
+                    Ok(response::object(StatusCode::OK, &t, &item, &out, include).await)
                 }
                 DeleteOutcome::Deleted(item) => {
                     let uid = item
@@ -388,7 +389,8 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 },
                 &out,
                 include,
-            ))
+            )
+            .await)
         }
     }
 }

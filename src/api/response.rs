@@ -161,25 +161,25 @@ fn yaml_response(code: StatusCode, value: &Value) -> Response {
 /// An object in the target's version (converted, and pruned by that
 /// version's schema, when it is stored in another); one already in it
 /// comes back as is, uncloned.
-pub fn in_version(t: &Target, item: Item) -> Result<Item, ApiError> {
+pub async fn in_version(t: &Target, item: Item) -> Result<Item, ApiError> {
     let api_version = t.api_version();
     if item.api_version() == api_version {
         return Ok(item);
     }
-    let value = crate::registry::convert_value(&t.rt, item.value(), &api_version)?;
+    let value = crate::registry::convert_value(&t.rt, item.value(), &api_version).await?;
     let json = serde_json::to_vec(&value).map_err(ApiError::internal)?;
     Ok(Item::new(value, Bytes::from(json)))
 }
 
 /// One object in the negotiated form.
-pub fn object(
+pub async fn object(
     code: StatusCode,
     t: &Target,
     item: &Item,
     out: &Output,
     include: IncludeObject,
 ) -> Response {
-    let item = match in_version(t, item.clone()) {
+    let item = match in_version(t, item.clone()).await {
         Ok(i) => i,
         Err(e) => return error_response(&e),
     };
@@ -230,7 +230,7 @@ impl ListMeta {
 }
 
 /// A list in the negotiated form; JSON lists stream the items' stored bytes.
-pub fn list(
+pub async fn list(
     t: &Target,
     items: Vec<Item>,
     meta: ListMeta,
@@ -243,23 +243,26 @@ pub fn list(
     let items = if matches!(out, Output::ProtoMeta(_) | Output::PartialMeta(_)) {
         items
     } else {
-        let foreign: Vec<&Value> = items
-            .iter()
-            .filter(|i| i.api_version() != api_version)
-            .map(|i| i.value())
+        // Items already in the target's version move through untouched;
+        // the others are converted together (in batches, as kube converts
+        // a list whole).
+        let foreign: Vec<usize> = (0..items.len())
+            .filter(|i| items[*i].api_version() != api_version)
             .collect();
-        if let Err(e) = crate::registry::convert_list_ahead(&t.rt, &foreign, &api_version) {
-            return error_response(&e);
-        }
-        // Items already in the target's version move through untouched.
-        match items
-            .into_iter()
-            .map(|i| in_version(t, i))
-            .collect::<Result<Vec<_>, _>>()
-        {
-            Ok(items) => items,
+        let values: Vec<&Value> = foreign.iter().map(|i| items[*i].value()).collect();
+        let converted = match crate::registry::convert_values(&t.rt, &values, &api_version).await {
+            Ok(c) => c,
             Err(e) => return error_response(&e),
+        };
+        let mut items = items;
+        for (i, value) in foreign.into_iter().zip(converted) {
+            let json = match serde_json::to_vec(&value) {
+                Ok(j) => Bytes::from(j),
+                Err(e) => return error_response(&ApiError::internal(e)),
+            };
+            items[i] = Item::new(value, json);
         }
+        items
     };
     match out {
         Output::Json => {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
+use futures::FutureExt;
 use http::StatusCode;
 use serde_json::{json, Value};
 
@@ -17,10 +18,10 @@ use super::options::ListOptions;
 use super::response::{bytes_response, JSON};
 use super::ApiState;
 use crate::registry::table::{partial_metadata, table, Columns, IncludeObject};
-use crate::registry::{convert_json, Registry, Selectors, Target, Watch};
+use crate::registry::{convert_local, convert_values, Registry, Selectors, Target, Watch};
 use crate::status::ApiError;
 use crate::storage::EventType;
-use crate::watch::{frame, EventRun, Filter, Subscription, WatchEvent};
+use crate::watch::{frame, Conversion, EventRun, Filter, Subscription, WatchEvent};
 
 /// How long a watch lasts: the client's `timeoutSeconds`, else (kube's
 /// rule, which also treats 0 as unset) a random time in [min, 2×min) of `--min-request-timeout`, which
@@ -108,6 +109,8 @@ pub async fn serve(
         registry: reg.clone(),
         initial_events_sent,
         stop: state.stop_watches.clone(),
+        converted: Vec::new(),
+        initial_budget: state.request_timeout,
     };
     let body = match sub {
         Watch::Started(sub) => Body::from_stream(stream.frames(sub, timeout)),
@@ -118,6 +121,20 @@ pub async fn serve(
     let mut r = bytes_response(StatusCode::OK, content_type, body);
     r.extensions_mut().insert(super::response::NoCompression);
     Ok(r)
+}
+
+/// Initial events converted together at most (as many as one review takes).
+const CONVERT_AHEAD: usize = crate::registry::conversion::BATCH_OBJECTS;
+
+/// The object of `ev`, or (`left`: it left the watcher's selector) its old
+/// state at the event's revision.
+fn old_state(ev: &WatchEvent, left: bool) -> Option<Value> {
+    if !left {
+        return Some(ev.object.value());
+    }
+    let mut v = ev.prev.as_ref()?.value();
+    v["metadata"]["resourceVersion"] = json!(ev.revision.to_string());
+    Some(v)
 }
 
 /// One protobuf watch frame carrying PartialObjectMetadata.
@@ -202,6 +219,13 @@ struct Stream {
     initial_events_sent: Option<InitialEventsSent>,
     /// Server shutdown: the stream ends cleanly (the client resumes elsewhere).
     stop: tokio_util::sync::CancellationToken,
+    /// The webhook conversions of the events about to be encoded (by event
+    /// and whether it is the old state), awaited by [`Stream::prepare`].
+    converted: Vec<((usize, bool), Bytes)>,
+    /// Converting the initial events is bounded as a list is, by the
+    /// request timeout: the time left of it (time spent waiting for the
+    /// client to read is not counted).
+    initial_budget: Duration,
 }
 
 /// A watch stream's state between two frames of its body.
@@ -209,6 +233,10 @@ struct Running {
     stream: Stream,
     sub: Subscription,
     initial: std::vec::IntoIter<Arc<WatchEvent>>,
+    /// Initial events whose conversions are awaited already.
+    initial_ready: usize,
+    /// An ERROR event was sent: the watch ends (kube closes the stream).
+    ended: bool,
     /// Frames due before anything else (the events drained before a bookmark, and it).
     queued: std::collections::VecDeque<Bytes>,
     /// Runs of events taken from the subscription and not yet written,
@@ -251,6 +279,8 @@ impl Stream {
             stream: self,
             sub,
             initial,
+            initial_ready: 0,
+            ended: false,
             queued: std::collections::VecDeque::new(),
             received: Vec::new(),
             offset: 0,
@@ -316,12 +346,59 @@ impl Running {
         frame
     }
 
+    /// Awaits the webhook conversions of every event received and not yet
+    /// written.
+    async fn prepare_received(&mut self) -> Result<(), ApiError> {
+        let Running {
+            received,
+            offset,
+            stream,
+            ..
+        } = self;
+        let events = received
+            .iter()
+            .enumerate()
+            .flat_map(|(i, run)| run.events[if i == 0 { *offset } else { 0 }..].iter());
+        stream.prepare(events, None).await
+    }
+
+    /// [`Running::take_batch`] once the received events are converted.
+    async fn take_prepared(&mut self) -> Result<Option<Bytes>, ApiError> {
+        self.prepare_received().await?;
+        Ok(self.take_batch())
+    }
+
+    /// The ERROR event ending the watch (kube sends one, then closes it).
+    fn fail(&mut self, e: &ApiError) -> Option<Bytes> {
+        self.ended = true;
+        self.queued.clear();
+        Some(error_frame(&self.stream.out, e))
+    }
+
     /// The next frame of the body, or `None` when the watch ends.
     async fn next_frame(&mut self) -> Option<Bytes> {
+        if self.ended {
+            return None;
+        }
         if let Some(f) = self.queued.pop_front() {
             return Some(f);
         }
-        for ev in self.initial.by_ref() {
+        while self.initial.len() > 0 {
+            if self.initial_ready == 0 {
+                // The next initial events are converted together, as a
+                // list's page is, under the deadline a list would have.
+                let ahead = &self.initial.as_slice()[..self.initial.len().min(CONVERT_AHEAD)];
+                let started = tokio::time::Instant::now();
+                let deadline = Some(started + self.stream.initial_budget);
+                if let Err(e) = self.stream.prepare(ahead.iter(), deadline).await {
+                    return self.fail(&e);
+                }
+                let spent = started.elapsed();
+                self.stream.initial_budget = self.stream.initial_budget.saturating_sub(spent);
+                self.initial_ready = ahead.len();
+            }
+            let ev = self.initial.next()?;
+            self.initial_ready -= 1;
             if let Some(f) = self.stream.encode(&ev) {
                 return Some(f);
             }
@@ -337,10 +414,11 @@ impl Running {
         loop {
             // Events received beyond the last write's bytes go first.
             if !self.received.is_empty() {
-                if let Some(f) = self.take_batch() {
-                    return Some(f);
+                match self.take_prepared().await {
+                    Ok(Some(f)) => return Some(f),
+                    Ok(None) => continue,
+                    Err(e) => return self.fail(&e),
                 }
-                continue;
             }
             tokio::select! {
                 // The resource's definition went away (or stopped serving this
@@ -357,8 +435,10 @@ impl Running {
                     if n == 0 {
                         return None;
                     }
-                    if let Some(f) = self.take_batch() {
-                        return Some(f);
+                    match self.take_prepared().await {
+                        Ok(Some(f)) => return Some(f),
+                        Ok(None) => {}
+                        Err(e) => return self.fail(&e),
                     }
                 }
                 _ = self.tick.tick(), if self.stream.allow_bookmarks => {
@@ -367,6 +447,9 @@ impl Running {
                     let rev = self.stream.registry.cache_revision();
                     while let Some(run) = self.sub.rx.try_recv_run() {
                         self.received.push(run);
+                    }
+                    if let Err(e) = self.prepare_received().await {
+                        return self.fail(&e);
                     }
                     while !self.received.is_empty() {
                         if let Some(f) = self.take_batch() {
@@ -453,37 +536,132 @@ impl Stream {
         ev.encoded(&form, || self.build(ev, kind, left, false))
     }
 
+    /// Whether this watcher shows objects with their content (converted to
+    /// its version), not their metadata alone.
+    fn shows_content(&self) -> bool {
+        !matches!(self.out, Output::PartialMeta(_) | Output::ProtoMeta(_))
+    }
+
+    /// Awaits the webhook conversions this watcher needs for `events`
+    /// (each shared with every other watcher of its version, and started
+    /// in batches for those no watcher started yet), for [`Stream::build`]
+    /// to find. Nothing is locked or blocked while they run; a failure is
+    /// kube's error, which ends the watch.
+    async fn prepare<'a>(
+        &mut self,
+        events: impl Iterator<Item = &'a Arc<WatchEvent>>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), ApiError> {
+        self.converted.clear();
+        if self.t.rt.conversion.is_none() || !self.shows_content() {
+            return Ok(());
+        }
+        let api_version = self.t.api_version();
+        let mut waits: Vec<((usize, bool), Conversion)> = Vec::new();
+        let mut todo: Vec<(&Arc<WatchEvent>, bool, Value)> = Vec::new();
+        for ev in events {
+            let Some((_, left)) = self.sees(ev) else {
+                continue;
+            };
+            let id = (Arc::as_ptr(ev) as usize, left);
+            let object = if left {
+                ev.prev.as_ref()
+            } else {
+                Some(&ev.object)
+            };
+            if object.is_none_or(|o| o.api_version() == api_version) {
+                continue;
+            }
+            match ev.conversion(&api_version, left) {
+                Some(c) => waits.push((id, c)),
+                None => todo.push((ev, left, old_state(ev, left).unwrap_or_default())),
+            }
+        }
+        let what = todo.first().map(|(_, _, v)| {
+            format!(
+                "{}, Kind={}",
+                v.get("apiVersion").and_then(Value::as_str).unwrap_or(""),
+                self.t.rt.kind
+            )
+        });
+        if !todo.is_empty() {
+            let (rt, to) = (self.t.rt.clone(), api_version.clone());
+            let values: Vec<Value> = todo.iter().map(|(_, _, v)| v.clone()).collect();
+            // One conversion of them all (in the webhook's batches), shared
+            // by the per-event conversions other watchers find.
+            let all = async move {
+                let refs: Vec<&Value> = values.iter().collect();
+                let out = convert_values(&rt, &refs, &to).await?;
+                out.iter()
+                    .map(|v| serde_json::to_vec(v).map(Bytes::from))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Arc::new)
+                    .map_err(ApiError::internal)
+            }
+            .boxed()
+            .shared();
+            for (i, (ev, left, _)) in todo.iter().enumerate() {
+                let one = all
+                    .clone()
+                    .map(move |r| {
+                        r.and_then(|v| {
+                            v.get(i).cloned().ok_or_else(|| {
+                                ApiError::internal("conversion returned too few objects")
+                            })
+                        })
+                    })
+                    .boxed();
+                let c = ev.start_conversion(&api_version, *left, one);
+                waits.push(((Arc::as_ptr(ev) as usize, *left), c));
+            }
+        }
+        if waits.is_empty() {
+            return Ok(());
+        }
+        let (ids, convs): (Vec<_>, Vec<_>) = waits.into_iter().unzip();
+        let joined = futures::future::join_all(convs);
+        let results = match deadline {
+            Some(d) => tokio::time::timeout_at(d, joined).await.map_err(|_| {
+                ApiError::internal(format!(
+                    "conversion webhook for {} failed: context deadline exceeded",
+                    what.unwrap_or_else(|| self.t.rt.kind.clone())
+                ))
+            })?,
+            None => joined.await,
+        };
+        for (id, r) in ids.into_iter().zip(results) {
+            self.converted.push((id, r?));
+        }
+        Ok(())
+    }
+
+    /// The object of `ev` (`left`: its old state) in this watcher's version,
+    /// as JSON: as stored, converted by the webhook ([`Stream::prepare`]),
+    /// or moved to it without one.
+    fn object_json(&self, ev: &WatchEvent, left: bool) -> Option<Bytes> {
+        let api_version = self.t.api_version();
+        let object = if left { ev.prev.as_ref()? } else { &ev.object };
+        if object.api_version() == api_version && !left {
+            return Some(ev.object.json.clone());
+        }
+        let id = (ev as *const WatchEvent as usize, left);
+        if let Some((_, json)) = self.converted.iter().find(|(k, _)| *k == id) {
+            return Some(json.clone());
+        }
+        let v = convert_local(&self.t.rt, &old_state(ev, left)?, &api_version)?;
+        serde_json::to_vec(&v).ok().map(Bytes::from)
+    }
+
     /// Encodes one event in this watcher's form.
     fn build(&self, ev: &WatchEvent, kind: &str, left: bool, headers: bool) -> Option<Bytes> {
-        let (value, obj_json) = if left {
-            // The old state, at the event's revision.
-            let mut v = ev.prev.as_ref()?.value();
-            v["metadata"]["resourceVersion"] = json!(ev.revision.to_string());
-            let json = Bytes::from(serde_json::to_vec(&v).ok()?);
-            (v, json)
-        } else {
-            (ev.object.value(), ev.object.json.clone())
-        };
-        let api_version = self.t.api_version();
+        let value = || old_state(ev, left);
+        let in_version =
+            || -> Option<Value> { serde_json::from_slice(&self.object_json(ev, left)?).ok() };
         match &self.out {
-            Output::Json | Output::Yaml => {
-                if value.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
-                    Some(frame(kind, &obj_json))
-                } else {
-                    match convert_json(&self.t.rt, &obj_json, &value, &api_version) {
-                        Ok(json) => Some(frame(kind, &json)),
-                        // kube ends a watch whose object cannot be converted
-                        // with an ERROR event.
-                        Err(e) => Some(error_frame(&self.out, &e)),
-                    }
-                }
-            }
+            Output::Json | Output::Yaml => Some(frame(kind, &self.object_json(ev, left)?)),
             Output::Table(v) => {
                 let cols = Columns::for_target(&self.t);
-                let obj = match crate::registry::convert_value(&self.t.rt, &value, &api_version) {
-                    Ok(o) => o,
-                    Err(e) => return Some(error_frame(&self.out, &e)),
-                };
+                let obj = in_version()?;
                 let mut doc = table(
                     headers.then_some(&cols),
                     vec![cols.row(&obj, self.include)],
@@ -495,20 +673,17 @@ impl Stream {
                 Some(frame(kind, &serde_json::to_vec(&doc).ok()?))
             }
             Output::PartialMeta(v) => {
-                let mut m = partial_metadata(&value);
+                let mut m = partial_metadata(&value()?);
                 m["apiVersion"] = json!(v);
                 Some(frame(kind, &serde_json::to_vec(&m).ok()?))
             }
             Output::Cbor => {
-                let obj = match crate::registry::convert_value(&self.t.rt, &value, &api_version) {
-                    Ok(o) => o,
-                    Err(e) => return Some(error_frame(&self.out, &e)),
-                };
+                let obj = in_version()?;
                 Some(Bytes::from(cbor::cbor_seq_frame(
                     &json!({"type": kind, "object": obj}),
                 )))
             }
-            Output::ProtoMeta(v) => proto_frame(kind, v, &value),
+            Output::ProtoMeta(v) => proto_frame(kind, v, &value()?),
         }
     }
 

@@ -3,10 +3,12 @@
 //! `ConversionReview` (`apiextensions.k8s.io/v1`, or `v1beta1` when that is
 //! all the webhook accepts), and its answer is checked as kube checks it.
 //!
-//! Conversion is called from the synchronous encoders of every read path;
-//! the call leaves its worker thread with `block_in_place` so the runtime
-//! keeps serving, and each (object revision, version) is converted once and
-//! cached, so every watcher of one version shares one conversion.
+//! Conversion is asynchronous on every read and write path: nothing waits
+//! for a webhook on a runtime worker or under a lock. Many objects (a list,
+//! a watch's initial events, a commit's events) go in batches, each
+//! (object revision, version) is converted once and cached, and the watch
+//! cache shares each event's conversion among its watchers
+//! (`watch::WatchEvent::converted`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -22,6 +24,14 @@ use serde_json::{json, Value};
 
 /// kube's conversion webhook timeout.
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// Objects in one ConversionReview at most (kube sends a list whole; a
+/// bound keeps each review, and the answer it brings, small).
+pub const BATCH_OBJECTS: usize = 100;
+/// Bytes of objects in one ConversionReview at most (an object larger than
+/// this goes alone).
+pub const BATCH_BYTES: usize = 2 * 1024 * 1024;
+/// Largest webhook answer read, as for admission webhooks.
+pub const MAX_RESPONSE_BYTES: usize = crate::admission::webhook::MAX_RESPONSE_BYTES;
 /// Converted objects kept, shared by every reader of one version.
 const CACHE_ENTRIES: usize = 8192;
 
@@ -96,76 +106,73 @@ impl Webhook {
         })
     }
 
-    /// Converts `obj` to `desired` (`group/version`) from synchronous code.
-    pub fn convert_blocking(&self, obj: &Value, desired: &str) -> Result<Value, String> {
-        let key = cache_key(obj, desired);
-        if let Some(hit) = key.as_ref().and_then(|k| self.lock().get(k).cloned()) {
-            return Ok(hit);
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return Err("no runtime to call the conversion webhook from".into());
-        };
-        let converted = match handle.runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::CurrentThread => {
-                return Err("the conversion webhook cannot be called on this runtime".into())
+    /// Converts `objs` to `desired` (`group/version`): objects already there
+    /// come back as they are, converted ones from the cache, and the rest go
+    /// to the webhook in ConversionReviews of at most [`BATCH_OBJECTS`]
+    /// objects and [`BATCH_BYTES`] bytes, one after the other, each bounded
+    /// by kube's webhook timeout (the request's deadline bounds them all).
+    /// Nothing is locked across a call.
+    pub async fn convert_all(&self, objs: &[&Value], desired: &str) -> Result<Vec<Value>, String> {
+        let mut out: Vec<Option<Value>> = vec![None; objs.len()];
+        // Indices still to send, with their cache keys.
+        let mut missing: Vec<(usize, Option<Key>)> = Vec::new();
+        {
+            let cache = self.lock();
+            for (i, o) in objs.iter().enumerate() {
+                if str_at(o, "/apiVersion") == desired {
+                    out[i] = Some((*o).clone());
+                    continue;
+                }
+                let key = cache_key(o, desired);
+                match key.as_ref().and_then(|k| cache.get(k)) {
+                    Some(hit) => out[i] = Some(hit.clone()),
+                    None => missing.push((i, key)),
+                }
             }
-            _ => tokio::task::block_in_place(|| handle.block_on(self.convert(obj, desired)))?,
-        };
-        if let Some(key) = key {
+        }
+        let mut rest = missing.as_slice();
+        while !rest.is_empty() {
+            let mut batch: Vec<&Value> = Vec::new();
+            let mut bodies: Vec<Vec<u8>> = Vec::new();
+            let mut bytes = 0;
+            for (i, _) in rest {
+                let body = serde_json::to_vec(objs[*i]).map_err(|e| e.to_string())?;
+                if !batch.is_empty()
+                    && (batch.len() >= BATCH_OBJECTS || bytes + body.len() > BATCH_BYTES)
+                {
+                    break;
+                }
+                bytes += body.len();
+                bodies.push(body);
+                batch.push(objs[*i]);
+            }
+            let converted = self.review(&batch, &bodies, desired).await?;
+            let (sent, later) = rest.split_at(batch.len());
             let mut cache = self.lock();
-            if cache.len() >= CACHE_ENTRIES {
+            if cache.len() + converted.len() > CACHE_ENTRIES {
                 cache.clear();
             }
-            cache.insert(key, converted.clone());
+            for ((i, key), value) in sent.iter().zip(converted) {
+                if let Some(key) = key {
+                    cache.insert(key.clone(), value.clone());
+                }
+                out[*i] = Some(value);
+            }
+            rest = later;
         }
-        Ok(converted)
+        Ok(out.into_iter().flatten().collect())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Value>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Converts the objects of one list to `desired` in one ConversionReview,
-    /// as kube sends a list (each object converted alone would be one call
-    /// per object), and remembers each result for the per-object path.
-    /// Objects already converted, or already in `desired`, are not sent.
-    pub fn prefetch_blocking(&self, objs: &[&Value], desired: &str) -> Result<(), String> {
-        let missing: Vec<(Key, Value)> = {
-            let cache = self.lock();
-            objs.iter()
-                .filter(|o| str_at(o, "/apiVersion") != desired)
-                .filter_map(|o| {
-                    let key = cache_key(o, desired)?;
-                    (!cache.contains_key(&key)).then(|| (key, (*o).clone()))
-                })
-                .collect()
-        };
-        if missing.len() < 2 {
-            return Ok(());
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return Err("no runtime to call the conversion webhook from".into());
-        };
-        if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
-            return Err("the conversion webhook cannot be called on this runtime".into());
-        }
-        let objects: Vec<Value> = missing.iter().map(|(_, o)| o.clone()).collect();
-        let converted =
-            tokio::task::block_in_place(|| handle.block_on(self.convert_many(&objects, desired)))?;
-        let mut cache = self.lock();
-        if cache.len() + converted.len() > CACHE_ENTRIES {
-            cache.clear();
-        }
-        for ((key, _), out) in missing.into_iter().zip(converted) {
-            cache.insert(key, out);
-        }
-        Ok(())
-    }
-
-    /// Converts `objs` to `desired` in one ConversionReview from synchronous
-    /// code, without the cache: the field manager converts objects not yet
-    /// stored, which carry the uid and resourceVersion of the stored revision
-    /// they replace.
+    /// Converts `objs` to `desired` from synchronous code, without the
+    /// cache: the field manager (synchronous, inside server-side apply)
+    /// converts objects not yet stored, which carry the uid and
+    /// resourceVersion of the stored revision they replace. The call leaves
+    /// its worker with `block_in_place` and holds no lock, so the runtime's
+    /// other workers keep driving every task, the webhook's I/O included.
     pub fn convert_many_uncached_blocking(
         &self,
         objs: &[Value],
@@ -188,10 +195,41 @@ impl Webhook {
         Ok(out.pop().unwrap_or_default())
     }
 
-    /// One ConversionReview for `objs` (of one kind and version), checked as
-    /// kube checks it: every object back, in order, in `desired`, its kind
-    /// kept and its metadata changed only in labels and annotations.
+    /// [`Webhook::convert_all`] without the cache, each object sent.
     pub async fn convert_many(&self, objs: &[Value], desired: &str) -> Result<Vec<Value>, String> {
+        let mut outs = Vec::with_capacity(objs.len());
+        let mut rest = objs;
+        while !rest.is_empty() {
+            let mut bodies: Vec<Vec<u8>> = Vec::new();
+            let mut bytes = 0;
+            for o in rest {
+                let body = serde_json::to_vec(o).map_err(|e| e.to_string())?;
+                if !bodies.is_empty()
+                    && (bodies.len() >= BATCH_OBJECTS || bytes + body.len() > BATCH_BYTES)
+                {
+                    break;
+                }
+                bytes += body.len();
+                bodies.push(body);
+            }
+            let (batch, later) = rest.split_at(bodies.len());
+            let batch: Vec<&Value> = batch.iter().collect();
+            outs.extend(self.review(&batch, &bodies, desired).await?);
+            rest = later;
+        }
+        Ok(outs)
+    }
+
+    /// One ConversionReview for `objs` (of one kind and version; `bodies`
+    /// their JSON), checked as kube checks it: every object back, in order,
+    /// in `desired`, its kind kept and its metadata changed only in labels
+    /// and annotations. The answer is read up to [`MAX_RESPONSE_BYTES`].
+    async fn review(
+        &self,
+        objs: &[&Value],
+        bodies: &[Vec<u8>],
+        desired: &str,
+    ) -> Result<Vec<Value>, String> {
         let Some(first) = objs.first() else {
             return Ok(Vec::new());
         };
@@ -202,12 +240,24 @@ impl Webhook {
         );
         let failed = |e: String| format!("conversion webhook for {gvk} failed: {e}");
         let uid = uuid::Uuid::new_v4().to_string();
-        let review = json!({
-            "apiVersion": format!("apiextensions.k8s.io/{}", self.review_version),
-            "kind": "ConversionReview",
-            "request": {"uid": uid, "desiredAPIVersion": desired, "objects": objs},
-        });
-        let body = serde_json::to_vec(&review).map_err(|e| failed(e.to_string()))?;
+        // The objects' JSON is joined into the review as is: each object was
+        // encoded once already to size the batch.
+        let mut body = format!(
+            r#"{{"apiVersion":"apiextensions.k8s.io/{}","kind":"ConversionReview","request":{{"uid":{},"desiredAPIVersion":{},"objects":["#,
+            self.review_version,
+            Value::from(uid.as_str()),
+            Value::from(desired),
+        )
+        .into_bytes();
+        let total: usize = bodies.iter().map(|b| b.len() + 1).sum();
+        body.reserve(total + 3);
+        for (i, b) in bodies.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(b);
+        }
+        body.extend_from_slice(b"]}}");
         let req = http::Request::post(&self.url)
             .header("content-type", "application/json")
             .header("accept", "application/json")
@@ -217,11 +267,16 @@ impl Webhook {
             .await
             .map_err(|_| failed(format!("Post {:?}: context deadline exceeded", self.url)))?
             .map_err(|e| failed(format!("Post {:?}: {e}", self.url)))?;
-        let bytes = tokio::time::timeout(TIMEOUT, resp.into_body().collect())
-            .await
-            .map_err(|_| failed("context deadline exceeded".into()))?
-            .map_err(|e| failed(e.to_string()))?
-            .to_bytes();
+        // Bounded as admission webhooks' answers are: a webhook cannot make
+        // the server hold an answer of any size.
+        let bytes = tokio::time::timeout(
+            TIMEOUT,
+            http_body_util::Limited::new(resp.into_body(), MAX_RESPONSE_BYTES).collect(),
+        )
+        .await
+        .map_err(|_| failed(format!("Post {:?}: context deadline exceeded", self.url)))?
+        .map_err(|e| failed(format!("Post {:?}: {e}", self.url)))?
+        .to_bytes();
         let answer: Value = serde_json::from_slice(&bytes).map_err(|e| failed(e.to_string()))?;
         let response = answer
             .get("response")
@@ -255,7 +310,7 @@ impl Webhook {
             ));
         }
         let mut outs = Vec::with_capacity(objs.len());
-        for (i, (obj, mut out)) in objs.iter().zip(converted).enumerate() {
+        for (i, (obj, mut out)) in objs.iter().copied().zip(converted).enumerate() {
             let invalid = |e: String| {
                 format!(
                     "conversion webhook for {gvk} returned invalid converted object at index {i}: {e}"

@@ -79,7 +79,7 @@ impl Registry {
             );
             self.admit_delete(t, &step, opts.dry_run, opts.caller.as_deref())
                 .await?;
-            let (plan, answer) = self.plan_delete(t, &current, opts)?;
+            let (plan, answer) = self.plan_delete(t, &current, opts).await?;
             if let Some(item) = attempts.commit(Some(&current), plan).await? {
                 return Ok(answer(item));
             }
@@ -88,7 +88,7 @@ impl Registry {
 
     /// Either removes the object (no finalizers left) or marks it deleted
     /// and sets the propagation finalizers.
-    fn plan_delete(
+    async fn plan_delete(
         &self,
         t: &Target,
         stored: &Current,
@@ -125,7 +125,7 @@ impl Registry {
         }
         if fins.is_empty() {
             if opts.dry_run {
-                let item = self.dry_run_item(t, current.clone())?;
+                let item = self.dry_run_item(t, current.clone()).await?;
                 return Ok((Plan::Done(item), DeleteOutcome::Deleted));
             }
             return Ok((Plan::Delete, DeleteOutcome::Deleted));
@@ -149,7 +149,7 @@ impl Registry {
             let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
             Plan::Done(Item::new(current.clone(), json))
         } else if opts.dry_run {
-            Plan::Done(self.dry_run_item(t, new)?)
+            Plan::Done(self.dry_run_item(t, new).await?)
         } else {
             Plan::Update(new)
         };
@@ -172,7 +172,10 @@ impl Registry {
                 target.namespace = meta_str(item.value(), "namespace").to_string();
             }
             match self.delete_admitted_as(&target, &name, "", opts).await {
-                Ok(_) => out.push(self.item(t, &Arc::new(item.value().clone()), item.json())?),
+                Ok(_) => out.push(
+                    self.item(t, &Arc::new(item.value().clone()), item.json())
+                        .await?,
+                ),
                 // Already gone: someone else deleted it meanwhile.
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(e),

@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use super::read::Item;
-use super::{convert_value, storage_error, Registry, Target};
+use super::{convert_value, convert_values, storage_error, Registry, Target};
 use crate::status::{ApiError, FieldError};
 use crate::storage::{Revision, StorageError, Write};
 
@@ -98,7 +98,7 @@ impl<'a> Attempts<'a> {
             (Plan::Update(obj), Some(expected)) => Write::Update {
                 key,
                 expected,
-                object: reg.storage_of_owned(t, obj)?,
+                object: reg.storage_of_owned(t, obj).await?,
             },
             (Plan::Delete, Some(expected)) => Write::Delete {
                 key,
@@ -108,10 +108,10 @@ impl<'a> Attempts<'a> {
                 let update = Write::Update {
                     key: key.clone(),
                     expected,
-                    object: reg.storage_of_owned(t, obj)?,
+                    object: reg.storage_of_owned(t, obj).await?,
                 };
                 let updated = match reg.store.write(update).await {
-                    Ok(w) => reg.item(t, &w.object, &w.json)?,
+                    Ok(w) => reg.item(t, &w.object, &w.json).await?,
                     Err(StorageError::Conflict { .. }) => return Ok(None),
                     Err(e) => return Err(reg.write_error(t, name, e)),
                 };
@@ -135,7 +135,7 @@ impl<'a> Attempts<'a> {
             }
         };
         match reg.store.write(write).await {
-            Ok(w) => Ok(Some(reg.item(t, &w.object, &w.json)?)),
+            Ok(w) => Ok(Some(reg.item(t, &w.object, &w.json).await?)),
             Err(StorageError::Conflict { .. }) => Ok(None),
             Err(e) => Err(reg.write_error(t, name, e)),
         }
@@ -151,12 +151,22 @@ impl Registry {
         let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
         let api_version = t.api_version();
         let defaulted = super::read_defaults(&t.rt, &value);
+        // Both forms in one review when the read added defaults.
+        let (value, stored) = match &defaulted {
+            Some(d) => {
+                let mut both = convert_values(&t.rt, &[d, &value], &api_version).await?;
+                let stored = both.pop();
+                (both.pop(), stored)
+            }
+            None => (
+                Some(convert_value(&t.rt, &value, &api_version).await?),
+                None,
+            ),
+        };
         Ok(Some(Current {
             rev,
-            value: convert_value(&t.rt, defaulted.as_ref().unwrap_or(&value), &api_version)?,
-            stored: defaulted
-                .map(|_| convert_value(&t.rt, &value, &api_version))
-                .transpose()?,
+            value: value.ok_or_else(|| ApiError::internal("conversion returned no object"))?,
+            stored,
         }))
     }
 

@@ -286,7 +286,7 @@ pub fn read_defaulter(live: Arc<definitions::LiveCatalog>) -> crate::watch::OnLo
 /// None changes only `apiVersion`; strategy Webhook asks the definition's
 /// webhook. As kube's schema-coercing converter does, an object moved to a
 /// version whose schema differs is then pruned by it.
-pub fn convert_json(
+pub async fn convert_json(
     rt: &ResourceType,
     json: &Bytes,
     value: &Value,
@@ -295,57 +295,82 @@ pub fn convert_json(
     if value.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
         return Ok(json.clone());
     }
-    let v = convert_value(rt, value, api_version)?;
+    let v = convert_value(rt, value, api_version).await?;
     serde_json::to_vec(&v)
         .map(Bytes::from)
         .map_err(ApiError::internal)
 }
 
-/// Converts a list's objects through the definition's webhook in one
-/// review, ahead of [`convert_value`] for each (which then finds them
-/// converted), as kube converts a list whole.
-pub fn convert_list_ahead(
-    rt: &ResourceType,
-    values: &[&Value],
-    api_version: &str,
-) -> Result<(), ApiError> {
-    match &rt.conversion {
-        Some(webhook) => webhook
-            .prefetch_blocking(values, api_version)
-            .map_err(ApiError::internal),
-        None => Ok(()),
-    }
-}
-
 /// [`convert_json`] for a value.
-pub fn convert_value(
+pub async fn convert_value(
     rt: &ResourceType,
     value: &Value,
     api_version: &str,
 ) -> Result<Value, ApiError> {
-    let from = value
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if from == api_version {
-        return Ok(value.clone());
-    }
-    let mut v = match &rt.conversion {
-        Some(webhook) => webhook
-            .convert_blocking(value, api_version)
+    let mut out = convert_values(rt, &[value], api_version).await?;
+    out.pop()
+        .ok_or_else(|| ApiError::internal("conversion returned no object"))
+}
+
+/// [`convert_value`] for many objects (a list, a watch's events): those
+/// the webhook converts go to it in batches, as kube converts a list whole.
+pub async fn convert_values(
+    rt: &ResourceType,
+    values: &[&Value],
+    api_version: &str,
+) -> Result<Vec<Value>, ApiError> {
+    let mut out = match &rt.conversion {
+        Some(webhook) if values.iter().any(|v| version_of(v) != api_version) => webhook
+            .convert_all(values, api_version)
+            .await
             .map_err(ApiError::internal)?,
-        None => {
-            let mut v = value.clone();
-            if let Some(o) = v.as_object_mut() {
-                o.insert("apiVersion".into(), Value::String(api_version.to_string()));
-            }
-            v
-        }
+        _ => values
+            .iter()
+            .map(|v| rewrite_version(v, api_version))
+            .collect(),
     };
-    if let Some(schema) = rt.pruning_between(from, api_version) {
+    for (o, from) in out.iter_mut().zip(values) {
+        if let Some(schema) = rt.pruning_between(version_of(from), api_version) {
+            schema.prune(o);
+        }
+    }
+    Ok(out)
+}
+
+/// [`convert_value`] when it needs no webhook (strategy None, or already in
+/// `api_version`), from synchronous code; `None` when it does.
+pub fn convert_local(rt: &ResourceType, value: &Value, api_version: &str) -> Option<Value> {
+    if needs_webhook(rt, value, api_version) {
+        return None;
+    }
+    let mut v = rewrite_version(value, api_version);
+    if let Some(schema) = rt.pruning_between(version_of(value), api_version) {
         schema.prune(&mut v);
     }
-    Ok(v)
+    Some(v)
+}
+
+/// Whether moving `value` to `api_version` needs the definition's webhook.
+pub fn needs_webhook(rt: &ResourceType, value: &Value, api_version: &str) -> bool {
+    rt.conversion.is_some() && version_of(value) != api_version
+}
+
+fn version_of(value: &Value) -> &str {
+    value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// Conversion strategy None: only `apiVersion` changes.
+fn rewrite_version(value: &Value, api_version: &str) -> Value {
+    let mut v = value.clone();
+    if version_of(&v) != api_version {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("apiVersion".into(), Value::String(api_version.to_string()));
+        }
+    }
+    v
 }
 
 /// Maps storage failures that are not the caller's fault.

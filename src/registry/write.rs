@@ -18,7 +18,7 @@ use super::object::{
 };
 use super::read::Item;
 use super::resource_version::parse_object_revision;
-use super::{convert_json, convert_value, now_rfc3339, storage_error, Registry, Target};
+use super::{convert_value, now_rfc3339, storage_error, Registry, Target};
 use crate::apply::{ApplyError, ConvertError, FieldManager, MergeSchema, Versions};
 use crate::status::{quote, ApiError, FieldError};
 use crate::storage::{StorageError, Write};
@@ -352,27 +352,28 @@ impl Registry {
         }
     }
 
-    pub(super) fn to_storage(&self, t: &Target, obj: &Value) -> Result<Value, ApiError> {
+    pub(super) async fn to_storage(&self, t: &Target, obj: &Value) -> Result<Value, ApiError> {
         convert_value(
             &t.rt,
             obj,
             &format!("{}/{}", t.rt.group, t.rt.storage_version),
         )
+        .await
     }
 
     /// [`Registry::to_storage`] of an object no longer needed as it was:
     /// already at the storage version it is passed on, not copied.
-    pub(super) fn storage_of_owned(&self, t: &Target, obj: Value) -> Result<Value, ApiError> {
+    pub(super) async fn storage_of_owned(&self, t: &Target, obj: Value) -> Result<Value, ApiError> {
         let storage = format!("{}/{}", t.rt.group, t.rt.storage_version);
         if obj.get("apiVersion").and_then(Value::as_str) == Some(storage.as_str()) {
             return Ok(obj);
         }
-        convert_value(&t.rt, &obj, &storage)
+        convert_value(&t.rt, &obj, &storage).await
     }
 
     /// A written object as the answer shows it: decoded back from storage
     /// (with the defaults kube adds on read), in the request's version.
-    pub(super) fn item(
+    pub(super) async fn item(
         &self,
         t: &Target,
         object: &Arc<Value>,
@@ -389,24 +390,24 @@ impl Registry {
         if object.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
             Ok(Item::new(object, json))
         } else {
-            let value = convert_value(&t.rt, &object, &api_version)?;
-            Ok(Item::new(
-                value,
-                convert_json(&t.rt, &json, &object, &api_version)?,
-            ))
+            // One conversion serves both forms.
+            let value = convert_value(&t.rt, &object, &api_version).await?;
+            let json = Bytes::from(serde_json::to_vec(&value).map_err(ApiError::internal)?);
+            Ok(Item::new(value, json))
         }
     }
 
     /// A dry run's answer, as if written: kube encodes it for storage and
     /// decodes it back, so the storage version's defaults show.
-    pub(super) fn dry_run_item(&self, t: &Target, obj: Value) -> Result<Item, ApiError> {
-        let stored = self.to_storage(t, &obj)?;
+    pub(super) async fn dry_run_item(&self, t: &Target, obj: Value) -> Result<Item, ApiError> {
+        let stored = self.to_storage(t, &obj).await?;
         let defaulted = super::read_defaults(&t.rt, &stored);
         let v = convert_value(
             &t.rt,
             defaulted.as_ref().unwrap_or(&stored),
             &t.api_version(),
-        )?;
+        )
+        .await?;
         let json = Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
         Ok(Item::new(v, json))
     }
@@ -544,20 +545,20 @@ impl Registry {
                     }
                     return Err(ApiError::already_exists(&t.rt.group, &t.rt.plural, &name));
                 }
-                return self.dry_run_item(t, obj);
+                return self.dry_run_item(t, obj).await;
             }
             // The last attempt's object is not needed again: it is passed on.
             let object = if attempt + 1 < attempts {
-                self.to_storage(t, &obj)?
+                self.to_storage(t, &obj).await?
             } else {
-                self.storage_of_owned(t, std::mem::take(&mut obj))?
+                self.storage_of_owned(t, std::mem::take(&mut obj)).await?
             };
             let write = Write::Create {
                 key: t.key(&name),
                 object,
             };
             match self.store.write(write).await {
-                Ok(w) => return self.item(t, &w.object, &w.json),
+                Ok(w) => return self.item(t, &w.object, &w.json).await,
                 Err(StorageError::AlreadyExists) => {
                     if explicit_name.is_empty() {
                         continue;
@@ -822,7 +823,7 @@ impl Registry {
             return Ok(Plan::Done(Item::new(current.clone(), json)));
         }
         if dry_run {
-            return Ok(Plan::Done(self.dry_run_item(t, new)?));
+            return Ok(Plan::Done(self.dry_run_item(t, new).await?));
         }
         if is_deleting(&new) && finalizers(&new).is_empty() {
             // The last finalizer is gone: the object goes away.

@@ -365,6 +365,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         readiness: readiness.clone(),
         bookmark_interval: cfg.bookmark_interval,
         min_request_timeout: cfg.connections.min_request_timeout,
+        request_timeout: cfg.connections.request_timeout,
         stop_watches: connections.stop.clone(),
     });
     let apf = Apf::new(flowcontrol::ServerConfig {

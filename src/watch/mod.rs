@@ -10,7 +10,7 @@ mod history;
 mod object;
 
 pub use cache::{Cache, Filter, OnLoad, Page, Start, Subscription, WatchError};
-pub use event::{frame, WatchEvent};
+pub use event::{frame, Conversion, WatchEvent};
 pub use feed::{concat, EventRun, Feed};
 pub use history::{
     HistoryLimits, DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_EVENTS, DEFAULT_HISTORY_WINDOW,
