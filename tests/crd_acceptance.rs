@@ -11,22 +11,31 @@ mod common;
 use common::real_host::RealHost;
 use serde_json::{json, Value};
 
-/// kshard's verdict: the errors of its CRD validation (empty: accepted).
+/// kshard's verdict: the errors of its CRD validation and of the catalog's
+/// own check (schema compilation, CEL cost), as a create through its API
+/// runs them (empty: accepted).
 fn kshard_errors(crd: &Value) -> Vec<String> {
     let mut d = crd.clone();
     kshard::registry::crds::set_defaults(&mut d);
-    kshard::registry::crd_validation::validate_create(&d)
+    let mut errs: Vec<String> = kshard::registry::crd_validation::validate_create(&d)
         .iter()
         .map(|e| e.to_string())
-        .collect()
+        .collect();
+    if errs.is_empty() {
+        match kshard::registry::catalog::check_definition(&d) {
+            Ok(()) => {}
+            Err(kshard::registry::catalog::DefinitionError::Fields(f)) => {
+                errs.extend(f.iter().map(|e| e.to_string()))
+            }
+            Err(e) => errs.push(e.to_string()),
+        }
+    }
+    errs
 }
 
 /// kube's verdict: the dry run's stderr (empty: accepted).
 fn kube_errors(host: &RealHost, crd: &Value) -> String {
-    let out = host.kubectl_stdin(
-        &["create", "--dry-run=server", "-f", "-"],
-        &crd.to_string(),
-    );
+    let out = host.kubectl_stdin(&["create", "--dry-run=server", "-f", "-"], &crd.to_string());
     if out.status.success() {
         String::new()
     } else {
@@ -110,7 +119,13 @@ async fn kshard_accepts_and_refuses_definitions_as_the_real_api_server_does() {
     // alone in kube (the presence test is free).
     let has_chain = |n: usize| {
         (0..n)
-            .map(|i| if i % 2 == 0 { "has(self.a)" } else { "has(self.b)" })
+            .map(|i| {
+                if i % 2 == 0 {
+                    "has(self.a)"
+                } else {
+                    "has(self.b)"
+                }
+            })
             .collect::<Vec<_>>()
             .join(" && ")
     };
@@ -132,25 +147,33 @@ async fn kshard_accepts_and_refuses_definitions_as_the_real_api_server_does() {
         let agree = if kube.is_empty() {
             ours.is_empty()
         } else {
-            // Refused by both, for the same fields: every field path kshard
-            // names appears in kube's answer.
-            !ours.is_empty()
-                && ours.iter().all(|e| {
-                    let field = e.split(": ").next().unwrap_or(e);
-                    kube.contains(field)
-                })
+            // Refused by both, in kube's words: every error kshard gives
+            // (field path, kind and detail) appears in kube's answer.
+            !ours.is_empty() && ours.iter().all(|e| kube.contains(e.as_str()))
         };
         println!(
             "{name} {}: kube {}, kshard {}",
             crd["metadata"]["name"],
-            if kube.is_empty() { "accepts" } else { "refuses" },
-            if ours.is_empty() { "accepts" } else { "refuses" }
+            if kube.is_empty() {
+                "accepts"
+            } else {
+                "refuses"
+            },
+            if ours.is_empty() {
+                "accepts"
+            } else {
+                "refuses"
+            }
         );
         if !agree {
             disagreements.push(format!(
                 "{name} ({}):\n  kube: {}\n  kshard: {ours:?}",
                 crd["metadata"]["name"],
-                if kube.is_empty() { "accepted" } else { kube.trim() }
+                if kube.is_empty() {
+                    "accepted"
+                } else {
+                    kube.trim()
+                }
             ));
         }
     }

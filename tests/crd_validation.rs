@@ -459,7 +459,11 @@ fn definitions_in(path: &Path, out: &mut Vec<(String, Value)>) {
 fn real_world_definitions_pass() {
     let mut defs = Vec::new();
     let shared = common::repo_path("../shared/realworld-crds");
-    assert!(shared.is_dir(), "the real-world CRDs are missing at {}", shared.display());
+    assert!(
+        shared.is_dir(),
+        "the real-world CRDs are missing at {}",
+        shared.display()
+    );
     definitions_in(&shared, &mut defs);
     definitions_in(&common::repo_path("crds"), &mut defs);
     definitions_in(&common::repo_path("tests/fixtures/crds"), &mut defs);

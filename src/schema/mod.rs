@@ -233,7 +233,11 @@ mod tests {
     /// CRDs. Missing data fails the tests rather than testing less.
     fn realworld_dir() -> std::path::PathBuf {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/realworld-crds");
-        assert!(dir.is_dir(), "the real-world CRDs are missing at {}", dir.display());
+        assert!(
+            dir.is_dir(),
+            "the real-world CRDs are missing at {}",
+            dir.display()
+        );
         dir
     }
 

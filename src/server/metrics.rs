@@ -324,8 +324,12 @@ mod tests {
         }
         let grown = rss().saturating_sub(before);
         upkeep.abort();
+        // Without upkeep the 8M samples hold 64 MB and more (their buffers
+        // grow by doubling). On a loaded machine the upkeep may run late
+        // and let a few batches pile up before folding them, which the
+        // allocator then keeps: the bound leaves room for that.
         assert!(
-            grown < 24 << 20,
+            grown < 40 << 20,
             "8M samples grew the process by {} MB",
             grown >> 20
         );

@@ -283,6 +283,17 @@ pub(super) fn validate(
     errs.extend(local);
 }
 
+/// A default must be a value its own schema accepts (kube validates each
+/// default against the schema it sits in: an `enum` without `""` refuses a
+/// `default: ""`, at `<node>.default<path inside the default>`). A node
+/// that does not parse is left to the structural checks, which say why.
+fn default_fits(s: &Value, d: &Value, at: &str, errs: &mut Vec<FieldError>) {
+    let Ok(node) = crate::schema::structural::Node::parse(s, at) else {
+        return;
+    };
+    crate::schema::validate::value(&node, d, &format!("{at}.default"), errs);
+}
+
 /// The keywords kube does not support (`specStandardValidatorV3.validate`).
 fn keywords(s: &Value, at: &str, scope: &Scope, errs: &mut Vec<FieldError>) {
     let t = str_at(s, "type");
@@ -296,6 +307,9 @@ fn keywords(s: &Value, at: &str, scope: &Scope, errs: &mut Vec<FieldError>) {
             detail.push_str(&scope.disallow_reason);
         }
         errs.push(FieldError::forbidden(format!("{at}.default"), detail));
+    }
+    if let Some(d) = present(s.get("default")).filter(|_| scope.allow_defaults) {
+        default_fits(s, d, at, errs);
     }
     if !str_at(s, "id").is_empty() {
         errs.push(FieldError::forbidden(
