@@ -21,3 +21,4 @@ pub mod server;
 pub mod status;
 pub mod storage;
 pub mod watch;
+pub mod webhook_tls;

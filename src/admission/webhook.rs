@@ -41,6 +41,11 @@ struct Destination {
     path: String,
 }
 
+type HttpsClient = hyper_util::client::legacy::Client<
+    crate::webhook_tls::Connector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct ClientKey {
     dial: String,
@@ -53,7 +58,7 @@ pub struct Clients {
     /// `host:port` → the address to connect to instead (the cluster's DNS
     /// resolves services in a pod; elsewhere this says where they are).
     resolve: HashMap<String, SocketAddr>,
-    clients: Mutex<HashMap<ClientKey, kube::Client>>,
+    clients: Mutex<HashMap<ClientKey, HttpsClient>>,
 }
 
 impl Clients {
@@ -114,7 +119,7 @@ impl Clients {
         })
     }
 
-    fn client(&self, d: &Destination, ca: &[u8]) -> Result<kube::Client, String> {
+    fn client(&self, d: &Destination, ca: &[u8]) -> Result<HttpsClient, String> {
         let key = ClientKey {
             dial: d.dial.clone(),
             server_name: d.server_name.clone(),
@@ -123,24 +128,17 @@ impl Clients {
         if let Some(c) = self.clients.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(c);
         }
-        let base: http::Uri = format!("https://{}", d.dial)
-            .parse()
-            .map_err(|e| format!("{e}"))?;
-        let mut config = kube::Config::new(base);
-        if !ca.is_empty() {
-            use rustls_pki_types::pem::PemObject;
-            let certs: Vec<Vec<u8>> = rustls_pki_types::CertificateDer::pem_slice_iter(ca)
-                .map(|c| c.map(|c| c.to_vec()))
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("unable to load root certificates: {e}"))?;
-            if certs.is_empty() {
-                return Err("unable to load root certificates: no certificates in caBundle".into());
-            }
-            config.root_cert = Some(certs);
-        }
-        config.tls_server_name = d.server_name.clone();
-        config.default_retry = false;
-        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+        // The webhook's own timeout bounds each call; this bounds a dial
+        // that would otherwise wait for the kernel.
+        let connector = crate::webhook_tls::connector(
+            ca,
+            d.server_name.as_deref(),
+            std::time::Duration::from_secs(30),
+        )
+        .map_err(|e| e.to_string())?;
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build(connector);
         if let Ok(mut m) = self.clients.lock() {
             m.insert(key, client.clone());
         }
@@ -161,13 +159,16 @@ impl Clients {
         let timeout = format!("{}s", hook.timeout.as_secs().max(1));
         let url = format!("{}?timeout={timeout}", d.url);
         let failed = |why: String| CallFailure::new(format!("failed to call webhook: {why}"));
-        let req = http::Request::post(format!("{}?timeout={timeout}", d.path))
+        let req = http::Request::post(format!("https://{}{}?timeout={timeout}", d.dial, d.path))
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(http::header::ACCEPT, "application/json, */*")
-            .body(kube::client::Body::from(body))
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
             .map_err(|e| failed(e.to_string()))?;
         let exchange = async {
-            let resp = client.send(req).await.map_err(|e| describe(&e, &d))?;
+            let resp = client
+                .request(req)
+                .await
+                .map_err(|e| crate::webhook_tls::describe(&e, &d.dial))?;
             let status = resp.status();
             let text = resp
                 .headers()
@@ -229,39 +230,6 @@ fn unexpected_status(code: u16, text: bool, body: &[u8]) -> String {
         ),
         c => format!("the server responded with the status code {c} but did not return more information"),
     }
-}
-
-/// A transport error as Go's client words the common ones (refused
-/// connections, unknown certificate authorities); others as they come.
-fn describe(e: &kube::Error, d: &Destination) -> String {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    let mut last = e.to_string();
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::ConnectionRefused {
-                return format!("dial tcp {}: connect: connection refused", d.dial);
-            }
-        }
-        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
-            return match tls {
-                rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer) => {
-                    "tls: failed to verify certificate: x509: certificate signed by unknown authority"
-                        .into()
-                }
-                rustls::Error::InvalidCertificate(
-                    rustls::CertificateError::NotValidForName
-                    | rustls::CertificateError::NotValidForNameContext { .. },
-                ) => format!(
-                    "tls: failed to verify certificate: x509: certificate is not valid for {}",
-                    d.server_name.as_deref().unwrap_or(&d.dial)
-                ),
-                other => format!("remote error: tls: {other}"),
-            };
-        }
-        last = err.to_string();
-        cur = err.source();
-    }
-    last
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceConversion;
-use kube::client::ConfigExt;
 use serde_json::{json, Value};
 
 /// kube's conversion webhook timeout.
@@ -35,13 +34,12 @@ pub const MAX_RESPONSE_BYTES: usize = crate::admission::webhook::MAX_RESPONSE_BY
 /// Converted objects kept, shared by every reader of one version.
 const CACHE_ENTRIES: usize = 8192;
 
-type HttpsClient = Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    Full<Bytes>,
->;
+type HttpsClient = Client<crate::webhook_tls::Connector, Full<Bytes>>;
 
 pub struct Webhook {
     url: String,
+    /// `host:port` dialled, as Go's errors name it.
+    dial: String,
     review_version: &'static str,
     client: HttpsClient,
     cache: Mutex<HashMap<(String, String, String), Value>>,
@@ -89,17 +87,22 @@ impl Webhook {
         let uri: http::Uri = url
             .parse()
             .map_err(|e| format!("spec.conversion.webhook.clientConfig.url: Invalid value: {e}"))?;
-        let mut config = kube::Config::new(uri);
-        if let Some(ca) = &cc.ca_bundle {
-            config.root_cert = Some(pem_certs(&ca.0));
-        }
-        config.read_timeout = Some(TIMEOUT);
-        config.connect_timeout = Some(TIMEOUT);
-        let connector = config
-            .rustls_https_connector()
+        let ca: &[u8] = cc
+            .ca_bundle
+            .as_ref()
+            .map(|c| c.0.as_slice())
+            .unwrap_or_default();
+        let connector = crate::webhook_tls::connector(ca, None, TIMEOUT)
             .map_err(|e| format!("spec.conversion.webhook.clientConfig: {e}"))?;
+        // Go's client names the dialled address in connection errors.
+        let dial = format!(
+            "{}:{}",
+            uri.host().unwrap_or_default(),
+            uri.port_u16().unwrap_or(443)
+        );
         Ok(Self {
             url,
+            dial,
             review_version,
             client: Client::builder(TokioExecutor::new()).build(connector),
             cache: Mutex::new(HashMap::new()),
@@ -266,7 +269,13 @@ impl Webhook {
         let resp = tokio::time::timeout(TIMEOUT, self.client.request(req))
             .await
             .map_err(|_| failed(format!("Post {:?}: context deadline exceeded", self.url)))?
-            .map_err(|e| failed(format!("Post {:?}: {e}", self.url)))?;
+            .map_err(|e| {
+                failed(format!(
+                    "Post {:?}: {}",
+                    self.url,
+                    crate::webhook_tls::describe(&e, &self.dial)
+                ))
+            })?;
         // Bounded as admission webhooks' answers are: a webhook cannot make
         // the server hold an answer of any size.
         let bytes = tokio::time::timeout(
@@ -389,13 +398,4 @@ fn restore_metadata(original: &Value, converted: &mut Value) -> Result<(), Strin
     }
     converted["metadata"] = meta;
     Ok(())
-}
-
-/// The certificates of a PEM bundle, DER-encoded.
-fn pem_certs(pem: &[u8]) -> Vec<Vec<u8>> {
-    use rustls::pki_types::pem::PemObject;
-    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
-        .filter_map(Result::ok)
-        .map(|c| c.to_vec())
-        .collect()
 }

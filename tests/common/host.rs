@@ -90,8 +90,17 @@ pub async fn serve_https(
     sans: &[&str],
     app: axum::Router,
 ) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    use rustls::pki_types::pem::PemObject;
     let (cert, key) = ca.server(sans);
+    serve_https_with(&cert, &key, app).await
+}
+
+/// Serves `app` over HTTPS with this certificate and key (PEM).
+pub async fn serve_https_with(
+    cert: &str,
+    key: &str,
+    app: axum::Router,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use rustls::pki_types::pem::PemObject;
     let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .expect("certs");

@@ -123,6 +123,35 @@ impl WebhookServer {
         }
     }
 
+    /// A server whose serving certificate is self-signed with `CA:TRUE`
+    /// for `sans` (what `openssl req -x509` makes), given as its own
+    /// `caBundle` (`ca_pem`): many webhook guides set webhooks up so.
+    pub async fn start_self_signed(sans: &[&str]) -> (Self, String) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params =
+            rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, sans[0]);
+        let cert = params.self_signed(&key).expect("cert").pem();
+        let hooks = Arc::new(Hooks::default());
+        let app = axum::Router::new()
+            .fallback(serve)
+            .with_state(hooks.clone());
+        let (addr, task) = super::host::serve_https_with(&cert, &key.serialize_pem(), app).await;
+        let server = WebhookServer {
+            addr,
+            // Unused for this server: its bundle is its own certificate.
+            ca: Ca::new("unused"),
+            hooks,
+            task,
+        };
+        (server, cert)
+    }
+
     /// What kshard needs to reach `hooks.test.svc:443` here.
     pub fn resolve(&self) -> Vec<(String, SocketAddr)> {
         vec![(format!("{SERVICE_HOST}:443"), self.addr)]
