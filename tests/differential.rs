@@ -229,17 +229,32 @@ impl Norm {
         }
     }
 
-    /// Known uids inside messages ("UID in object meta: …").
-    fn strings(&self, v: &mut Value) {
+    /// Server-chosen values inside messages: known uids ("UID in object
+    /// meta: …"), and the resourceVersions and times of an object a message
+    /// quotes as JSON.
+    fn strings(&mut self, v: &mut Value) {
         match v {
             Value::Object(o) => o.values_mut().for_each(|c| self.strings(c)),
             Value::Array(a) => a.iter_mut().for_each(|c| self.strings(c)),
-            Value::String(s) => {
+            Value::String(s) if s.contains(' ') => {
                 for (uid, n) in &self.uids {
                     if s.contains(uid.as_str()) {
                         *s = s.replace(uid.as_str(), &format!("UID#{n}"));
                     }
                 }
+                let quoted_rv =
+                    regex::Regex::new(r#"resourceVersion\\":\\"(\d+)\\""#).expect("regex");
+                let found: Vec<(String, String)> = quoted_rv
+                    .captures_iter(s)
+                    .map(|c| (c[0].to_string(), c[1].to_string()))
+                    .collect();
+                for (whole, rv) in found {
+                    let tok = self.rv(&rv);
+                    *s = s.replace(&whole, &whole.replace(&rv, &tok));
+                }
+                let ts = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+                    .expect("regex");
+                *s = ts.replace_all(s, "<time>").into_owned();
             }
             _ => {}
         }

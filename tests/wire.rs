@@ -188,7 +188,7 @@ async fn status_errors_match_kube() {
     assert_eq!(r.status, 422, "{}", r.text());
     assert_eq!(
         r.json()["message"],
-        r#"CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: []string{"Some"}: supported values: "All""#
+        r#"CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: ["Some"]: supported values: "All""#
     );
     assert_eq!(r.json()["details"]["causes"][0]["field"], "dryRun");
     let r = s
@@ -202,7 +202,7 @@ async fn status_errors_match_kube() {
     assert_eq!(r.status, 422, "{}", r.text());
     assert_eq!(
         r.json()["message"],
-        r#"DeleteOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: []string{"All", "Some"}: supported values: "All""#
+        r#"DeleteOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: ["All","Some"]: supported values: "All""#
     );
 }
 

@@ -237,6 +237,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let mut wo = write_options(&q, call.headers, false, "CreateOptions")?;
             wo.caller = Some(write_caller(&call.caller, &q));
             let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
+            let dups = strict_later(&mut wo, dups);
             let done = reg.create(&t, obj, &wo).await?;
             Ok(with_warnings(
                 response::object(StatusCode::CREATED, &t, &done.item, &out, include),
@@ -248,6 +249,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let mut wo = write_options(&q, call.headers, false, "UpdateOptions")?;
             wo.caller = Some(write_caller(&call.caller, &q));
             let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
+            let dups = strict_later(&mut wo, dups);
             if sub == Some("scale") {
                 let spec = scale_spec(&t)?;
                 let done = reg
@@ -475,12 +477,21 @@ fn duplicate_check(
         .collect();
     match wo.field_validation {
         _ if dups.is_empty() => Ok(dups),
-        crate::registry::FieldValidation::Strict => Err(ApiError::bad_request(format!(
-            "strict decoding error: {}",
-            dups.join(", ")
-        ))),
+        // Reported with the schema's unknown fields (`strict_duplicates`).
+        crate::registry::FieldValidation::Strict => Ok(dups),
         crate::registry::FieldValidation::Warn => Ok(dups),
         crate::registry::FieldValidation::Ignore => Ok(Vec::new()),
+    }
+}
+
+/// Under Strict, repeated keys go with the request to be reported with the
+/// unknown fields; otherwise they are warnings.
+fn strict_later(wo: &mut crate::registry::WriteOptions, dups: Vec<String>) -> Vec<String> {
+    if wo.field_validation == crate::registry::FieldValidation::Strict {
+        wo.strict_duplicates = dups;
+        Vec::new()
+    } else {
+        dups
     }
 }
 
