@@ -252,8 +252,8 @@ impl Norm {
                     let tok = self.rv(&rv);
                     *s = s.replace(&whole, &whole.replace(&rv, &tok));
                 }
-                let ts = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-                    .expect("regex");
+                let ts =
+                    regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").expect("regex");
                 *s = ts.replace_all(s, "<time>").into_owned();
             }
             _ => {}

@@ -108,7 +108,7 @@ async fn duplicate_fields_follow_field_validation() {
     assert_eq!(r.status, 400);
     assert_eq!(
         r.json()["message"],
-        "strict decoding error: duplicate field \"spec.replicas\""
+        "Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: duplicate field \"spec.replicas\""
     );
     let r = s
         .raw(

@@ -101,7 +101,7 @@ async fn status_errors_match_kube() {
     let r = s.get(&format!("{WIDGETS}?labelSelector=a%20in%20b")).await;
     assert_eq!(
         (r.status, r.json()["message"].as_str()),
-        (400, Some("found 'b' expected: '('"))
+        (400, Some("unable to parse requirement: found 'b' expected: '('"))
     );
     let r = s
         .get(&format!("{WIDGETS}?fieldSelector=spec.size%3Dx"))

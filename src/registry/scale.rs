@@ -131,19 +131,8 @@ pub fn apply_scale(
             )],
         ));
     };
-    if n < 0 {
-        return Err(ApiError::invalid(
-            group,
-            kind,
-            name,
-            &[FieldError::new(
-                crate::status::FieldErrorKind::Invalid,
-                spec.spec_replicas_path.trim_start_matches('.'),
-                Some(n.to_string()),
-                "should be a non-negative integer",
-            )],
-        ));
-    }
+    // A negative count goes into the object: its validation reports both
+    // the schema's bound and the scale paths' check, as kube's does.
     let mut out = obj.clone();
     let pointer = pointer_of(&spec.spec_replicas_path);
     let (parent, leaf) = pointer.rsplit_once('/').unwrap_or(("", &pointer));

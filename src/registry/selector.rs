@@ -290,7 +290,9 @@ impl LabelSelector {
             requirements.push(p.requirement().map_err(|e| {
                 // A requirement that does not even start is kube's outer
                 // loop's error, unwrapped.
-                if e.starts_with(PREFIX) || e.ends_with("expected: !, identifier, or 'end of string'") {
+                if e.starts_with(PREFIX)
+                    || e.ends_with("expected: !, identifier, or 'end of string'")
+                {
                     e
                 } else {
                     format!("{PREFIX}{e}")

@@ -295,6 +295,13 @@ impl Registry {
                 }
             }
         }
+        // kube's field manager names the configuration as sent (its
+        // namespace and name may be missing); this one gets them filled in.
+        let sent_as = format!(
+            "({}/{}; ",
+            meta_str(&config, "namespace"),
+            meta_str(&config, "name")
+        );
         self.check_body(t, &mut config)?;
         let config_name = meta_str(&config, "name");
         if !config_name.is_empty() && config_name != name {
@@ -321,6 +328,14 @@ impl Registry {
                     force,
                     &now_rfc3339(),
                 )
+                .map_err(|e| match e {
+                    ApplyError::Internal(m) => ApplyError::Internal(m.replacen(
+                        &format!("({}/{}; ", meta_str(&config, "namespace"), name),
+                        &sent_as,
+                        1,
+                    )),
+                    e => e,
+                })
                 .map_err(|e| apply_error(t, name, e))?;
             let mut warnings = Vec::new();
             self.decode_schema(t, &mut merged, opts, &mut warnings)?;
@@ -1018,9 +1033,12 @@ fn apply_error(t: &Target, name: &str, e: ApplyError) -> ApiError {
             err
         }
         ApplyError::BadRequest(m) => ApiError::bad_request(m.clone()),
+        // A plain error in kube's handler: 500 without reason or details.
         ApplyError::Internal(m) => {
             let mut err = ApiError::internal(m);
             err.message = m.clone();
+            err.reason = "".into();
+            err.details = None;
             err
         }
     }

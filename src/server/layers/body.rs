@@ -51,6 +51,24 @@ impl BodyLimits {
     }
 }
 
+/// kube's default `--max-request-body-bytes` (3 MiB).
+pub const DEFAULT_MAX_BYTES: usize = 3 * 1024 * 1024;
+
+/// The request body limit in force, left in the request's extensions by this
+/// layer so every later reader (the handlers, forwarding) holds the body to
+/// the same limit and refuses it the same way.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+/// Reads a body (already bounded by this layer when it ran) within the limit
+/// `ext` carries; kube's 413 beyond it.
+pub async fn read_within(body: Body, ext: &http::Extensions) -> Result<Bytes, ApiError> {
+    let limit = ext.get::<BodyLimit>().map_or(DEFAULT_MAX_BYTES, |l| l.0);
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large(limit))
+}
+
 /// kube's 413 for a body over the limit (handlers' `limitedReadBody`).
 pub fn too_large(limit: usize) -> ApiError {
     let mut e = ApiError::bad_request(format!("Request entity too large: limit is {limit}"));
@@ -111,7 +129,8 @@ where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,
 {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    parts.extensions.insert(BodyLimit(limits.max_bytes));
     if http_body::Body::is_end_stream(&body) {
         return next(Request::from_parts(parts, body)).await;
     }
@@ -213,7 +232,7 @@ mod tests {
 
     #[tokio::test]
     async fn bodies_share_one_budget() {
-        let limits = BodyLimits::new(3 * 1024 * 1024, 64 * 1024);
+        let limits = BodyLimits::new(DEFAULT_MAX_BYTES as u64, 64 * 1024);
         let mut first = Vec::new();
         let ok = read(&limits, &mut chunks(40, 1024), &mut first).await;
         assert_eq!(ok.ok().map(|b| b.len()), Some(40 * 1024));
