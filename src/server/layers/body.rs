@@ -220,6 +220,25 @@ mod tests {
         Body::from_stream(futures::stream::iter(parts))
     }
 
+    /// The handlers and forwarding read the body within the limit this layer
+    /// left in the extensions, and refuse beyond it as the layer does.
+    #[tokio::test]
+    async fn later_readers_hold_the_body_to_the_layers_limit() {
+        let mut ext = http::Extensions::new();
+        ext.insert(BodyLimit(5 * 1024));
+        let read = read_within(chunks(4, 1024), &ext).await.expect("within");
+        assert_eq!(read.len(), 4 * 1024);
+        let e = read_within(chunks(6, 1024), &ext).await.expect_err("over");
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (413, too_large(5 * 1024).message.as_str())
+        );
+        // No layer ran (a request built in-process): kube's default.
+        let none = http::Extensions::new();
+        assert!(read_within(chunks(3, 1024 * 1024), &none).await.is_ok());
+        assert!(read_within(chunks(4, 1024 * 1024), &none).await.is_err());
+    }
+
     #[tokio::test]
     async fn a_body_over_the_limit_is_refused_and_gives_its_budget_back() {
         let limits = BodyLimits::new(10 * 1024, 1024 * 1024);
