@@ -395,12 +395,13 @@ fn diff(path: &str, kube: &Value, ours: &Value, out: &mut Vec<String>) {
                 diff(&format!("{path}/{i}"), va, vb, out);
             }
         }
-        (Value::String(a), Value::String(b)) if a.contains('\n') || b.contains('\n') => {
-            if a != b {
-                out.push(format!(
-                    "{path}: text differs\n  kube:\n{a}\n  kshard:\n{b}"
-                ));
-            }
+        // Multi-line text (indented bodies) is shown whole, one side per block.
+        (Value::String(a), Value::String(b))
+            if a != b && (a.contains('\n') || b.contains('\n')) =>
+        {
+            out.push(format!(
+                "{path}: text differs\n  kube:\n{a}\n  kshard:\n{b}"
+            ));
         }
         _ if kube != ours => out.push(format!("{path}: kube {kube}, kshard {ours}")),
         _ => {}
