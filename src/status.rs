@@ -432,6 +432,9 @@ impl ApiError {
         };
         Self::new(403, "Forbidden", message).with_details(Self::named(group, resource, name))
     }
+    /// kube's mux answers a path nothing serves with a plain-text `404 page
+    /// not found`; this is the Status client-go makes of that answer, kept
+    /// in this form until the response is written ([`Self::is_page_not_found`]).
     pub fn not_found_path() -> Self {
         Self::new(
             404,
@@ -453,6 +456,27 @@ impl ApiError {
             .as_ref()
             .map(|d| d.retry_after_seconds)
             .filter(|n| *n > 0)
+    }
+
+    /// Whether this is [`Self::not_found_path`], answered as plain text.
+    pub fn is_page_not_found(&self) -> bool {
+        self.code == 404
+            && self.details.as_ref().is_some_and(|d| {
+                d.causes.len() == 1
+                    && d.causes[0].reason == "UnexpectedServerResponse"
+                    && d.causes[0].message == "404 page not found"
+            })
+    }
+
+    /// kube's core API answer for a resource it does not have under
+    /// `/api/v1` (a Status with empty details).
+    pub fn not_found_legacy() -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+        .with_details(Details::default())
     }
 
     pub fn to_json(&self) -> Value {

@@ -108,7 +108,7 @@ async fn duplicate_fields_follow_field_validation() {
     assert_eq!(r.status, 400);
     assert_eq!(
         r.json()["message"],
-        "strict decoding error: duplicate field \"spec.replicas\""
+        "Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: duplicate field \"spec.replicas\""
     );
     let r = s
         .raw(
@@ -142,7 +142,9 @@ async fn duplicate_fields_follow_field_validation() {
             body.to_vec(),
         )
         .await;
-    assert_eq!(r.status, 400);
+    // kube validates the options object: 422 naming CreateOptions.
+    assert_eq!(r.status, 422);
+    assert_eq!(r.json()["details"]["kind"], "CreateOptions");
 }
 
 #[tokio::test(flavor = "multi_thread")]

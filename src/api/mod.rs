@@ -29,9 +29,6 @@ use crate::status::ApiError;
 use request::Route;
 use response::{bytes_response, error_response, json_response};
 
-/// Largest request body accepted (kube's limit for JSON is 3 MiB).
-const MAX_BODY: usize = 3 * 1024 * 1024;
-
 pub struct ApiState {
     pub registry: Arc<Registry>,
     pub readiness: Arc<health::Readiness>,
@@ -49,21 +46,95 @@ pub fn router(state: Arc<ApiState>) -> Router {
 }
 
 async fn handle(State(state): State<Arc<ApiState>>, req: Request) -> Response {
-    serve(&state, req).await
+    let pretty = wants_pretty(req.uri().path(), req.uri().query().unwrap_or(""));
+    let resp = serve(&state, req).await;
+    if pretty {
+        indent_json(resp).await
+    } else {
+        resp
+    }
+}
+
+/// `?pretty=` as kube reads it (Go's `strconv.ParseBool`); never for watches,
+/// whose events are one JSON document per line.
+fn wants_pretty(path: &str, query: &str) -> bool {
+    let truthy = |v: &str| matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True");
+    let mut pretty = false;
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "pretty" => pretty = truthy(&v),
+            "watch" if truthy(&v) => return false,
+            _ => {}
+        }
+    }
+    pretty && !path.split('/').any(|s| s == "watch")
+}
+
+/// Kinds kube encodes from Go structs (fields in declaration order); every
+/// other JSON document here is a custom resource or a list of them, which
+/// kube encodes from maps, keys sorted.
+const TYPED_KINDS: &[&str] = &[
+    "Status",
+    "Table",
+    "PartialObjectMetadata",
+    "PartialObjectMetadataList",
+    "Scale",
+    "APIGroup",
+    "APIGroupList",
+    "APIGroupDiscoveryList",
+    "APIResourceList",
+    "APIVersions",
+];
+
+/// A JSON answer indented as kube's `?pretty=true` gives it (two spaces, a
+/// final newline).
+async fn indent_json(resp: Response) -> Response {
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if !is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        tracing::debug!("a response body failed while being indented");
+        return error_response(&ApiError::internal("the response could not be read"));
+    };
+    let Ok(mut doc) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    let typed = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| TYPED_KINDS.contains(&k));
+    if !typed {
+        sort_keys(&mut doc);
+    }
+    let out = serde_json::to_vec_pretty(&doc).unwrap_or_else(|_| bytes.to_vec());
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(out))
+}
+
+fn sort_keys(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.sort_keys();
+            o.values_mut().for_each(sort_keys);
+        }
+        Value::Array(a) => a.iter_mut().for_each(sort_keys),
+        _ => {}
+    }
 }
 
 async fn serve(state: &ApiState, req: Request) -> Response {
     let (mut parts, body) = req.into_parts();
     let info = request::RequestInfo::take(&parts.method, &parts.uri, &mut parts.extensions);
     let query = parts.uri.query().unwrap_or("").to_string();
-    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+    let body = match crate::server::layers::body::read_within(body, &parts.extensions).await {
         Ok(b) => b,
-        Err(_) => {
-            let mut e = ApiError::bad_request("the request body is too large");
-            e.code = 413;
-            e.reason = "RequestEntityTooLarge".into();
-            return error_response(&e);
-        }
+        Err(e) => return error_response(&e),
     };
     let accept = parts
         .headers
@@ -101,7 +172,7 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             || discovery::apis(catalog),
             |v| discovery::aggregated(catalog, v, false),
         ),
-        Route::LegacyV1 => error_response(&ApiError::not_found_path()),
+        Route::LegacyV1 => error_response(&ApiError::not_found_legacy()),
         Route::Group(g) => match discovery::group(catalog, &g) {
             Some(doc) => json_response(StatusCode::OK, &doc),
             None => error_response(&ApiError::not_found_path()),

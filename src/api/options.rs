@@ -114,10 +114,9 @@ impl ListOptions {
     }
 }
 
-/// `dryRun` must be absent or `All`.
 /// `dryRun` (only `All`), validated as kube validates the request's options
 /// (`options_kind`: CreateOptions, UpdateOptions, PatchOptions or
-/// DeleteOptions): 422 naming the options and every value in Go's `%#v`.
+/// DeleteOptions): 422 naming the options and every value, as a JSON list.
 pub fn dry_run(q: &Query, options_kind: &str) -> Result<bool, ApiError> {
     let values = q.values("dryRun");
     if values.iter().all(|v| v == "All") {
@@ -131,7 +130,7 @@ pub fn dry_run(q: &Query, options_kind: &str) -> Result<bool, ApiError> {
         &[FieldError::new(
             crate::status::FieldErrorKind::NotSupported,
             "dryRun",
-            Some(format!("[]string{{{}}}", listed.join(", "))),
+            Some(format!("[{}]", listed.join(","))),
             "supported values: \"All\"",
         )],
     ))
@@ -151,10 +150,18 @@ pub fn write_options(
         "Strict" => FieldValidation::Strict,
         "Ignore" => FieldValidation::Ignore,
         other => {
-            return Err(ApiError::bad_request(format!(
-                "fieldValidation: Unsupported value: {}: supported values: \"Ignore\", \"Strict\", \"Warn\"",
-                quote(other)
-            )))
+            // kube validates the options object: 422 naming it.
+            return Err(ApiError::invalid(
+                "meta.k8s.io",
+                options_kind,
+                "",
+                &[FieldError::new(
+                    crate::status::FieldErrorKind::NotSupported,
+                    "fieldValidation",
+                    Some(quote(other)),
+                    "supported values: \"\", \"Ignore\", \"Strict\", \"Warn\"",
+                )],
+            ));
         }
     };
     let explicit = q.get("fieldManager").unwrap_or("");
@@ -199,6 +206,7 @@ pub fn write_options(
         field_validation,
         manager,
         caller: None,
+        strict_duplicates: Vec::new(),
     })
 }
 

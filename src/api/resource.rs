@@ -27,11 +27,12 @@ const BODY_TYPES: &[&str] = &[
     "application/vnd.kubernetes.protobuf",
     "application/cbor",
 ];
+/// The patch types kube lists in its 415 (apply-patch+cbor is accepted too,
+/// but kube 1.36 lists it only with its CBOR feature gate on, off by default).
 const PATCH_TYPES: &[&str] = &[
     "application/json-patch+json",
     "application/merge-patch+json",
     "application/apply-patch+yaml",
-    "application/apply-patch+cbor",
 ];
 
 pub struct Call<'a> {
@@ -56,15 +57,55 @@ fn media_type(headers: &HeaderMap) -> &str {
     content_type(headers).split(';').next().unwrap_or("").trim()
 }
 
-fn json_error(kind: &str, e: serde_json::Error) -> ApiError {
-    ApiError::bad_request(format!("the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {e}"))
+fn json_error(kind: &str, e: serde_json::Error, body: &[u8]) -> ApiError {
+    unrecognized(kind, &crate::registry::patch::go_json_error(&e), body)
+}
+
+/// kube's refusal of a body it cannot read the kind of: the decoder's error
+/// and the start of the body (as text when it opens an object, else in hex).
+fn unrecognized(kind: &str, error: &str, body: &[u8]) -> ApiError {
+    const SHOWN: usize = 30;
+    let head = &body[..body.len().min(SHOWN)];
+    let mut shown = if body.is_empty() {
+        "<empty>".to_string()
+    } else if body.first() == Some(&b'{') {
+        String::from_utf8_lossy(head).into_owned()
+    } else {
+        head.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    if body.len() > SHOWN {
+        shown.push_str(" ...");
+    }
+    ApiError::bad_request(format!(
+        "the object provided is unrecognized (must be of type {kind}): couldn't get version/kind; json parse error: {error} ({shown})"
+    ))
+}
+
+/// Go's error for a JSON document that is not an object where kube first
+/// reads the apiVersion and kind (a null reads as an empty object).
+fn not_an_object(kind: &str, value: &Value, body: &[u8]) -> Result<(), ApiError> {
+    if value.is_object() || value.is_null() {
+        return Ok(());
+    }
+    Err(unrecognized(
+        kind,
+        &format!(
+            "json: cannot unmarshal {} into Go value of type struct {{ APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; Kind string \"json:\\\"kind,omitempty\\\"\" }}",
+            crate::registry::patch::go_json_type(value)
+        ),
+        body,
+    ))
 }
 
 /// Decodes a request body (JSON or YAML) into an object.
 pub fn decode_body(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<Value, ApiError> {
     let value: Value = match media_type(headers) {
         // An absent type is JSON, as kube reads it; a wildcard names no format: 415.
-        "" | "application/json" => serde_json::from_slice(body).map_err(|e| json_error(kind, e))?,
+        "" | "application/json" => {
+            let v: Value = serde_json::from_slice(body).map_err(|e| json_error(kind, e, body))?;
+            not_an_object(kind, &v, body)?;
+            v
+        }
         "application/cbor" => super::encoding::cbor::from_cbor(body).map_err(|e| {
             ApiError::bad_request(format!(
                 "the object provided is unrecognized (must be of type {kind}): {e}"
@@ -73,8 +114,17 @@ pub fn decode_body(headers: &HeaderMap, body: &[u8], kind: &str) -> Result<Value
         "application/yaml" => {
             let text = std::str::from_utf8(body)
                 .map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
-            serde_saphyr::from_str(text)
-                .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))?
+            serde_saphyr::from_str(text).map_err(|e| {
+                // kube's wording around the parser's first line (the
+                // parser's own words differ from go-yaml's; README).
+                let e = e.to_string();
+                let first = e.lines().next().unwrap_or("");
+                unrecognized(
+                    kind,
+                    &format!("yaml: {}", first.trim_start_matches("error: ")),
+                    body,
+                )
+            })?
         }
         _ => return Err(ApiError::unsupported_media_type(BODY_TYPES)),
     };
@@ -238,6 +288,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let mut wo = write_options(&q, call.headers, false, "CreateOptions")?;
             wo.caller = Some(write_caller(&call.caller, &q));
             let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
+            let dups = strict_later(&mut wo, dups);
             let done = reg.create(&t, obj, &wo).await?;
             Ok(with_warnings(
                 response::object(StatusCode::CREATED, &t, &done.item, &out, include).await,
@@ -249,6 +300,7 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             let mut wo = write_options(&q, call.headers, false, "UpdateOptions")?;
             wo.caller = Some(write_caller(&call.caller, &q));
             let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
+            let dups = strict_later(&mut wo, dups);
             if sub == Some("scale") {
                 let spec = scale_spec(&t)?;
                 let done = reg
@@ -461,7 +513,8 @@ fn decode_checked(
         return Ok((decode_body(headers, body, kind)?, dups));
     }
     let (value, dups) =
-        super::strict::from_slice_with_duplicates(body).map_err(|e| json_error(kind, e))?;
+        super::strict::from_slice_with_duplicates(body).map_err(|e| json_error(kind, e, body))?;
+    not_an_object(kind, &value, body)?;
     Ok((value, duplicate_check(dups, wo)?))
 }
 
@@ -477,12 +530,21 @@ fn duplicate_check(
         .collect();
     match wo.field_validation {
         _ if dups.is_empty() => Ok(dups),
-        crate::registry::FieldValidation::Strict => Err(ApiError::bad_request(format!(
-            "strict decoding error: {}",
-            dups.join(", ")
-        ))),
+        // Reported with the schema's unknown fields (`strict_duplicates`).
+        crate::registry::FieldValidation::Strict => Ok(dups),
         crate::registry::FieldValidation::Warn => Ok(dups),
         crate::registry::FieldValidation::Ignore => Ok(Vec::new()),
+    }
+}
+
+/// Under Strict, repeated keys go with the request to be reported with the
+/// unknown fields; otherwise they are warnings.
+fn strict_later(wo: &mut crate::registry::WriteOptions, dups: Vec<String>) -> Vec<String> {
+    if wo.field_validation == crate::registry::FieldValidation::Strict {
+        wo.strict_duplicates = dups;
+        Vec::new()
+    } else {
+        dups
     }
 }
 

@@ -91,6 +91,9 @@ pub fn json_response(code: StatusCode, value: &Value) -> Response {
 }
 
 pub fn error_response(e: &ApiError) -> Response {
+    if e.is_page_not_found() {
+        return page_not_found();
+    }
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut r = json_response(code, &e.to_json());
     if let Some(n) = e.retry_after() {
@@ -99,6 +102,15 @@ pub fn error_response(e: &ApiError) -> Response {
         }
     }
     r
+}
+
+/// Go's `http.NotFound`, which kube's mux answers for paths nothing serves.
+pub fn page_not_found() -> Response {
+    bytes_response(
+        StatusCode::NOT_FOUND,
+        "text/plain; charset=utf-8",
+        bytes::Bytes::from_static(b"404 page not found\n"),
+    )
 }
 
 impl axum::response::IntoResponse for ApiError {
@@ -115,6 +127,9 @@ fn cbor_response(code: StatusCode, value: &Value) -> Response {
 /// `ErrorNegotiated`): JSON, YAML, CBOR or protobuf.
 pub fn error_for(accept: Option<&str>, e: &ApiError) -> Response {
     use super::negotiate::{error_media, ErrorMedia};
+    if e.is_page_not_found() {
+        return page_not_found();
+    }
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut r = match error_media(accept) {
         ErrorMedia::Json => return error_response(e),
@@ -227,6 +242,19 @@ impl ListMeta {
         }
         Value::Object(m)
     }
+
+    /// The metadata of a custom resource list: kube builds it as an
+    /// unstructured list, whose `continue` is always set (empty on the last
+    /// page), unlike the typed lists of tables and metadata views.
+    pub fn to_json_unstructured(&self) -> Value {
+        let mut v = self.to_json();
+        if let Some(m) = v.as_object_mut() {
+            if !m.contains_key("continue") {
+                m.insert("continue".into(), json!(""));
+            }
+        }
+        v
+    }
 }
 
 /// A list in the negotiated form; JSON lists stream the items' stored bytes.
@@ -269,7 +297,7 @@ pub async fn list(
             let head = serde_json::to_vec(&json!({
                 "apiVersion": api_version,
                 "kind": t.rt.list_kind,
-                "metadata": meta.to_json(),
+                "metadata": meta.to_json_unstructured(),
             }))
             .unwrap_or_default();
             // `{...,"metadata":{...}}` → `{...,"metadata":{...},"items":[` ... `]}`
@@ -291,7 +319,7 @@ pub async fn list(
         }
         Output::Yaml | Output::Cbor => {
             let values: Vec<Value> = items.iter().map(|i| i.value().clone()).collect();
-            let doc = json!({"apiVersion": api_version, "kind": t.rt.list_kind, "metadata": meta.to_json(), "items": values});
+            let doc = json!({"apiVersion": api_version, "kind": t.rt.list_kind, "metadata": meta.to_json_unstructured(), "items": values});
             if *out == Output::Cbor {
                 cbor_response(StatusCode::OK, &doc)
             } else {

@@ -840,7 +840,7 @@ impl FieldManager<'_> {
                     applied: false,
                 },
             );
-            managed.times.insert(id, now);
+            self.stamp(&mut managed, id, now);
         }
         managed
     }
@@ -869,7 +869,7 @@ impl FieldManager<'_> {
                     applied: vs.applied,
                 },
             );
-            managed.times.insert(id, now);
+            self.stamp(&mut managed, id, now);
         }
         cap_update_managers(&mut managed);
         Ok(managed)
@@ -900,7 +900,7 @@ impl FieldManager<'_> {
         strip(&mut managed.fields, &id);
         let obj = match new {
             Some(obj) => {
-                managed.times.insert(id, now);
+                self.stamp(&mut managed, id, now);
                 obj
             }
             None => live.clone(),
@@ -1055,7 +1055,7 @@ impl FieldManager<'_> {
         let (mut obj, managed) = self
             .apply_with_last_applied(&live, config, managed, manager, force, now)
             .map_err(|f| match f {
-                Failure::Conflicts(c) => ApplyError::Conflicts(to_conflicts(c)),
+                Failure::Conflicts(c) => ApplyError::Conflicts(self.to_conflicts(c)),
                 // kube answers the converter's error as is (500).
                 Failure::Convert(m) => ApplyError::Internal(m),
             })?;
@@ -1067,23 +1067,55 @@ impl FieldManager<'_> {
     }
 }
 
-fn to_conflicts(mut raw: Conflicts) -> Vec<Conflict> {
-    // kube walks a Go map here (random order); sort by manager for stable output.
-    raw.sort_by(|a, b| a.0.cmp(&b.0));
-    raw.into_iter()
-        .map(|(id, path)| {
-            let (manager, operation, api_version, subresource) = parse_id(&id);
-            Conflict {
-                manager,
-                operation,
-                api_version,
-                subresource,
-                field: describe(&path),
-                description: describe_manager(&id),
-                id,
-            }
-        })
-        .collect()
+impl FieldManager<'_> {
+    fn to_conflicts(&self, mut raw: Conflicts) -> Vec<Conflict> {
+        // kube walks a Go map here (random order); sort by manager for stable output.
+        raw.sort_by(|a, b| a.0.cmp(&b.0));
+        raw.into_iter()
+            .map(|(id, path)| {
+                let (manager, operation, api_version, subresource) = parse_id(&id);
+                // Through /scale kube's field manager works on the Scale
+                // object: every manager it names is at the Scale's version.
+                let description = if self.subresource.as_deref() == Some("scale") {
+                    describe_manager(&with_api_version(&id, SCALE_API_VERSION))
+                } else {
+                    describe_manager(&id)
+                };
+                Conflict {
+                    manager,
+                    operation,
+                    api_version,
+                    subresource,
+                    field: describe(&path),
+                    description,
+                    id,
+                }
+            })
+            .collect()
+    }
+
+    /// Records when `id` last wrote. Through /scale kube rebuilds the
+    /// writer's entry from the Scale object's, which carries no time.
+    fn stamp(&self, managed: &mut Managed, id: String, now: i64) {
+        if self.subresource.as_deref() == Some("scale") {
+            managed.times.remove(&id);
+        } else {
+            managed.times.insert(id, now);
+        }
+    }
+}
+
+const SCALE_API_VERSION: &str = "autoscaling/v1";
+
+/// A manager identifier with another apiVersion (identifiers are JSON).
+fn with_api_version(id: &str, api_version: &str) -> String {
+    match serde_json::from_str::<Value>(id) {
+        Ok(Value::Object(mut o)) if o.contains_key("apiVersion") => {
+            o.insert("apiVersion".into(), Value::String(api_version.into()));
+            Value::Object(o).to_string()
+        }
+        _ => id.to_string(),
+    }
 }
 
 fn has_last_applied(obj: &Value) -> bool {

@@ -148,6 +148,7 @@ fn gc_write_options() -> WriteOptions {
         field_validation: FieldValidation::Ignore,
         manager: "kshard-garbage-collector".into(),
         caller: None,
+        strict_duplicates: Vec::new(),
     }
 }
 

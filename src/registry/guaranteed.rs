@@ -41,9 +41,10 @@ pub(super) enum Plan {
     Update(Value),
     /// Remove the object, if still at the revision read.
     Delete,
-    /// An update that removed a deleting object's last finalizer: store it
-    /// (if still at the revision read), then remove it, as kube does (watchers
-    /// see MODIFIED, then DELETED); the answer is the updated object.
+    /// An update that removed a deleting object's last finalizer: remove the
+    /// object as stored (if still at the revision read) without storing the
+    /// update, as kube does (watchers see DELETED only); the answer is the
+    /// updated object with the resourceVersion read.
     Finalized(Value),
 }
 
@@ -105,28 +106,20 @@ impl<'a> Attempts<'a> {
                 expected: Some(expected),
             },
             (Plan::Finalized(obj), Some(expected)) => {
-                let update = Write::Update {
-                    key: key.clone(),
-                    expected,
-                    object: reg.storage_of_owned(t, obj).await?,
-                };
-                let updated = match reg.store.write(update).await {
-                    Ok(w) => reg.item(t, &w.object, &w.json).await?,
-                    Err(StorageError::Conflict { .. }) => return Ok(None),
-                    Err(e) => return Err(reg.write_error(t, name, e)),
-                };
-                // Whatever is stored now goes (kube's delete here has no
-                // resourceVersion precondition); another writer may have
-                // removed it first.
+                // The update itself is never stored: the object as stored
+                // goes (watchers see DELETED with its last stored content),
+                // and the answer is the updated object at the revision read.
+                let answer = reg.dry_run_item(t, obj).await?;
                 return match reg
                     .store
                     .write(Write::Delete {
                         key,
-                        expected: None,
+                        expected: Some(expected),
                     })
                     .await
                 {
-                    Ok(_) | Err(StorageError::NotFound) => Ok(Some(updated)),
+                    Ok(_) => Ok(Some(answer)),
+                    Err(StorageError::Conflict { .. }) => Ok(None),
                     Err(e) => Err(reg.write_error(t, name, e)),
                 };
             }

@@ -496,6 +496,20 @@ pub fn drop_unknown_metadata(obj: &mut Value) -> Vec<String> {
             }
         }
     }
+    // kube decodes metadata into its ObjectMeta type, whose empty maps and
+    // lists are left out when encoded: `labels: {}` or `finalizers: []` are
+    // neither stored nor seen by the field manager.
+    for field in ["labels", "annotations", "finalizers", "ownerReferences"] {
+        let empty = match meta.get(field) {
+            Some(Value::Object(m)) => m.is_empty(),
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(Value::Null) => true,
+            _ => false,
+        };
+        if empty {
+            meta.remove(field);
+        }
+    }
     dropped.sort();
     dropped
 }

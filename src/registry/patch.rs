@@ -26,7 +26,10 @@ fn invalid(message: String) -> ApiError {
 /// The reason is logged for the operator.
 fn rejected(reason: String) -> ApiError {
     tracing::debug!(%reason, "JSON patch refused");
-    invalid("the server rejected our request due to an error in our request".into())
+    let mut e = invalid("the server rejected our request due to an error in our request".into());
+    // NewGenericServerResponse always carries (empty) details.
+    e.details = Some(Box::default());
+    e
 }
 
 /// The JSON size of a value, counted without building it.
@@ -83,13 +86,40 @@ impl PatchType {
     }
 }
 
+/// A patch that does not parse, in Go's words where they are known.
+fn patch_error(e: serde_json::Error) -> ApiError {
+    ApiError::bad_request(format!("error decoding patch: {}", go_json_error(&e)))
+}
+
+/// Go's `encoding/json` text for a syntax error: a truncated document is
+/// "unexpected end of JSON input"; other syntax errors keep serde_json's
+/// wording (a known difference, README).
+pub fn go_json_error(e: &serde_json::Error) -> String {
+    if e.is_eof() {
+        "unexpected end of JSON input".to_string()
+    } else {
+        e.to_string()
+    }
+}
+
+/// How Go's `encoding/json` names a JSON value's type in unmarshal errors.
+pub fn go_json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
 /// Applies `body` to `current`, returning the patched object.
 pub fn apply(kind: PatchType, current: &Value, body: &[u8]) -> Result<Value, ApiError> {
     let mut doc = current.clone();
     match kind {
         PatchType::Merge => {
-            let patch: Value = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            let patch: Value = serde_json::from_slice(body).map_err(patch_error)?;
             if !patch.is_object() {
                 return Err(ApiError::bad_request(
                     "error decoding patch: merge patch must be a JSON object",
@@ -104,8 +134,17 @@ pub fn apply(kind: PatchType, current: &Value, body: &[u8]) -> Result<Value, Api
             }
             // Decoding only needs an array of objects (as evanphx/json-patch's
             // DecodePatch); what an operation means is checked as it applies.
-            let ops: Vec<serde_json::Map<String, Value>> = serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            let ops: Vec<serde_json::Map<String, Value>> =
+                serde_json::from_slice(body).map_err(|e| {
+                    // Go's decoder names the JSON type that is not a list.
+                    match serde_json::from_slice::<Value>(body) {
+                        Ok(v) if !v.is_array() && !v.is_null() => ApiError::bad_request(format!(
+                            "error decoding patch: json: cannot unmarshal {} into Go value of type []handlers.jsonPatchOp",
+                            go_json_type(&v)
+                        )),
+                        _ => patch_error(e),
+                    }
+                })?;
             if ops.len() > MAX_JSON_PATCH_OPERATIONS {
                 let mut e = ApiError::bad_request(format!(
                     "Request entity too large: The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {}",

@@ -131,19 +131,8 @@ pub fn apply_scale(
             )],
         ));
     };
-    if n < 0 {
-        return Err(ApiError::invalid(
-            group,
-            kind,
-            name,
-            &[FieldError::new(
-                crate::status::FieldErrorKind::Invalid,
-                spec.spec_replicas_path.trim_start_matches('.'),
-                Some(n.to_string()),
-                "should be a non-negative integer",
-            )],
-        ));
-    }
+    // A negative count goes into the object: its validation reports both
+    // the schema's bound and the scale paths' check, as kube's does.
     let mut out = obj.clone();
     let pointer = pointer_of(&spec.spec_replicas_path);
     let (parent, leaf) = pointer.rsplit_once('/').unwrap_or(("", &pointer));
@@ -308,8 +297,11 @@ mod tests {
         let new =
             apply_scale(&spec, &obj, &json!({"spec": {"replicas": 5}}), "W", "g").expect("apply");
         assert_eq!(new["spec"]["replicas"], 5);
-        let e = apply_scale(&spec, &obj, &json!({"spec": {"replicas": -1}}), "W", "g")
-            .expect_err("negative");
-        assert_eq!(e.code, 422);
+        // A negative count goes into the object; its validation refuses it
+        // (the schema's bound and the scale check together, as kube).
+        let new = apply_scale(&spec, &obj, &json!({"spec": {"replicas": -1}}), "W", "g")
+            .expect("negative is carried");
+        assert_eq!(new["spec"]["replicas"], -1);
+        assert!(!validate(&spec, &new, true).is_empty());
     }
 }

@@ -284,7 +284,20 @@ impl LabelSelector {
             return Ok(Self::default());
         }
         loop {
-            requirements.push(p.requirement()?);
+            // kube wraps every error of one started requirement (syntax or
+            // validation) in this prefix, once.
+            const PREFIX: &str = "unable to parse requirement: ";
+            requirements.push(p.requirement().map_err(|e| {
+                // A requirement that does not even start is kube's outer
+                // loop's error, unwrapped.
+                if e.starts_with(PREFIX)
+                    || e.ends_with("expected: !, identifier, or 'end of string'")
+                {
+                    e
+                } else {
+                    format!("{PREFIX}{e}")
+                }
+            })?);
             match p.next() {
                 Token::End => break,
                 Token::Comma => {
@@ -513,7 +526,7 @@ mod tests {
         let e = LabelSelector::parse("app=web,").expect_err("trailing comma");
         assert_eq!(e, "found '', expected: identifier after ','");
         let e = LabelSelector::parse("app in web").expect_err("no paren");
-        assert_eq!(e, "found 'web' expected: '('");
+        assert_eq!(e, "unable to parse requirement: found 'web' expected: '('");
         let e = LabelSelector::parse("a/b/c=x").expect_err("bad key");
         assert!(
             e.starts_with("unable to parse requirement: <nil>: Invalid value: \"a/b/c\""),

@@ -47,6 +47,9 @@ pub struct WriteOptions {
     pub manager: String,
     /// Who asks, for admission (`None`: kshard's own writes, no webhooks).
     pub caller: Option<Arc<Caller>>,
+    /// Repeated keys the body decoder found under Strict: kube reports them
+    /// in one error with the unknown fields, so they wait for the schema.
+    pub strict_duplicates: Vec<String>,
 }
 
 /// A successful write and the warnings to send with it.
@@ -149,14 +152,14 @@ impl Registry {
             .iter()
             .map(|p| format!("unknown field {}", quote(p)))
             .collect();
+        if opts.field_validation == FieldValidation::Strict && !opts.strict_duplicates.is_empty() {
+            let mut all = opts.strict_duplicates.clone();
+            all.extend(unknown);
+            return Err(strict_decoding_error(t, &all));
+        }
         if !unknown.is_empty() {
             match opts.field_validation {
-                FieldValidation::Strict => {
-                    return Err(ApiError::bad_request(format!(
-                        "strict decoding error: {}",
-                        unknown.join(", ")
-                    )))
-                }
+                FieldValidation::Strict => return Err(strict_decoding_error(t, &unknown)),
                 FieldValidation::Warn => warnings.extend(unknown),
                 FieldValidation::Ignore => {}
             }
@@ -279,6 +282,26 @@ impl Registry {
         sub: Subresource,
         opts: &WriteOptions,
     ) -> Result<Outcome, ApiError> {
+        if sub != Subresource::Scale {
+            // kube's apply handler refuses a configuration of another type
+            // before anything else looks at it.
+            let api_version = config.get("apiVersion").and_then(Value::as_str);
+            let kind = config.get("kind").and_then(Value::as_str);
+            if let (Some(v), Some(k)) = (api_version, kind) {
+                if !v.is_empty() && !k.is_empty() && (v != t.api_version() || k != t.rt.kind) {
+                    return Err(ApiError::bad_request(format!(
+                        "invalid object type: {v}, Kind={k}"
+                    )));
+                }
+            }
+        }
+        // kube's field manager names the configuration as sent (its
+        // namespace and name may be missing); this one gets them filled in.
+        let sent_as = format!(
+            "({}/{}; ",
+            meta_str(&config, "namespace"),
+            meta_str(&config, "name")
+        );
         self.check_body(t, &mut config)?;
         let config_name = meta_str(&config, "name");
         if !config_name.is_empty() && config_name != name {
@@ -305,6 +328,14 @@ impl Registry {
                     force,
                     &now_rfc3339(),
                 )
+                .map_err(|e| match e {
+                    ApplyError::Internal(m) => ApplyError::Internal(m.replacen(
+                        &format!("({}/{}; ", meta_str(&config, "namespace"), name),
+                        &sent_as,
+                        1,
+                    )),
+                    e => e,
+                })
                 .map_err(|e| apply_error(t, name, e))?;
             let mut warnings = Vec::new();
             self.decode_schema(t, &mut merged, opts, &mut warnings)?;
@@ -621,16 +652,17 @@ impl Registry {
         let mut attempts = Attempts::new(self, t, name);
         loop {
             let current = attempts.read().await?;
-            // kube's order: the UID precondition, then existence (custom
-            // resources are never created by PUT), then managedFields and
-            // mutating admission, then the resourceVersion.
+            // kube's order (as the reference server answers): existence
+            // (custom resources are never created by PUT), the UID
+            // precondition, then managedFields and mutating admission, then
+            // the resourceVersion.
+            let current = current.ok_or_else(|| not_found(t, name))?;
             if !uid.is_empty() {
-                let actual = current.as_ref().map_or("", |c| meta_str(&c.value, "uid"));
+                let actual = meta_str(&current.value, "uid");
                 if uid != actual {
                     return Err(uid_precondition_failed(t, name, &uid, actual));
                 }
             }
-            let current = current.ok_or_else(|| not_found(t, name))?;
             let mut new = obj.clone();
             let mut notes = Vec::new();
             self.track(t, Some(&current.value), &mut new, sub, &opts.manager)?;
@@ -684,9 +716,27 @@ impl Registry {
         loop {
             let current = attempts.read().await?.ok_or_else(|| not_found(t, name))?;
             let mut obj = change(&current.value)?;
+            // kube's patch handler reports a strict decoding error as an
+            // invalid `patch`, showing the patched object (keys sorted).
+            let patched = (opts.field_validation == FieldValidation::Strict)
+                .then(|| serde_json::to_string(&sorted_keys(&obj)).unwrap_or_default());
             self.check_body(t, &mut obj)?;
             let mut warnings = Vec::new();
-            self.decode_schema(t, &mut obj, opts, &mut warnings)?;
+            self.decode_schema(t, &mut obj, opts, &mut warnings)
+                .map_err(|e| match (&patched, e.message.find(STRICT)) {
+                    (Some(patched), Some(at)) if e.code == 400 => ApiError::invalid(
+                        "",
+                        "",
+                        "",
+                        &[FieldError::new(
+                            crate::status::FieldErrorKind::Invalid,
+                            "patch",
+                            Some(quote(patched)),
+                            &e.message[at..],
+                        )],
+                    ),
+                    _ => e,
+                })?;
             let body_name = meta_str(&obj, "name");
             if body_name != name {
                 return Err(ApiError::bad_request(format!(
@@ -968,6 +1018,10 @@ fn apply_error(t: &Target, name: &str, e: ApplyError) -> ApiError {
             let mut err = ApiError::conflict(&t.rt.group, &t.rt.plural, name, "");
             err.message = e.to_string();
             if let Some(d) = err.details.as_mut() {
+                // kube's conflict Status names no object, only the causes.
+                d.name.clear();
+                d.group.clear();
+                d.kind.clear();
                 d.causes = conflicts
                     .iter()
                     .map(|c| crate::status::Cause {
@@ -980,12 +1034,44 @@ fn apply_error(t: &Target, name: &str, e: ApplyError) -> ApiError {
             err
         }
         ApplyError::BadRequest(m) => ApiError::bad_request(m.clone()),
+        // A plain error in kube's handler: 500 without reason or details.
         ApplyError::Internal(m) => {
             let mut err = ApiError::internal(m);
             err.message = m.clone();
+            err.reason = "".into();
+            err.details = None;
             err
         }
     }
+}
+
+const STRICT: &str = "strict decoding error: ";
+
+/// `v` with every object's keys in sorted order (how Go encodes a map).
+fn sorted_keys(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted_keys(&o[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted_keys).collect()),
+        other => other.clone(),
+    }
+}
+
+/// kube's strict decoder refusal, as the CR handler wraps it.
+pub fn strict_decoding_error(t: &Target, errors: &[String]) -> ApiError {
+    ApiError::bad_request(format!(
+        "{kind} in version {version} cannot be handled as a {kind}: {STRICT}{}",
+        errors.join(", "),
+        kind = t.rt.kind,
+        version = quote(&t.version),
+    ))
 }
 
 /// kube's 409 for an update whose `metadata.uid` is not the stored object's

@@ -145,17 +145,12 @@ pub struct Buffered {
     extensions: http::Extensions,
 }
 
-/// Largest request body a follower buffers to forward (kube's limit is 3 MiB).
-const MAX_BODY: usize = 3 * 1024 * 1024 + 64 * 1024;
-
 pub async fn buffer(req: Request) -> Result<Buffered, Response> {
     let (parts, body) = req.into_parts();
-    let body = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
-        let mut e = crate::status::ApiError::bad_request("the request body is too large");
-        e.code = 413;
-        e.reason = "RequestEntityTooLarge".into();
-        crate::api::response::error_response(&e)
-    })?;
+    // The body layer's limit (`--max-request-body-bytes`), refused as it does.
+    let body = crate::server::layers::body::read_within(body, &parts.extensions)
+        .await
+        .map_err(|e| crate::api::response::error_response(&e))?;
     Ok(Buffered {
         method: parts.method,
         path_and_query: parts

@@ -51,6 +51,24 @@ impl BodyLimits {
     }
 }
 
+/// kube's default `--max-request-body-bytes` (3 MiB).
+pub const DEFAULT_MAX_BYTES: usize = 3 * 1024 * 1024;
+
+/// The request body limit in force, left in the request's extensions by this
+/// layer so every later reader (the handlers, forwarding) holds the body to
+/// the same limit and refuses it the same way.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+/// Reads a body (already bounded by this layer when it ran) within the limit
+/// `ext` carries; kube's 413 beyond it.
+pub async fn read_within(body: Body, ext: &http::Extensions) -> Result<Bytes, ApiError> {
+    let limit = ext.get::<BodyLimit>().map_or(DEFAULT_MAX_BYTES, |l| l.0);
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| too_large(limit))
+}
+
 /// kube's 413 for a body over the limit (handlers' `limitedReadBody`).
 pub fn too_large(limit: usize) -> ApiError {
     let mut e = ApiError::bad_request(format!("Request entity too large: limit is {limit}"));
@@ -111,7 +129,8 @@ where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,
 {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    parts.extensions.insert(BodyLimit(limits.max_bytes));
     if http_body::Body::is_end_stream(&body) {
         return next(Request::from_parts(parts, body)).await;
     }
@@ -201,6 +220,25 @@ mod tests {
         Body::from_stream(futures::stream::iter(parts))
     }
 
+    /// The handlers and forwarding read the body within the limit this layer
+    /// left in the extensions, and refuse beyond it as the layer does.
+    #[tokio::test]
+    async fn later_readers_hold_the_body_to_the_layers_limit() {
+        let mut ext = http::Extensions::new();
+        ext.insert(BodyLimit(5 * 1024));
+        let read = read_within(chunks(4, 1024), &ext).await.expect("within");
+        assert_eq!(read.len(), 4 * 1024);
+        let e = read_within(chunks(6, 1024), &ext).await.expect_err("over");
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (413, too_large(5 * 1024).message.as_str())
+        );
+        // No layer ran (a request built in-process): kube's default.
+        let none = http::Extensions::new();
+        assert!(read_within(chunks(3, 1024 * 1024), &none).await.is_ok());
+        assert!(read_within(chunks(4, 1024 * 1024), &none).await.is_err());
+    }
+
     #[tokio::test]
     async fn a_body_over_the_limit_is_refused_and_gives_its_budget_back() {
         let limits = BodyLimits::new(10 * 1024, 1024 * 1024);
@@ -213,7 +251,7 @@ mod tests {
 
     #[tokio::test]
     async fn bodies_share_one_budget() {
-        let limits = BodyLimits::new(3 * 1024 * 1024, 64 * 1024);
+        let limits = BodyLimits::new(DEFAULT_MAX_BYTES as u64, 64 * 1024);
         let mut first = Vec::new();
         let ok = read(&limits, &mut chunks(40, 1024), &mut first).await;
         assert_eq!(ok.ok().map(|b| b.len()), Some(40 * 1024));

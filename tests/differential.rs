@@ -1,0 +1,629 @@
+//! Differential tests: the same requests to the reference kube-apiserver
+//! (`common::real_host`, v1.36.2 with etcd) and to kshard, answers compared.
+//!
+//! The scenarios are data: every `tests/differential/*.yaml` file holds a list
+//! of them (the file's header says how to write one). Both servers serve the
+//! same CRDs (`crds/examples`, `tests/fixtures/crds`): kube-apiserver gets them
+//! applied, kshard reads the files. Each scenario runs in a namespace of its
+//! own (`${ns}`), its steps in order, first against kube-apiserver and then
+//! against kshard, step by step, so both see the same sequence.
+//!
+//! What is compared per request: the status code, `Content-Type`, the
+//! `Warning` headers and the body, normalised (see [`Norm`]). Watches opened
+//! by a step are read by a later step; their events are compared the same way.
+//! A scenario marked `known_difference` is a difference kshard keeps on
+//! purpose: it is reported, not failed, must still differ (a mark that no
+//! longer matches anything fails, so stale marks are removed), and its name
+//! must be listed in the README's differences section.
+//!
+//! One kube-apiserver for the whole run: a single test runs every scenario and
+//! reports every mismatch at the end. `KSHARD_DIFF_ONLY=text` runs only the
+//! scenarios whose name contains `text`; `KSHARD_DIFF_SHOW=1` prints both
+//! answers of every step.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use common::real_host::RealHost;
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// One scenario of a `tests/differential/*.yaml` file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Scenario {
+    name: String,
+    /// Why kshard answers differently on purpose; the scenario must differ.
+    #[serde(default)]
+    known_difference: Option<String>,
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct Step {
+    /// HTTP method; `GET` when absent.
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    /// A body given as YAML, sent as JSON.
+    #[serde(default)]
+    body: Option<Value>,
+    /// A body sent exactly as written.
+    #[serde(default)]
+    raw: Option<String>,
+    /// `Content-Type` of the body; `application/json` when absent.
+    #[serde(default)]
+    content_type: Option<String>,
+    /// Values kept from this answer for later steps, by JSON pointer:
+    /// `${name}` in later paths and bodies.
+    #[serde(default)]
+    capture: BTreeMap<String, String>,
+    /// Compare the body as text (indentation matters), normalised by pattern.
+    #[serde(default)]
+    text: bool,
+    /// Run on both servers but do not compare (setup the scenario relies on).
+    #[serde(default)]
+    setup: bool,
+    /// Open a watch at `path` under this name (the answer's headers are compared).
+    #[serde(default)]
+    watch: Option<String>,
+    /// Read events of an open watch.
+    #[serde(default)]
+    events: Option<Events>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct Events {
+    watch: String,
+    /// Events expected; one more arriving within a short grace is reported too.
+    count: usize,
+}
+
+fn load_scenarios() -> Vec<(String, Scenario)> {
+    let dir = common::repo_path("tests/differential");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/differential")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("scenario file");
+        let list: Vec<Scenario> =
+            serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let file = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        out.extend(list.into_iter().map(|s| (file.clone(), s)));
+    }
+    out
+}
+
+/// A server under test: a client and what a scenario kept from its answers.
+struct Side {
+    name: &'static str,
+    client: kube::Client,
+    vars: HashMap<String, String>,
+    norm: Norm,
+    watches: HashMap<String, WatchStream>,
+}
+
+struct WatchStream {
+    body: kube::client::Body,
+    buf: Vec<u8>,
+}
+
+impl WatchStream {
+    /// The next event, or None when none comes within `wait`.
+    async fn next(&mut self, wait: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Some(
+                    serde_json::from_slice(&line)
+                        .unwrap_or_else(|_| json!({"unparsed": String::from_utf8_lossy(&line)})),
+                );
+            }
+            let frame = tokio::time::timeout_at(deadline, self.body.frame()).await;
+            match frame {
+                Ok(Some(Ok(f))) => {
+                    if let Ok(data) = f.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Makes two answers comparable: server-chosen values become stable tokens.
+/// resourceVersions and uids are numbered in order of first appearance within
+/// the scenario (so "the same resourceVersion as before" stays visible: a
+/// no-op write shows the token of the previous answer); a list's own
+/// resourceVersion, continue tokens, timestamps and generated name suffixes
+/// become placeholders.
+#[derive(Default)]
+struct Norm {
+    rvs: HashMap<String, usize>,
+    uids: HashMap<String, usize>,
+}
+
+fn is_timestamp(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() >= 20
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && b[16] == b':'
+        && s.ends_with('Z')
+        && b[..4].iter().all(u8::is_ascii_digit)
+}
+
+impl Norm {
+    fn rv(&mut self, v: &str) -> String {
+        let n = self.rvs.len() + 1;
+        format!("RV#{}", self.rvs.entry(v.to_string()).or_insert(n))
+    }
+    fn uid(&mut self, v: &str) -> String {
+        let n = self.uids.len() + 1;
+        format!("UID#{}", self.uids.entry(v.to_string()).or_insert(n))
+    }
+
+    fn value(&mut self, v: &mut Value) {
+        // A list's own resourceVersion is the store's current revision, which
+        // on kube-apiserver moves with writes outside the scenario (leases).
+        if let Some(o) = v.as_object_mut() {
+            if o.contains_key("items") {
+                if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                    if m.get("resourceVersion").is_some_and(Value::is_string) {
+                        m.insert("resourceVersion".into(), json!("<list-rv>"));
+                    }
+                    if m.get("continue")
+                        .and_then(Value::as_str)
+                        .is_some_and(|c| !c.is_empty())
+                    {
+                        m.insert("continue".into(), json!("<continue>"));
+                    }
+                }
+            }
+            if let (Some(Value::String(gen)), Some(Value::String(name))) =
+                (o.get("generateName").cloned(), o.get("name").cloned())
+            {
+                if name.starts_with(&gen) && name.len() > gen.len() {
+                    o.insert("name".into(), json!(format!("{gen}<generated>")));
+                }
+            }
+        }
+        match v {
+            Value::Object(o) => {
+                for (k, child) in o.iter_mut() {
+                    match (k.as_str(), &*child) {
+                        ("resourceVersion", Value::String(s)) if !s.starts_with('<') => {
+                            *child = json!(self.rv(s));
+                        }
+                        ("uid", Value::String(s)) => *child = json!(self.uid(s)),
+                        _ => self.value(child),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|c| self.value(c)),
+            Value::String(s) if is_timestamp(s) => *v = json!("<time>"),
+            _ => {}
+        }
+    }
+
+    /// Server-chosen values inside messages: known uids ("UID in object
+    /// meta: …"), and the resourceVersions and times of an object a message
+    /// quotes as JSON.
+    fn strings(&mut self, v: &mut Value) {
+        match v {
+            Value::Object(o) => o.values_mut().for_each(|c| self.strings(c)),
+            Value::Array(a) => a.iter_mut().for_each(|c| self.strings(c)),
+            Value::String(s) if s.contains(' ') => {
+                for (uid, n) in &self.uids {
+                    if s.contains(uid.as_str()) {
+                        *s = s.replace(uid.as_str(), &format!("UID#{n}"));
+                    }
+                }
+                let quoted_rv =
+                    regex::Regex::new(r#"resourceVersion\\":\\"(\d+)\\""#).expect("regex");
+                let found: Vec<(String, String)> = quoted_rv
+                    .captures_iter(s)
+                    .map(|c| (c[0].to_string(), c[1].to_string()))
+                    .collect();
+                for (whole, rv) in found {
+                    let tok = self.rv(&rv);
+                    *s = s.replace(&whole, &whole.replace(&rv, &tok));
+                }
+                let ts =
+                    regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").expect("regex");
+                *s = ts.replace_all(s, "<time>").into_owned();
+            }
+            _ => {}
+        }
+    }
+
+    fn json(&mut self, mut v: Value) -> Value {
+        self.value(&mut v);
+        self.strings(&mut v);
+        v
+    }
+
+    /// A body compared as text: the same placeholders by pattern.
+    fn text(&mut self, s: &str) -> String {
+        let rv = regex::Regex::new(r#""resourceVersion": ?"(\d+)""#).expect("regex");
+        let uid = regex::Regex::new(r#""uid": ?"([0-9a-f-]{36})""#).expect("regex");
+        let ts = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").expect("regex");
+        let mut out = s.to_string();
+        for c in rv.captures_iter(s) {
+            let tok = self.rv(&c[1]);
+            out = out.replace(&c[0], &c[0].replace(&c[1], &tok));
+        }
+        for c in uid.captures_iter(s) {
+            let tok = self.uid(&c[1]);
+            out = out.replace(&c[0], &c[0].replace(&c[1], &tok));
+        }
+        ts.replace_all(&out, "<time>").into_owned()
+    }
+}
+
+fn substitute(s: &str, vars: &HashMap<String, String>) -> String {
+    let mut out = s.to_string();
+    for (k, v) in vars {
+        out = out.replace(&format!("${{{k}}}"), v);
+    }
+    out
+}
+
+/// The request a step sends, with this side's variables filled in.
+struct Request {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+fn request_of(step: &Step, vars: &HashMap<String, String>) -> Request {
+    let path = substitute(step.path.as_deref().unwrap_or("/"), vars);
+    let body = match (&step.raw, &step.body) {
+        (Some(raw), _) => substitute(raw, vars).into_bytes(),
+        (None, Some(b)) => substitute(&b.to_string(), vars).into_bytes(),
+        (None, None) => Vec::new(),
+    };
+    let mut headers: Vec<(String, String)> = step
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_lowercase(), substitute(v, vars)))
+        .collect();
+    if step.raw.is_some() || step.body.is_some() {
+        headers.push((
+            "content-type".into(),
+            step.content_type
+                .clone()
+                .unwrap_or_else(|| "application/json".into()),
+        ));
+    }
+    Request {
+        method: step.method.clone().unwrap_or_else(|| "GET".into()),
+        path,
+        headers,
+        body,
+    }
+}
+
+async fn send(client: &kube::Client, r: &Request) -> http::Response<kube::client::Body> {
+    let mut b = http::Request::builder()
+        .method(r.method.as_str())
+        .uri(r.path.as_str());
+    // The field manager kube derives from the user agent is part of the answer.
+    if !r.headers.iter().any(|(k, _)| k == "user-agent") {
+        b = b.header("user-agent", "differential/1.0");
+    }
+    for (k, v) in &r.headers {
+        b = b.header(k.as_str(), v.as_str());
+    }
+    let req = b
+        .body(kube::client::Body::from(r.body.clone()))
+        .expect("request");
+    client.send(req).await.expect("send")
+}
+
+/// An answer in the form compared: code, headers that matter, body.
+fn answer_of(parts: &http::response::Parts, body: &[u8], text: bool, norm: &mut Norm) -> Value {
+    let header = |name: &str| -> Vec<String> {
+        parts
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect()
+    };
+    let body = if text {
+        json!(norm.text(&String::from_utf8_lossy(body)))
+    } else if body.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice::<Value>(body) {
+            Ok(v) => norm.json(v),
+            Err(_) => json!(String::from_utf8_lossy(body)),
+        }
+    };
+    json!({
+        "code": parts.status.as_u16(),
+        "contentType": header("content-type"),
+        "warning": header("warning"),
+        "body": body,
+    })
+}
+
+/// What differs between two values, one line per path.
+fn diff(path: &str, kube: &Value, ours: &Value, out: &mut Vec<String>) {
+    match (kube, ours) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, va) in a {
+                let p = format!("{path}/{k}");
+                match b.get(k) {
+                    Some(vb) => diff(&p, va, vb, out),
+                    None => out.push(format!("{p}: kube {va}, kshard has none")),
+                }
+            }
+            for (k, vb) in b {
+                if !a.contains_key(k) {
+                    out.push(format!("{path}/{k}: kube has none, kshard {vb}"));
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (va, vb)) in a.iter().zip(b).enumerate() {
+                diff(&format!("{path}/{i}"), va, vb, out);
+            }
+        }
+        // Multi-line text (indented bodies) is shown whole, one side per block.
+        (Value::String(a), Value::String(b))
+            if a != b && (a.contains('\n') || b.contains('\n')) =>
+        {
+            out.push(format!(
+                "{path}: text differs\n  kube:\n{a}\n  kshard:\n{b}"
+            ));
+        }
+        _ if kube != ours => out.push(format!("{path}: kube {kube}, kshard {ours}")),
+        _ => {}
+    }
+}
+
+fn describe(r: &Request) -> String {
+    let mut s = format!("{} {}", r.method, r.path);
+    for (k, v) in &r.headers {
+        let _ = write!(s, "\n    {k}: {v}");
+    }
+    if !r.body.is_empty() {
+        let body = String::from_utf8_lossy(&r.body);
+        let shown: String = body.chars().take(400).collect();
+        let _ = write!(s, "\n    body: {shown}");
+    }
+    s
+}
+
+/// Runs one step on one side; returns the normalised answer (None for a
+/// setup step).
+async fn run_step(side: &mut Side, step: &Step) -> (Request, Value) {
+    let req = request_of(step, &side.vars);
+    if let Some(ev) = &step.events {
+        let Some(w) = side.watches.get_mut(&ev.watch) else {
+            panic!("{}: no watch named {}", side.name, ev.watch)
+        };
+        let mut got = Vec::new();
+        for _ in 0..ev.count {
+            match w.next(Duration::from_secs(5)).await {
+                Some(e) => got.push(e),
+                None => break,
+            }
+        }
+        // An extra event (the kind of difference this catches) shows up
+        // within a short while after the expected ones.
+        if got.len() == ev.count {
+            if let Some(e) = w.next(Duration::from_millis(500)).await {
+                got.push(e);
+            }
+        }
+        let events = side.norm.json(Value::Array(got));
+        let req = Request {
+            method: "WATCH".into(),
+            path: format!("events of {}", ev.watch),
+            headers: vec![],
+            body: vec![],
+        };
+        return (req, events);
+    }
+    let resp = send(&side.client, &req).await;
+    let (parts, body) = resp.into_parts();
+    if let Some(name) = &step.watch {
+        let answer = answer_of(&parts, &[], false, &mut side.norm);
+        side.watches.insert(
+            name.clone(),
+            WatchStream {
+                body,
+                buf: Vec::new(),
+            },
+        );
+        return (req, answer);
+    }
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    if !step.capture.is_empty() {
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        for (name, pointer) in &step.capture {
+            let got = match v.pointer(pointer) {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            side.vars.insert(name.clone(), got);
+        }
+    }
+    let answer = answer_of(&parts, &bytes, step.text, &mut side.norm);
+    (req, answer)
+}
+
+/// Runs a scenario on both servers; the lines describing every difference.
+async fn run_scenario(kube: &mut Side, ours: &mut Side, s: &Scenario) -> Vec<String> {
+    let mut report = Vec::new();
+    for (i, step) in s.steps.iter().enumerate() {
+        let (kube_req, kube_answer) = run_step(kube, step).await;
+        let (_, our_answer) = run_step(ours, step).await;
+        if step.setup {
+            continue;
+        }
+        if std::env::var_os("KSHARD_DIFF_SHOW").is_some() {
+            eprintln!(
+                "--- {} step {}: {}\n  kube:   {kube_answer}\n  kshard: {our_answer}",
+                s.name,
+                i + 1,
+                describe(&kube_req)
+            );
+        }
+        let mut lines = Vec::new();
+        diff("", &kube_answer, &our_answer, &mut lines);
+        if !lines.is_empty() {
+            report.push(format!(
+                "  step {}: {}\n{}",
+                i + 1,
+                describe(&kube_req),
+                lines
+                    .iter()
+                    .take(40)
+                    .map(|l| format!("    {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ));
+        }
+    }
+    report
+}
+
+/// The CRDs kshard serves, installed into kube-apiserver and served.
+fn install_crds(host: &RealHost) {
+    for f in ["crds/examples", "tests/fixtures/crds"] {
+        let path = common::repo_path(f);
+        host.kubectl_ok(&["apply", "-f", &path.to_string_lossy()]);
+    }
+    host.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd",
+        "--all",
+        "--timeout=60s",
+    ]);
+    // Established comes a moment before the handlers serve the resources.
+    host.wait_until("the CRDs served", Duration::from_secs(30), || {
+        [
+            "widgets.demo.kshard.dev",
+            "gadgets.test.kshard.dev",
+            "things.test.kshard.dev",
+        ]
+        .iter()
+        .all(|r| host.kubectl(&["get", r]).status.success())
+    });
+}
+
+/// The README's list of deliberate differences.
+fn readme_differences() -> String {
+    let readme = std::fs::read_to_string(common::repo_path("README.md")).expect("README");
+    let start = readme
+        .find("## Where kshard answers differently from kube-apiserver")
+        .expect("README differences section");
+    let rest = &readme[start..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |e| e + 3);
+    rest[..end].to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kshard_answers_as_kube_apiserver_does() {
+    let scenarios = load_scenarios();
+    assert!(!scenarios.is_empty(), "no scenarios in tests/differential");
+    let only = std::env::var("KSHARD_DIFF_ONLY").ok();
+    let readme = readme_differences();
+
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = RealHost::start(dir.path());
+    install_crds(&host);
+    let server = common::start().await;
+    let kube_client = host.client().await;
+
+    let mut failures = Vec::new();
+    let mut known = Vec::new();
+    let mut matched = 0;
+    for (n, (file, s)) in scenarios.iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !s.name.contains(o.as_str())) {
+            continue;
+        }
+        let ns = format!("diff-{n}");
+        host.kubectl_ok(&["create", "namespace", &ns]);
+        let vars: HashMap<String, String> = [("ns".to_string(), ns.clone())].into();
+        let mut kube = Side {
+            name: "kube-apiserver",
+            client: kube_client.clone(),
+            vars: vars.clone(),
+            norm: Norm::default(),
+            watches: HashMap::new(),
+        };
+        let mut ours = Side {
+            name: "kshard",
+            client: server.client.clone(),
+            vars,
+            norm: Norm::default(),
+            watches: HashMap::new(),
+        };
+        let report = run_scenario(&mut kube, &mut ours, s).await;
+        let title = format!("scenario \"{}\" ({file})", s.name);
+        match (&s.known_difference, report.is_empty()) {
+            (None, true) => matched += 1,
+            (None, false) => failures.push(format!("{title}:\n{}", report.join("\n"))),
+            (Some(why), false) => {
+                if !readme.contains(&s.name) {
+                    failures.push(format!(
+                        "{title} is a known difference not listed in the README's \
+                         differences section"
+                    ));
+                }
+                known.push(format!(
+                    "{title}: known difference ({why}):\n{}",
+                    report.join("\n")
+                ));
+            }
+            (Some(_), true) => failures.push(format!(
+                "{title} is marked as a known difference but now matches: remove the mark \
+                 (and its README entry)"
+            )),
+        }
+    }
+    eprintln!(
+        "differential: {matched} scenarios match, {} known differences, {} mismatches",
+        known.len(),
+        failures.len()
+    );
+    for k in &known {
+        eprintln!("{k}\n");
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+}
