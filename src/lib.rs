@@ -13,6 +13,7 @@ pub mod flowcontrol;
 #[cfg(test)]
 mod fuzz;
 pub mod host;
+pub mod logging;
 pub mod manifests;
 pub mod registry;
 pub mod replica;

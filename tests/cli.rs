@@ -104,3 +104,62 @@ async fn documents_that_are_not_crds_are_skipped_and_named() {
         "{stderr}"
     );
 }
+
+/// `--logging-format=json` writes one JSON object per line with kube's keys
+/// (what log pipelines built for kube-apiserver parse); text stays the
+/// default.
+#[test]
+fn json_logs_carry_kubes_keys() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kshard"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--logging-format=json",
+            "--crds",
+        ])
+        .arg(common::repo_path("crds/examples"))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn kshard");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut serving = None;
+    let mut lines = Vec::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        lines.push(v.clone());
+        if v["msg"] == "kshard is serving" {
+            serving = Some(v);
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let serving = serving.unwrap_or_else(|| panic!("no 'kshard is serving' line: {lines:?}"));
+    assert!(
+        serving["ts"].as_f64().is_some_and(|t| t > 1.7e9),
+        "{serving}"
+    );
+    assert_eq!(serving["v"], 0, "{serving}");
+    assert!(
+        serving["caller"]
+            .as_str()
+            .is_some_and(|c| c.contains(".rs:")),
+        "{serving}"
+    );
+    // The event's own fields follow by name.
+    assert!(serving["addr"].as_str().is_some(), "{serving}");
+    let keys: Vec<&str> = serving
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(&keys[..4], ["ts", "caller", "msg", "v"], "{serving}");
+}

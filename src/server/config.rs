@@ -11,6 +11,10 @@ use clap::{Args, FromArgMatches};
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {
+    /// Log format: `text`, or `json` (one object per line with kube's keys:
+    /// ts, caller, msg, v, err), as kube-apiserver's flag.
+    #[arg(long, value_enum, default_value = "text")]
+    pub logging_format: crate::logging::LogFormat,
     /// Where the embedded store, certificates and kubeconfig live.
     #[arg(long, default_value = "./kshard-data")]
     pub data_dir: PathBuf,
