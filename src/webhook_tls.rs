@@ -22,6 +22,10 @@ use rustls::{CertificateError, DigitallySignedStruct, Error, RootCertStore, Sign
 
 pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
+/// Largest webhook answer read, admission or conversion (a review holds at
+/// most its objects and a patch); kube's error beyond it.
+pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {
     #[error("unable to load root certificates: {0}")]

@@ -3,7 +3,7 @@
 //! and `*`, scope), its match policy (an equivalent version of the resource),
 //! its namespace and object selectors, then its CEL match conditions.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;

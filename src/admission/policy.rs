@@ -10,7 +10,7 @@
 //! and `variables`; `authorizer` is not bound (an expression using it fails
 //! to evaluate). Params are objects of a kind kshard serves.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use std::collections::BTreeMap;
 use std::sync::Weak;
 

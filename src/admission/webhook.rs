@@ -10,9 +10,7 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 use super::config::{Endpoint, Hook};
-
-/// Largest webhook answer read (a review holds at most an object and a patch).
-pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+pub use crate::webhook_tls::MAX_ANSWER_BYTES as MAX_RESPONSE_BYTES;
 
 /// A failure to get an answer from a webhook (kube's `ErrCallingWebhook`):
 /// the webhook's failure policy decides whether the request fails.

@@ -132,7 +132,7 @@ async fn serve(state: &ApiState, req: Request) -> Response {
     let (mut parts, body) = req.into_parts();
     let info = request::RequestInfo::take(&parts.method, &parts.uri, &mut parts.extensions);
     let query = parts.uri.query().unwrap_or("").to_string();
-    let body = match crate::server::layers::body::read_within(body, &parts.extensions).await {
+    let body = match crate::scope::read_within(body, &parts.extensions).await {
         Ok(b) => b,
         Err(e) => return error_response(&e),
     };

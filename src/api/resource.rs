@@ -1,7 +1,7 @@
 //! Handlers for resource paths: thin glue from a parsed request to the
 //! registry and back to a negotiated response.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use std::sync::Arc;
 
 use axum::response::Response;

@@ -1,7 +1,7 @@
 //! Building responses: Status errors, objects and lists in the negotiated
 //! form. Lists stream the cached object bytes instead of re-encoding them.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;

@@ -1,7 +1,7 @@
 //! The HTTP side of watch: start the subscription the options ask for, then
 //! stream frames (shared bytes on the fast path), bookmarks and the timeout.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -69,7 +69,7 @@ pub struct AuditOptions {
     #[arg(long, default_value_t = 400)]
     pub audit_webhook_batch_max_size: usize,
     /// Longest an event waits for its batch to fill.
-    #[arg(long, default_value = "30s", value_parser = crate::server::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::units::parse_duration)]
     pub audit_webhook_batch_max_wait: Duration,
     /// Webhook requests per second (0: unthrottled).
     #[arg(long, default_value_t = 10.0)]
@@ -78,7 +78,7 @@ pub struct AuditOptions {
     #[arg(long, default_value_t = 15)]
     pub audit_webhook_batch_throttle_burst: u32,
     /// Wait before the first retry of a failed webhook request.
-    #[arg(long, default_value = "10s", value_parser = crate::server::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::units::parse_duration)]
     pub audit_webhook_initial_backoff: Duration,
 }
 

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
 
-use super::object::meta_str;
 use super::scale::{apply_scale, to_scale};
 use super::{Registry, Subresource, Target, WriteOptions};
 use crate::auth::Identity;
+use crate::object::meta_str;
 use crate::status::ApiError;
 
 pub trait CreateAdmission: Send + Sync {

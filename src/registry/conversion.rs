@@ -30,7 +30,7 @@ pub const BATCH_OBJECTS: usize = 100;
 /// this goes alone).
 pub const BATCH_BYTES: usize = 2 * 1024 * 1024;
 /// Largest webhook answer read, as for admission webhooks.
-pub const MAX_RESPONSE_BYTES: usize = crate::admission::webhook::MAX_RESPONSE_BYTES;
+pub const MAX_RESPONSE_BYTES: usize = crate::webhook_tls::MAX_ANSWER_BYTES;
 /// Converted objects kept, shared by every reader of one version.
 const CACHE_ENTRIES: usize = 8192;
 

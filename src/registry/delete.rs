@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 
 use super::admission::{Caller, Operation, Step};
 use super::guaranteed::{Attempts, Current, Plan};
-use super::object::{finalizers, generation, is_deleting, meta_mut, meta_str, set_finalizers};
 use super::read::Item;
 use super::{now_rfc3339, ReadAt, Registry, Selectors, Target};
+use crate::object::{finalizers, generation, is_deleting, meta_mut, meta_str, set_finalizers};
 use crate::status::ApiError;
 
 pub const FINALIZER_ORPHAN: &str = "orphan";

@@ -3,17 +3,17 @@
 //! It keeps its own owner graph from the store's change feed, like kube's
 //! garbage collector keeps one from informers.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::delete::{FINALIZER_FOREGROUND, FINALIZER_ORPHAN};
-use super::object::{finalizers, is_deleting};
 use super::{
     DeleteOptions, FieldValidation, Propagation, Registry, Subresource, Target, WriteOptions,
 };
+use crate::object::{finalizers, is_deleting};
 use crate::storage::{EventType, StorageError};
 use crate::watch::split_key;
 

@@ -15,7 +15,6 @@ pub mod gc;
 mod guaranteed;
 pub mod jsonpath;
 pub mod meta;
-pub(crate) mod object;
 pub mod patch;
 pub mod read;
 pub mod resource_version;

@@ -1,6 +1,6 @@
 //! Label and field selectors: kube's grammar, its error messages, and matching.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use serde_json::Value;
 
 use super::meta::{validate_label_key, validate_label_value};

@@ -2,7 +2,7 @@
 //! Name column, the CRD's additionalPrinterColumns (or Age), and row objects
 //! as kube's `includeObject` asks.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use serde_json::{json, Map, Value};
 
 use super::catalog::PrinterColumn;

@@ -4,7 +4,7 @@
 //! `guaranteed::Attempts`), with admission where kube has it. Deletion is in
 //! `delete.rs`.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,13 +13,13 @@ use serde_json::{json, Value};
 use super::admission::{Caller, Operation, Step};
 use super::guaranteed::{too_deep, too_large, Attempts, Current, Plan};
 use super::meta::{go_string_slice, path_segment_errors, validate_object_meta};
-use super::object::{
-    copy_field, finalizers, generation, is_deleting, meta_mut, meta_str, spec_part,
-};
 use super::read::Item;
 use super::resource_version::parse_object_revision;
 use super::{convert_value, now_rfc3339, storage_error, Registry, Target};
 use crate::apply::{ApplyError, ConvertError, FieldManager, MergeSchema, Versions};
+use crate::object::{
+    copy_field, finalizers, generation, is_deleting, meta_mut, meta_str, spec_part,
+};
 use crate::status::{quote, ApiError, FieldError};
 use crate::storage::{StorageError, Write};
 

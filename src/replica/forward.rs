@@ -148,7 +148,7 @@ pub struct Buffered {
 pub async fn buffer(req: Request) -> Result<Buffered, Response> {
     let (parts, body) = req.into_parts();
     // The body layer's limit (`--max-request-body-bytes`), refused as it does.
-    let body = crate::server::layers::body::read_within(body, &parts.extensions)
+    let body = crate::scope::read_within(body, &parts.extensions)
         .await
         .map_err(|e| crate::api::response::error_response(&e))?;
     Ok(Buffered {

@@ -787,7 +787,7 @@ impl Replica {
         let now = Instant::now();
         let request_deadline = req
             .extensions()
-            .get::<crate::server::layers::deadline::RequestDeadline>()
+            .get::<crate::scope::RequestDeadline>()
             .map(|d| d.0.into_std());
         let buffered = match forward::buffer(req).await {
             Ok(b) => b,
@@ -848,7 +848,9 @@ impl Replica {
                     Sent::Deadline => {
                         record_forward_failure("deadline");
                         tracing::warn!(leader = %leader.address, "the leader did not answer a forwarded write in time");
-                        return Routed::Remote(crate::server::layers::deadline::exceeded());
+                        return Routed::Remote(crate::api::response::error_response(
+                            &crate::scope::deadline_exceeded(),
+                        ));
                     }
                 }
             }

@@ -19,7 +19,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::{parse_bytes, parse_duration};
+use crate::units::{parse_bytes, parse_duration};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectionLimits {

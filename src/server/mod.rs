@@ -27,7 +27,7 @@ use crate::registry::{gc, Catalog, Registry};
 use crate::storage::{StorageError, Store};
 use crate::watch::Cache;
 
-pub use config::{parse_bytes, parse_duration, parse_go_duration, ServeConfig};
+pub use config::ServeConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {

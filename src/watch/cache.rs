@@ -1,4 +1,4 @@
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, RwLock};

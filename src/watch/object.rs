@@ -7,7 +7,7 @@
 //! JSON answer in the storage version needs none), as kube's cache keeps
 //! the decoded object plus precomputed label and field sets.
 
-use crate::registry::object::MetaField;
+use crate::object::MetaField;
 use std::sync::Arc;
 
 use bytes::Bytes;

@@ -51,31 +51,9 @@ impl BodyLimits {
     }
 }
 
-/// kube's default `--max-request-body-bytes` (3 MiB).
-pub const DEFAULT_MAX_BYTES: usize = 3 * 1024 * 1024;
-
-/// The request body limit in force, left in the request's extensions by this
-/// layer so every later reader (the handlers, forwarding) holds the body to
-/// the same limit and refuses it the same way.
-#[derive(Debug, Clone, Copy)]
-pub struct BodyLimit(pub usize);
-
-/// Reads a body (already bounded by this layer when it ran) within the limit
-/// `ext` carries; kube's 413 beyond it.
-pub async fn read_within(body: Body, ext: &http::Extensions) -> Result<Bytes, ApiError> {
-    let limit = ext.get::<BodyLimit>().map_or(DEFAULT_MAX_BYTES, |l| l.0);
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| too_large(limit))
-}
-
-/// kube's 413 for a body over the limit (handlers' `limitedReadBody`).
-pub fn too_large(limit: usize) -> ApiError {
-    let mut e = ApiError::bad_request(format!("Request entity too large: limit is {limit}"));
-    e.code = 413;
-    e.reason = "RequestEntityTooLarge".into();
-    e
-}
+pub use crate::scope::{
+    read_within, too_large, BodyLimit, DEFAULT_MAX_BODY_BYTES as DEFAULT_MAX_BYTES,
+};
 
 fn budget_exhausted() -> Response {
     let e = ApiError::too_many_requests(

@@ -15,15 +15,11 @@ use tokio::time::Instant;
 use crate::api::request::Route;
 use crate::status::ApiError;
 
-/// When a non-long-running request must be done, for the layers below.
-#[derive(Clone, Copy, Debug)]
-pub struct RequestDeadline(pub Instant);
+pub use crate::scope::RequestDeadline;
 
 /// kube's 504 for a request past its deadline.
 pub fn exceeded() -> Response {
-    super::status_response(&ApiError::timeout(
-        "Timeout: request did not complete within requested timeout - context deadline exceeded",
-    ))
+    super::status_response(&crate::scope::deadline_exceeded())
 }
 
 /// Long-running requests have no request deadline (kube's
@@ -40,7 +36,7 @@ pub fn timeout_of(query: &str, max: Duration) -> Result<Duration, ApiError> {
         .map(|(_, v)| v.into_owned());
     match asked {
         None => Ok(max),
-        Some(v) => match crate::server::parse_go_duration(&v) {
+        Some(v) => match crate::units::parse_go_duration(&v) {
             Ok(d) if !d.is_zero() => Ok(d.min(max)),
             Ok(_) => Ok(max),
             Err(_) => Err(ApiError::bad_request(format!(

@@ -1,4 +1,5 @@
-//! Reading and setting the metadata fields the write paths share.
+//! Reading and setting object metadata fields: the ground floor that the
+//! registry, the watch cache, admission and the API handlers share.
 
 use serde_json::{json, Map, Value};
 
