@@ -21,10 +21,13 @@ pub struct RequestDeadline(pub Instant);
 
 /// kube's 504 for a request past its deadline.
 pub fn exceeded() -> Response {
-    super::status_response(&ApiError::timeout(
-        "Timeout: request did not complete within requested timeout - context deadline exceeded",
-    ))
+    super::status_response(&ApiError::timeout(EXCEEDED))
 }
+
+/// kube's words for a request past its deadline (whose outcome, for a
+/// write, is unknown).
+pub const EXCEEDED: &str =
+    "Timeout: request did not complete within requested timeout - context deadline exceeded";
 
 /// Long-running requests have no request deadline (kube's
 /// LongRunningRequestCheck: watches, and here nothing else).
