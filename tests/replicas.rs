@@ -924,3 +924,95 @@ async fn a_leader_killed_mid_commit_is_replaced_without_waiting_for_its_locks() 
     }
     check_unavailable_not_applied(&failures.lock().expect("lock"), &listed.items);
 }
+
+/// GETs `path` through `client`: the status and the body, or `None` when no
+/// answer came within `within`.
+async fn get_within(client: &kube::Client, path: &str, within: Duration) -> Option<(u16, String)> {
+    let req = http::Request::get(path)
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let answer = async {
+        let resp = client.send(req).await.ok()?;
+        let code = resp.status().as_u16();
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        Some((code, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(within, answer).await.ok().flatten()
+}
+
+/// A store that stops answering (every call hangs) fails `/readyz` on the
+/// leader and on a follower within the check's deadline, by name, before
+/// the kubelet's probe (as the manifests set it) gives up waiting; both are ready again once it
+/// answers again. The leader metrics are there from the start, on a
+/// follower that never saw a leader change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_store_fails_readyz_in_time_and_leader_metrics_exist_from_start() {
+    let (double, pd, shard) = shared_store();
+    let Some(double) = double else {
+        return; // Needs the double's fault injection.
+    };
+    let dir = tempfile::tempdir().expect("tmp");
+    let leader = spawn_replica(dir.path(), "z0", &pd, &shard);
+    let follower = spawn_replica(dir.path(), "z1", &pd, &shard);
+    let clients = [leader.client().await, follower.client().await];
+    for c in &clients {
+        wait_ready(c, Duration::from_secs(30)).await;
+    }
+    // The follower saw one leader, in its first round, before it served.
+    let metrics = get_text(&clients[1], "/metrics").await.expect("metrics");
+    for line in [
+        "kshard_replica_leader{holder=\"z0\"} 1",
+        "kshard_replica_epoch 1",
+        "kshard_replica_leader_changes_total 1",
+        "kshard_replica_is_leader 0",
+    ] {
+        assert!(metrics.contains(line), "z1 lacks {line}:\n{metrics}");
+    }
+
+    // The kubelet waits this long for an answer (its default: 1 s).
+    let deployment =
+        std::fs::read_to_string(common::repo_path("manifests/base/deployment.yaml")).expect("yaml");
+    let probe = deployment
+        .split("readinessProbe:")
+        .nth(1)
+        .and_then(|p| p.split("livenessProbe:").next())
+        .expect("a readinessProbe");
+    let probe_timeout = Duration::from_secs(
+        probe
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("timeoutSeconds:"))
+            .map_or(1, |v| v.trim().parse().expect("timeoutSeconds")),
+    );
+    double.set_frozen(true);
+    // Writes under way on both, waiting on the store.
+    let mut writes = Vec::new();
+    for (i, client) in clients.iter().enumerate() {
+        for n in 0..8 {
+            let client = client.clone();
+            writes.push(tokio::spawn(async move {
+                post_widget(&client, &format!("frozen-{i}-{n}"), "30s").await
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (i, client) in clients.iter().enumerate() {
+        let asked = Instant::now();
+        let answer = get_within(client, "/readyz?verbose", Duration::from_secs(15)).await;
+        let took = asked.elapsed();
+        eprintln!("/readyz of z{i} with the store frozen: {answer:?} after {took:?}");
+        let (code, body) = answer.unwrap_or_else(|| panic!("z{i}: no /readyz answer in 15 s"));
+        assert_eq!(code, 500, "z{i}: {body}");
+        assert!(body.contains("[-]storage failed"), "z{i}: {body}");
+        assert!(
+            took < probe_timeout,
+            "z{i} answered only after {took:?}: the kubelet gives up after {probe_timeout:?}"
+        );
+    }
+    double.set_frozen(false);
+    for w in writes {
+        let _ = w.await;
+    }
+    for c in &clients {
+        wait_ready(c, Duration::from_secs(30)).await;
+    }
+}

@@ -20,8 +20,11 @@ use crate::status::ApiError;
 type CheckFuture = Pin<Box<dyn Future<Output = bool> + Send>>;
 type Check = Arc<dyn Fn() -> CheckFuture + Send + Sync>;
 
-/// How long one check may take before it counts as failed.
-pub const CHECK_DEADLINE: Duration = Duration::from_secs(5);
+/// How long one check may take before it counts as failed: kube's
+/// `--etcd-readycheck-timeout` and `--etcd-healthcheck-timeout` (2 s), so
+/// a hung store fails the probe well before the kubelet stops waiting for
+/// an answer (the manifests' `timeoutSeconds`).
+pub const CHECK_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Which endpoints a check belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

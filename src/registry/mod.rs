@@ -380,6 +380,13 @@ pub(crate) fn storage_error(e: StorageError) -> ApiError {
         StorageError::NotLeader(_) | StorageError::Aborted(_) => {
             ApiError::unavailable(e.to_string())
         }
+        // Maybe written: kube's answer when etcd leaves a write's outcome
+        // open (the request's deadline passes), never a 500 that reads as
+        // "not written".
+        StorageError::OutcomeUnknown(why) => {
+            tracing::warn!(error = %why, "a write's outcome is unknown");
+            crate::scope::deadline_exceeded()
+        }
         e => ApiError::internal(e),
     }
 }

@@ -194,6 +194,16 @@ impl Registry {
             .and_then(Value::as_object)
             .unwrap_or(&no_meta);
         let mut errs = validate_object_meta(meta, t.rt.namespaced);
+        // The uid never changes. kube checks it twice, with the common
+        // fields and again in the custom resource strategy, so its Status
+        // names it twice among the causes (once in the message).
+        if let Some(old) = old {
+            let (new_uid, old_uid) = (meta_str(meta_view, "uid"), meta_str(old, "uid"));
+            if new_uid != old_uid {
+                let e = FieldError::invalid("metadata.uid", new_uid, "field is immutable");
+                errs.extend([e.clone(), e]);
+            }
+        }
         let version = t.version_info();
         let schema = version.and_then(|v| v.validation.clone());
         let ratchet = |errs: &mut Vec<FieldError>, from: usize| {
@@ -813,11 +823,18 @@ impl Registry {
                 new
             }
         };
-        // System fields keep their stored values.
+        // System fields keep their stored values; the uid only when none is
+        // given (kube's BeforeUpdate: another one is refused by validation).
         let old_meta = current.get("metadata").and_then(Value::as_object);
         if let Some(m) = meta_mut(&mut new) {
+            if m.get("uid")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .is_empty()
+            {
+                copy_field(m, old_meta, "uid");
+            }
             for field in [
-                "uid",
                 "creationTimestamp",
                 "deletionTimestamp",
                 "deletionGracePeriodSeconds",

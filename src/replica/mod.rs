@@ -256,7 +256,10 @@ impl Replica {
         })
         .await
         .map_err(|e| StorageError::Engine(e.to_string()))??;
+        // Present from the start, before (or without) any leader change.
         metrics::gauge!("kshard_replica_is_leader").set(0.0);
+        metrics::gauge!("kshard_replica_epoch").set(0.0);
+        metrics::counter!("kshard_replica_leader_changes_total").absolute(0);
         Ok(Arc::new(Self {
             fence,
             cfg,

@@ -134,6 +134,9 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // Only the ring provider is compiled in; installing it again is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // The recorder first: metrics recorded before it is installed are lost
+    // (a replica's first election round reports the leader before serving).
+    let _ = metrics::handle();
     let mut sources = crate::registry::definitions::Sources {
         paths: cfg.crds.clone(),
         builtin: Vec::new(),

@@ -93,6 +93,9 @@ pub struct Embedded {
     closed: std::sync::atomic::AtomicBool,
     path: PathBuf,
     cache_bytes: usize,
+    /// Tests: the next redb commit after the log fails, as on a full disk.
+    #[cfg(test)]
+    fail_commit: AtomicBool,
 }
 
 fn engine_err(e: impl std::fmt::Display) -> StorageError {
@@ -119,6 +122,8 @@ impl Embedded {
             closed: std::sync::atomic::AtomicBool::new(false),
             path: path.to_path_buf(),
             cache_bytes,
+            #[cfg(test)]
+            fail_commit: AtomicBool::new(false),
         })
     }
 
@@ -517,7 +522,15 @@ impl Engine for Embedded {
             } else {
                 pending.txn.abort().map_err(|e| self.failed(e))?;
             }
-            return Err(StorageError::Unavailable(format!("storage I/O error: {e}")));
+            return Err(match e {
+                wal::AppendError::NotWritten(e) => {
+                    StorageError::Unavailable(format!("storage I/O error: {e}"))
+                }
+                // A restart before the next record could replay this one.
+                wal::AppendError::MaybeWritten(e) => StorageError::OutcomeUnknown(format!(
+                    "storage I/O error: {e}; the write-ahead log may hold the write"
+                )),
+            });
         }
         pending.groups += 1;
         pending.bytes += log.len() as u64;
@@ -530,17 +543,22 @@ impl Engine for Embedded {
             self.has_pending.store(true, Ordering::Release);
             return Ok(());
         }
-        let committed = insert_into(&pending.txn, log.ops_from(in_table))
-            .and_then(|()| pending.txn.commit().map_err(engine_err));
+        let committed = insert_into(&pending.txn, log.ops_from(in_table)).and_then(|()| {
+            #[cfg(test)]
+            if self.fail_commit.swap(false, Ordering::AcqRel) {
+                return Err(engine_err("No space left on device (injected)"));
+            }
+            pending.txn.commit().map_err(engine_err)
+        });
         self.has_pending.store(false, Ordering::Release);
         if let Err(e) = committed {
-            // The records are durable, so the writes did happen, though this
-            // one is refused here: opening the database again (on the next
-            // transaction) replays them, and the sequencer finds the revision
-            // used and publishes it from the log.
+            // The records, this write's too, are durable in the log: the
+            // writes happened, and answering an error would be a lie (the
+            // write appears once the database is opened again, which
+            // replays them on the next transaction, or after a restart).
             tracing::error!(error = %e, "redb commit failed after the log; the store is reopened");
             self.reopen_later(&mut slot);
-            return Err(StorageError::Unavailable(format!("storage I/O error: {e}")));
+            return Ok(());
         }
         if checkpoint_due {
             if let Err(e) = checkpoint(&db, &mut durable.wal) {
@@ -659,6 +677,29 @@ mod tests {
         assert_eq!(get(&r, "k5"), Some(vec![5; 500]));
         assert_eq!(get(&r, "k7"), None);
         assert_eq!(get(&r, "after"), Some(b"1".to_vec()));
+    }
+
+    /// A redb commit that fails after the log (a full disk) leaves the
+    /// write stored: it is acknowledged, not refused, and it is there once
+    /// the database is opened again, and after a restart.
+    #[test]
+    fn a_write_whose_redb_commit_fails_after_the_log_is_acknowledged() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, copy) = (dir.path().join("db"), dir.path().join("crashed"));
+        let e = Embedded::open(&path).expect("open");
+        // The last write of a shared redb transaction commits it.
+        for i in 0..PENDING_GROUPS - 1 {
+            put(&e, &format!("k{i}"), b"v");
+        }
+        e.fail_commit.store(true, Ordering::Release);
+        let last = e.write(&mut |txn| txn.put(b"last", b"stored"));
+        assert!(last.is_ok(), "a durable write was refused: {last:?}");
+        // The next transaction opens the database again, replaying the log.
+        assert_eq!(get(&e, "last"), Some(b"stored".to_vec()));
+        assert_eq!(get(&e, "k0"), Some(b"v".to_vec()));
+        crash_copy(&path, &copy);
+        let r = Embedded::open(&copy).expect("reopen");
+        assert_eq!(get(&r, "last"), Some(b"stored".to_vec()));
     }
 
     #[test]

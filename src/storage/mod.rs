@@ -132,6 +132,10 @@ pub enum StorageError {
     /// The engine cannot be reached (TiKV down at start); worth retrying.
     #[error("{0}")]
     Unavailable(String),
+    /// The write may or may not have been stored: neither could be made
+    /// sure of (a log sync failed; a TiKV commit could not be verified).
+    #[error("{0}")]
+    OutcomeUnknown(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

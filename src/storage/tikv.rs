@@ -553,7 +553,7 @@ impl Tikv {
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 Err(e) => {
-                    return Err(StorageError::Engine(format!(
+                    return Err(StorageError::OutcomeUnknown(format!(
                         "TiKV commit outcome unknown ({cause}); verification failed: {e}"
                     )))
                 }

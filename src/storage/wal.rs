@@ -123,6 +123,17 @@ pub enum Op {
     Delete(Vec<u8>),
 }
 
+/// A failed append, and whether its record may yet replay.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// The record can never be read back.
+    #[error("{0}")]
+    NotWritten(io::Error),
+    /// The record may be in the file whole: it may replay after a crash.
+    #[error("{0}")]
+    MaybeWritten(io::Error),
+}
+
 pub struct Wal {
     file: File,
     path: PathBuf,
@@ -182,7 +193,7 @@ impl Wal {
     }
 
     /// Appends one transaction and returns once it is on disk.
-    pub fn append(&mut self, payload: &Payload) -> io::Result<()> {
+    pub fn append(&mut self, payload: &Payload) -> Result<(), AppendError> {
         let mut rec = Vec::with_capacity(HEADER + payload.0.len());
         rec.extend_from_slice(&MAGIC.to_le_bytes());
         rec.extend_from_slice(&self.epoch.to_le_bytes());
@@ -190,13 +201,35 @@ impl Wal {
         rec.extend_from_slice(&checksum(self.epoch, &payload.0).to_le_bytes());
         rec.extend_from_slice(&payload.0);
         let end = self.offset + rec.len() as u64;
-        self.reserve(end)?;
-        self.file.write_all_at(&rec, self.offset)?;
+        // Nothing of the record is in the file yet: not written.
+        self.reserve(end).map_err(AppendError::NotWritten)?;
         let synced = std::time::Instant::now();
-        self.file.sync_data()?;
+        let written = self
+            .file
+            .write_all_at(&rec, self.offset)
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            return Err(self.unwrite(e));
+        }
         self.last_sync = synced.elapsed();
         self.offset = end;
         Ok(())
+    }
+
+    /// After a failed write or sync the record may be in the file whole
+    /// (the zeros past a torn one could even complete it), so it could
+    /// replay after a crash: its magic is zeroed. If even that cannot be
+    /// made durable, whether it replays is unknown until the next record
+    /// (written at the same offset) replaces it.
+    fn unwrite(&mut self, e: io::Error) -> AppendError {
+        let erased = self
+            .file
+            .write_all_at(&[0u8; 4], self.offset)
+            .and_then(|()| self.file.sync_data());
+        match erased {
+            Ok(()) => AppendError::NotWritten(e),
+            Err(_) => AppendError::MaybeWritten(e),
+        }
     }
 
     /// How long the last record's sync took.

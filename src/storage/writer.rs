@@ -175,6 +175,8 @@ impl Writer {
                         StorageError::Conflict { current: *current }
                     }
                     StorageError::NotLeader(why) => StorageError::NotLeader(why.clone()),
+                    // Never "not written" for a write that may have been.
+                    StorageError::OutcomeUnknown(why) => StorageError::OutcomeUnknown(why.clone()),
                     other => StorageError::Engine(other.to_string()),
                 };
                 let _ = op.reply.send(Err(err));

@@ -58,6 +58,8 @@ mod double {
         cluster: Arc<Cluster>,
         /// Bumped to close every proxied client connection.
         kill: watch::Sender<u64>,
+        /// Holds every proxied byte while set.
+        frozen: watch::Sender<bool>,
         runtime: Option<tokio::runtime::Runtime>,
     }
 
@@ -95,17 +97,19 @@ mod double {
             let internal_addr = internal.local_addr()?;
             let cluster = Arc::new(Cluster::new(format!("http://{addr}"), &splits));
             let (kill, killed) = watch::channel(0u64);
+            let (frozen, thawed) = watch::channel(false);
             {
                 let _guard = runtime.enter();
                 let internal = TcpListener::from_std(internal)?;
                 let public = TcpListener::from_std(public)?;
                 runtime.spawn(crate::service::serve(cluster.clone(), internal));
-                runtime.spawn(proxy(public, internal_addr, killed));
+                runtime.spawn(proxy(public, internal_addr, killed, thawed));
             }
             Ok(Self {
                 addr,
                 cluster,
                 kill,
+                frozen,
                 runtime: Some(runtime),
             })
         }
@@ -141,6 +145,13 @@ mod double {
             let mut f = self.faults();
             f.drop_next.clear();
             f.delay.clear();
+        }
+
+        /// While `frozen`, nothing goes through any connection (PD's and
+        /// TiKV's, open or new), as with a cluster that stopped (SIGSTOP):
+        /// calls hang with their connections open, and go on once it thaws.
+        pub fn set_frozen(&self, frozen: bool) {
+            self.frozen.send_replace(frozen);
         }
 
         /// Responses still to be dropped for `method`.
@@ -195,27 +206,58 @@ mod double {
     }
 
     /// Forwards each client connection to the gRPC server until the kill generation changes.
-    async fn proxy(public: TcpListener, server: SocketAddr, killed: watch::Receiver<u64>) {
+    async fn proxy(
+        public: TcpListener,
+        server: SocketAddr,
+        killed: watch::Receiver<u64>,
+        frozen: watch::Receiver<bool>,
+    ) {
         loop {
-            let Ok((mut client, _)) = public.accept().await else {
+            let Ok((client, _)) = public.accept().await else {
                 continue;
             };
             let mut killed = killed.clone();
             let generation = *killed.borrow_and_update();
+            let frozen = frozen.clone();
             tokio::spawn(async move {
-                let Ok(mut upstream) = TcpStream::connect(server).await else {
+                let Ok(upstream) = TcpStream::connect(server).await else {
                     return;
                 };
                 let _ = client.set_nodelay(true);
                 let _ = upstream.set_nodelay(true);
+                let (client_rx, client_tx) = client.into_split();
+                let (upstream_rx, upstream_tx) = upstream.into_split();
                 tokio::select! {
-                    _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+                    _ = pump(client_rx, upstream_tx, frozen.clone()) => {}
+                    _ = pump(upstream_rx, client_tx, frozen) => {}
                     _ = killed.wait_for(|g| *g != generation) => {
                         tracing::debug!("tikv double: connection killed");
                     }
                 }
                 // Dropping both sockets closes the connection on both sides.
             });
+        }
+    }
+
+    /// Copies `from` to `to`, holding the bytes while the double is frozen.
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        mut frozen: watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if frozen.wait_for(|f| !*f).await.is_err() {
+                return;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
         }
     }
 
