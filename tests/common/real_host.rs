@@ -118,87 +118,110 @@ impl RealHost {
             ),
         );
 
-        let etcd_port = free_port();
-        let peer_port = free_port();
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let mut etcd = Command::new("etcd");
-        etcd.arg("--data-dir")
-            .arg(dir.join("etcd"))
-            .args(["--listen-client-urls", &etcd_url])
-            .args(["--advertise-client-urls", &etcd_url])
-            .args([
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-            ])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer_port}"),
-            ])
-            .args([
-                "--initial-cluster",
-                &format!("default=http://127.0.0.1:{peer_port}"),
-            ])
-            // The host's data is throwaway; fsync would only slow the tests.
-            .arg("--unsafe-no-fsync");
-        let etcd_log = dir.join("etcd.log");
-        let etcd = spawn_logged(etcd, &etcd_log);
+        for attempt in 0..3 {
+            let etcd_port = free_port();
+            let peer_port = free_port();
+            let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+            let mut etcd = Command::new("etcd");
+            etcd.arg("--data-dir")
+                .arg(dir.join(format!("etcd-{attempt}")))
+                .args(["--listen-client-urls", &etcd_url])
+                .args(["--advertise-client-urls", &etcd_url])
+                .args([
+                    "--listen-peer-urls",
+                    &format!("http://127.0.0.1:{peer_port}"),
+                ])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer_port}"),
+                ])
+                .args([
+                    "--initial-cluster",
+                    &format!("default=http://127.0.0.1:{peer_port}"),
+                ])
+                // The host's data is throwaway; fsync would only slow the tests.
+                .arg("--unsafe-no-fsync");
+            let etcd_log = dir.join("etcd.log");
+            let mut etcd = spawn_logged(etcd, &etcd_log);
 
-        let port = free_port();
-        let mut kas = Command::new(kube_apiserver_bin());
-        kas.args(["--etcd-servers", &etcd_url])
-            .args(["--secure-port", &port.to_string()])
-            .args(["--bind-address", "127.0.0.1"])
-            .arg("--cert-dir")
-            .arg(dir.join("certs"))
-            .arg("--tls-cert-file")
-            .arg(&serving_cert)
-            .arg("--tls-private-key-file")
-            .arg(&serving_key)
-            .arg("--client-ca-file")
-            .arg(&ca_file)
-            .arg("--token-auth-file")
-            .arg(&tokens)
-            .args(["--authorization-mode", "RBAC"])
-            .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-            .arg("--service-account-key-file")
-            .arg(&sa_pub)
-            .arg("--service-account-signing-key-file")
-            .arg(&sa_priv)
-            .args(["--service-cluster-ip-range", "10.96.0.0/16"])
-            .arg("--requestheader-client-ca-file")
-            .arg(&fp_ca_file)
-            .args(["--requestheader-allowed-names", "front-proxy-client"])
-            .args(["--requestheader-username-headers", "X-Remote-User"])
-            .args(["--requestheader-group-headers", "X-Remote-Group"])
-            .args(["--requestheader-extra-headers-prefix", "X-Remote-Extra-"])
-            .arg("--proxy-client-cert-file")
-            .arg(&proxy_cert)
-            .arg("--proxy-client-key-file")
-            .arg(&proxy_key)
-            .args(["--endpoint-reconciler-type", "none"])
-            .arg("--enable-aggregator-routing=false");
-        let apiserver_log = dir.join("kube-apiserver.log");
-        let apiserver = spawn_logged(kas, &apiserver_log);
+            let port = free_port();
+            let mut kas = Command::new(kube_apiserver_bin());
+            kas.args(["--etcd-servers", &etcd_url])
+                .args(["--secure-port", &port.to_string()])
+                .args(["--bind-address", "127.0.0.1"])
+                .arg("--cert-dir")
+                .arg(dir.join("certs"))
+                .arg("--tls-cert-file")
+                .arg(&serving_cert)
+                .arg("--tls-private-key-file")
+                .arg(&serving_key)
+                .arg("--client-ca-file")
+                .arg(&ca_file)
+                .arg("--token-auth-file")
+                .arg(&tokens)
+                .args(["--authorization-mode", "RBAC"])
+                .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+                .arg("--service-account-key-file")
+                .arg(&sa_pub)
+                .arg("--service-account-signing-key-file")
+                .arg(&sa_priv)
+                .args(["--service-cluster-ip-range", "10.96.0.0/16"])
+                .arg("--requestheader-client-ca-file")
+                .arg(&fp_ca_file)
+                .args(["--requestheader-allowed-names", "front-proxy-client"])
+                .args(["--requestheader-username-headers", "X-Remote-User"])
+                .args(["--requestheader-group-headers", "X-Remote-Group"])
+                .args(["--requestheader-extra-headers-prefix", "X-Remote-Extra-"])
+                .arg("--proxy-client-cert-file")
+                .arg(&proxy_cert)
+                .arg("--proxy-client-key-file")
+                .arg(&proxy_key)
+                .args(["--endpoint-reconciler-type", "none"])
+                .arg("--enable-aggregator-routing=false");
+            let apiserver_log = dir.join("kube-apiserver.log");
+            let mut apiserver = spawn_logged(kas, &apiserver_log);
 
-        let url = format!("https://127.0.0.1:{port}");
-        let admin_kubeconfig = dir.join("admin.kubeconfig");
-        write_kubeconfig(&admin_kubeconfig, &url, &ca.pem, Some(ADMIN_TOKEN), None);
-        let host = RealHost {
-            dir,
-            url,
-            ca,
-            front_proxy_ca,
-            admin_kubeconfig,
-            apiserver_log,
-            _apiserver: apiserver,
-            _etcd: etcd,
-        };
-        host.wait_until("the host's /readyz passes", Duration::from_secs(90), || {
-            let out = host.kubectl(&["get", "--raw", "/readyz"]);
-            out.status.success()
-        });
-        let _ = etcd_log;
-        host
+            let url = format!("https://127.0.0.1:{port}");
+            let admin_kubeconfig = dir.join("admin.kubeconfig");
+            write_kubeconfig(&admin_kubeconfig, &url, &ca.pem, Some(ADMIN_TOKEN), None);
+            // A port picked free may be taken by another process before etcd or
+            // kube-apiserver binds it: either then exits, and the host starts
+            // again on other ports.
+            let mut exited = false;
+            let ready = poll(Duration::from_secs(90), || {
+                exited = apiserver.0.try_wait().ok().flatten().is_some()
+                    || etcd.0.try_wait().ok().flatten().is_some();
+                exited
+                    || kubectl_with(&admin_kubeconfig, &["get", "--raw", "/readyz"], None)
+                        .status
+                        .success()
+            });
+            if exited && attempt < 2 {
+                eprintln!(
+                    "the host exited at start (attempt {attempt}), starting again:\n{}\n{}",
+                    tail(&apiserver_log),
+                    tail(&etcd_log)
+                );
+                continue;
+            }
+            assert!(
+                ready && !exited,
+                "the host's /readyz never passed; kube-apiserver log:\n{}\netcd log:\n{}",
+                tail(&apiserver_log),
+                tail(&etcd_log)
+            );
+            return RealHost {
+                dir,
+                url,
+                ca,
+                front_proxy_ca,
+                admin_kubeconfig,
+                apiserver_log,
+                _apiserver: apiserver,
+                _etcd: etcd,
+            };
+        }
+        unreachable!("the loop returns or panics on its last attempt")
     }
 
     /// Polls `ok` (a blocking check) until it holds; panics with the host's
