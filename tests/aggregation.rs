@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::send;
+
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -52,33 +54,6 @@ async fn setup(tune: impl FnOnce(&mut kshard::server::ServeConfig)) -> Setup {
     };
     s.wait_ready().await;
     s
-}
-
-async fn send(
-    c: &kube::Client,
-    method: &str,
-    uri: &str,
-    headers: &[(&str, &str)],
-    body: Option<&Value>,
-) -> (u16, http::HeaderMap, String) {
-    let mut b = http::Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    if body.is_some() {
-        b = b.header("content-type", "application/json");
-    }
-    let body = body
-        .map(|v| serde_json::to_vec(v).expect("json"))
-        .unwrap_or_default();
-    let resp = c
-        .send(b.body(kube::client::Body::from(body)).expect("req"))
-        .await
-        .expect("send");
-    let code = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.into_body().collect_bytes().await.expect("body");
-    (code, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
 const AGGREGATOR: [(&str, &str); 2] = [

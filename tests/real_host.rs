@@ -6,6 +6,8 @@
 
 mod common;
 
+use common::send;
+
 use std::time::Duration;
 
 use common::real_host::{poll, RealHost, ALICE, BOB, NAMESPACE};
@@ -196,34 +198,6 @@ async fn installs_from_the_shipped_manifests_and_serves_every_verb_through_the_h
     assert!(!out.status.success());
     assert!(stderr(&out).contains("NotFound") || stderr(&out).contains("not found"));
     drop(kshard);
-}
-
-/// A raw request through a kube client; (status, headers, body).
-async fn send(
-    c: &kube::Client,
-    method: &str,
-    uri: &str,
-    headers: &[(&str, &str)],
-    body: Option<&Value>,
-) -> (u16, http::HeaderMap, String) {
-    let mut b = http::Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    if body.is_some() {
-        b = b.header("content-type", "application/json");
-    }
-    let body = body
-        .map(|v| serde_json::to_vec(v).expect("json"))
-        .unwrap_or_default();
-    let resp = c
-        .send(b.body(kube::client::Body::from(body)).expect("request"))
-        .await
-        .expect("send");
-    let code = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.into_body().collect_bytes().await.expect("body");
-    (code, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Who may do what is the host's RBAC, asked by kshard with
@@ -830,33 +804,27 @@ async fn host_admission_policies_and_webhooks_are_enforced_by_kshard() {
     })]);
 
     // Each in force once kshard has seen it (it follows the host's objects).
-    let mut last = String::new();
-    assert!(
-        poll(Duration::from_secs(30), || {
-            let out =
-                host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("many", "team-a", 20));
+    let refused = |name: &str, replicas: i64, what: &str| {
+        let mut last = String::new();
+        let ok = poll(Duration::from_secs(30), || {
+            let out = host.kubectl_stdin(
+                &["create", "-f", "-"],
+                &widget_yaml(name, "team-a", replicas),
+            );
             last = stderr(&out);
             !out.status.success()
-        }),
-        "the policy was never enforced\n{}",
-        kshard.log_tail()
-    );
+        });
+        assert!(ok, "{what} was never enforced\n{}", kshard.log_tail());
+        last
+    };
+    let last = refused("many", 20, "the policy");
     assert!(
         last.contains(
             "ValidatingAdmissionPolicy 'few-replicas' with binding 'few-replicas' denied request"
         ) && last.contains("at most 10 replicas"),
         "{last}"
     );
-    assert!(
-        poll(Duration::from_secs(30), || {
-            let out =
-                host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("bad-1", "team-a", 1));
-            last = stderr(&out);
-            !out.status.success()
-        }),
-        "the webhook was never called\n{}",
-        kshard.log_tail()
-    );
+    let last = refused("bad-1", 1, "the webhook");
     assert!(
         last.contains(
             r#"admission webhook "names.test.kshard.dev" denied the request: no bad names"#

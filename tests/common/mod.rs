@@ -485,3 +485,32 @@ pub async fn connect_to(
     .await
     .expect("handshake")
 }
+
+/// A raw request through a kube client, any status kept: (status,
+/// headers, body).
+pub async fn send(
+    c: &kube::Client,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> (u16, http::HeaderMap, String) {
+    let mut b = http::Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    if body.is_some() {
+        b = b.header("content-type", "application/json");
+    }
+    let body = body
+        .map(|v| serde_json::to_vec(v).expect("json"))
+        .unwrap_or_default();
+    let resp = c
+        .send(b.body(kube::client::Body::from(body)).expect("req"))
+        .await
+        .expect("send");
+    let code = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect_bytes().await.expect("body");
+    (code, headers, String::from_utf8_lossy(&body).into_owned())
+}
