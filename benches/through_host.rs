@@ -105,6 +105,11 @@ fn widget_1k(group: &str, name: &str) -> Bytes {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Target {
     Direct,
+    /// Direct, paced to the rate `ThroughHost` reached in the same round:
+    /// kshard's CPU per request falls as its rate rises (a group commit's
+    /// fsync and each thread wake-up are shared by more requests), so this
+    /// is the like-for-like basis for kshard's own cost through the host.
+    DirectSameRate,
     ThroughHost,
     HostCrd,
 }
@@ -113,6 +118,7 @@ impl Target {
     fn name(self) -> &'static str {
         match self {
             Target::Direct => "direct",
+            Target::DirectSameRate => "direct_same_rate",
             Target::ThroughHost => "through_host",
             Target::HostCrd => "host_crd",
         }
@@ -120,6 +126,7 @@ impl Target {
     fn label(self) -> &'static str {
         match self {
             Target::Direct => "kshard direct",
+            Target::DirectSameRate => "kshard direct, host's rate",
             Target::ThroughHost => "kshard through the host",
             Target::HostCrd => "CRD served by the host",
         }
@@ -150,7 +157,12 @@ impl Op {
     }
 }
 
-type Send = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+/// A connection: HTTP/2 (shared by the workers) or HTTP/1.1 (one worker's own).
+#[derive(Clone)]
+enum Send {
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+    H1(Arc<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>),
+}
 
 /// How a target is reached: its address, TLS, and the headers naming the user.
 struct Endpoint {
@@ -189,23 +201,36 @@ fn tls_config(ca_pem: &str, client: Option<(String, String)>) -> Arc<rustls::Cli
     Arc::new(config)
 }
 
-async fn connect(ep: &Endpoint) -> Send {
+async fn connect(ep: &Endpoint, http1: bool) -> Send {
     use rustls::pki_types::ServerName;
     let tcp = tokio::net::TcpStream::connect(&ep.addr)
         .await
         .expect("connect");
     let _ = tcp.set_nodelay(true);
-    let tls = tokio_rustls::TlsConnector::from(ep.tls.clone())
-        .connect(ServerName::try_from("localhost").expect("name"), tcp)
-        .await
-        .expect("tls");
+    let tls = if http1 {
+        let mut config = (*ep.tls).clone();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    } else {
+        tokio_rustls::TlsConnector::from(ep.tls.clone())
+    }
+    .connect(ServerName::try_from("localhost").expect("name"), tcp)
+    .await
+    .expect("tls");
+    if http1 {
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .expect("http/1.1 handshake");
+        tokio::spawn(conn);
+        return Send::H1(Arc::new(tokio::sync::Mutex::new(send)));
+    }
     let (send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .handshake(hyper_util::rt::TokioIo::new(tls))
             .await
             .expect("h2 handshake");
     tokio::spawn(conn);
-    send
+    Send::H2(send)
 }
 
 /// One request; its status and body.
@@ -218,9 +243,15 @@ async fn request(
 ) -> Option<(u16, Bytes)> {
     let mut b = http::Request::builder()
         .method(method)
-        .uri(format!("https://localhost{uri}"))
+        .uri(match send {
+            Send::H2(_) => format!("https://localhost{uri}"),
+            Send::H1(_) => uri.to_string(),
+        })
         .header("accept", "application/json")
         .header("user-agent", "kshard-through-host-bench/0.1");
+    if let Send::H1(_) = send {
+        b = b.header(http::header::HOST, "localhost");
+    }
     if !body.is_empty() {
         b = b.header("content-type", "application/json");
     }
@@ -228,8 +259,17 @@ async fn request(
         b = b.header(*k, v);
     }
     let req = b.body(Full::new(body)).ok()?;
-    send.ready().await.ok()?;
-    let resp = send.send_request(req).await.ok()?;
+    let resp = match send {
+        Send::H2(send) => {
+            send.ready().await.ok()?;
+            send.send_request(req).await.ok()?
+        }
+        Send::H1(send) => {
+            let mut send = send.lock().await;
+            send.ready().await.ok()?;
+            send.send_request(req).await.ok()?
+        }
+    };
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.ok()?.to_bytes();
     Some((status, body))
@@ -269,7 +309,9 @@ struct Pids {
     etcd: u32,
 }
 
-/// A closed loop of `clients` workers over `conns` connections for `secs`.
+/// A closed loop of `clients` workers over `conns` connections for `secs`
+/// (paced to `pace` requests/s in all when given).
+#[allow(clippy::too_many_arguments)]
 async fn run_round(
     ep: &Arc<Endpoint>,
     conns: &[Send],
@@ -279,6 +321,7 @@ async fn run_round(
     secs: f64,
     tag: &str,
     pids: &Pids,
+    pace: Option<f64>,
 ) -> Round {
     let own = std::process::id();
     let before = [
@@ -295,10 +338,23 @@ async fn run_round(
         let ep = ep.clone();
         let tag = tag.to_string();
         let collection = target.collection();
+        // Paced: each worker sends every `clients / rate` seconds, the
+        // workers spread over one interval.
+        let interval = pace.map(|rate| Duration::from_secs_f64(clients as f64 / rate.max(1.0)));
+        let mut next = start + interval.map_or(Duration::ZERO, |i| i * w as u32 / clients as u32);
         handles.push(tokio::spawn(async move {
             let (mut lat, mut errors) = (Vec::new(), 0usize);
             let mut i = 0usize;
             while Instant::now() < until {
+                if let Some(interval) = interval {
+                    tokio::time::sleep_until(next.into()).await;
+                    next += interval;
+                    // Behind (a slow answer): no burst to catch up.
+                    next = next.max(Instant::now() - interval);
+                    if Instant::now() >= until {
+                        break;
+                    }
+                }
                 let t = Instant::now();
                 let ok = match op {
                     Op::Create => {
@@ -377,20 +433,21 @@ fn hosted_crd(group: &str) -> Value {
 }
 
 fn plot(results: &[(Target, Op, Round)]) -> String {
-    let (w, h) = (720.0, 360.0);
+    let (w, h) = (860.0, 360.0);
     let (left, bottom, height) = (70.0, 270.0, 200.0);
     let max = results.iter().map(|r| r.2.per_sec).fold(1.0_f64, f64::max);
     let colors = |t: Target| match t {
         Target::Direct => "steelblue",
+        Target::DirectSameRate => "lightsteelblue",
         Target::ThroughHost => "seagreen",
         Target::HostCrd => "gray",
     };
     let mut bars = String::new();
     for (gi, op) in [Op::Create, Op::Get].iter().enumerate() {
-        let x0 = left + 20.0 + gi as f64 * 300.0;
+        let x0 = left + 20.0 + gi as f64 * 390.0;
         bars.push_str(&format!(
             "<text x=\"{}\" y=\"{}\" font-size=\"13\" text-anchor=\"middle\">{}s at c=16</text>",
-            x0 + 130.0,
+            x0 + 170.0,
             bottom + 36.0,
             op.name().to_uppercase()
         ));
@@ -416,20 +473,25 @@ fn plot(results: &[(Target, Op, Round)]) -> String {
             ));
         }
     }
-    let legend: String = [Target::Direct, Target::ThroughHost, Target::HostCrd]
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            format!(
-                "<rect x=\"{}\" y=\"40\" width=\"12\" height=\"12\" fill=\"{}\"/>\
+    let legend: String = [
+        Target::Direct,
+        Target::DirectSameRate,
+        Target::ThroughHost,
+        Target::HostCrd,
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, t)| {
+        format!(
+            "<rect x=\"{}\" y=\"40\" width=\"12\" height=\"12\" fill=\"{}\"/>\
 <text x=\"{}\" y=\"50\" font-size=\"12\">{}</text>",
-                left + i as f64 * 200.0,
-                colors(*t),
-                left + 16.0 + i as f64 * 200.0,
-                t.label()
-            )
-        })
-        .collect();
+            left + i as f64 * 190.0,
+            colors(*t),
+            left + 16.0 + i as f64 * 190.0,
+            t.label()
+        )
+    })
+    .collect();
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\
 <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
@@ -500,7 +562,7 @@ async fn run() {
     let bearer = vec![("authorization", format!("Bearer {ADMIN_TOKEN}"))];
     let endpoint = |t: Target| -> Endpoint {
         match t {
-            Target::Direct => Endpoint {
+            Target::Direct | Target::DirectSameRate => Endpoint {
                 addr: format!("127.0.0.1:{}", kshard.port),
                 tls: tls_config(
                     &kshard.ca.pem,
@@ -519,10 +581,15 @@ async fn run() {
             },
         }
     };
-    let targets: Vec<Target> = [Target::Direct, Target::ThroughHost, Target::HostCrd]
-        .into_iter()
-        .filter(|t| wanted("KSHARD_TH_ONLY", t.name()))
-        .collect();
+    let targets: Vec<Target> = [
+        Target::Direct,
+        Target::ThroughHost,
+        Target::DirectSameRate,
+        Target::HostCrd,
+    ]
+    .into_iter()
+    .filter(|t| wanted("KSHARD_TH_ONLY", t.name()))
+    .collect();
     let ops: Vec<Op> = [Op::Create, Op::Get]
         .into_iter()
         .filter(|o| wanted("KSHARD_TH_OPS", o.name()))
@@ -532,9 +599,12 @@ async fn run() {
     let mut sides = Vec::new();
     for t in &targets {
         let ep = Arc::new(endpoint(*t));
+        // `KSHARD_TH_HTTP1`: targets driven over HTTP/1.1, one connection per worker.
+        let http1 = std::env::var("KSHARD_TH_HTTP1")
+            .is_ok_and(|v| v.split(',').any(|p| p.trim() == t.name()));
         let mut conns = Vec::new();
-        for _ in 0..conns_per_target {
-            conns.push(connect(&ep).await);
+        for _ in 0..if http1 { clients } else { conns_per_target } {
+            conns.push(connect(&ep, http1).await);
         }
         let mut send = conns[0].clone();
         // The aggregator may answer 503 for a moment after the APIService
@@ -562,7 +632,18 @@ async fn run() {
         progress(&format!("{}: warming up…", t.name()));
         for op in &ops {
             let tag = format!("{}-warm", t.name().replace('_', "-"));
-            run_round(&ep, &conns, *t, *op, clients, secs.min(2.0), &tag, &pids).await;
+            run_round(
+                &ep,
+                &conns,
+                *t,
+                *op,
+                clients,
+                secs.min(2.0),
+                &tag,
+                &pids,
+                None,
+            )
+            .await;
         }
         sides.push((*t, ep, conns));
     }
@@ -580,7 +661,20 @@ async fn run() {
                     op.name()
                 ));
                 let tag = format!("{}-r{r}", t.name().replace('_', "-"));
-                let round = run_round(ep, conns, *t, *op, clients, secs, &tag, &pids).await;
+                let pace = match t {
+                    Target::DirectSameRate => {
+                        let through = all
+                            .iter()
+                            .find(|(tt, oo, _)| *tt == Target::ThroughHost && oo == op)
+                            .and_then(|e| e.2.last());
+                        match through {
+                            Some(r) => Some(r.per_sec),
+                            None => continue,
+                        }
+                    }
+                    _ => None,
+                };
+                let round = run_round(ep, conns, *t, *op, clients, secs, &tag, &pids, pace).await;
                 progress(&format!(
                     "  {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, {} errors; CPU µs per request: client {:.0}, kshard {:.0}, kube-apiserver {:.0}, etcd {:.0}",
                     round.per_sec, round.p50_ms, round.p99_ms, round.errors,
@@ -632,6 +726,23 @@ async fn run() {
             );
             ratios.insert(
                 format!("{}_kshard_cpu_through_host_over_direct", op.name()),
+                json!(cpu),
+            );
+        }
+        if let (Some(th), Some(d)) = (
+            find(Target::ThroughHost, *op),
+            find(Target::DirectSameRate, *op),
+        ) {
+            let cpu = th.kshard_us / d.kshard_us.max(1e-9);
+            println!(
+                "{}: kshard CPU per request through the host {cpu:.2}× direct at the same rate",
+                op.name()
+            );
+            ratios.insert(
+                format!(
+                    "{}_kshard_cpu_through_host_over_direct_same_rate",
+                    op.name()
+                ),
                 json!(cpu),
             );
         }
