@@ -427,12 +427,12 @@ impl Store {
         // blocking pool's two thread wake-ups cost more than that, most of
         // all at moderate rates, where the pool's threads are asleep
         // (through the host's aggregator a GET cost kshard a tenth more).
-        if self.engine.quick_read() {
-            return latest(&*self.engine, key);
+        if let Some(r) = self.engine.read_now() {
+            return latest(&*r?, key);
         }
         let engine = self.engine.clone();
         let key = key.to_string();
-        blocking(move || latest(&*engine, &key)).await
+        blocking(move || latest(&*engine.read()?, &key)).await
     }
 
     /// Lists the objects whose key starts with `prefix` as they were at `revision`,
@@ -536,9 +536,8 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// The latest state of `key`, as [`Store::get`] returns it.
-fn latest(engine: &dyn Engine, key: &str) -> Result<Option<(Revision, Bytes)>, StorageError> {
-    let r = engine.read()?;
+/// The latest state of `key` in `r`, as [`Store::get`] returns it.
+fn latest(r: &dyn engine::ReadTxn, key: &str) -> Result<Option<(Revision, Bytes)>, StorageError> {
     let Some(latest) = r.get(&keys::latest(key))? else {
         return Ok(None);
     };
