@@ -30,7 +30,8 @@ pub const BOB: (&str, &str, &str) = ("bob-token", "bob", "");
 /// A user of the `tenant-a` group, which `manifests/flowcontrol` gives a
 /// priority level of its own.
 pub const CAROL: (&str, &str, &str) = ("carol-token", "carol", "tenant-a");
-const ADMIN_TOKEN: &str = "admin-token";
+/// The host administrator's token (`admin`, in `system:masters`).
+pub const ADMIN_TOKEN: &str = "admin-token";
 
 /// A free loopback port (the listener is closed before it is used; a clash
 /// with another process is possible but rare, and fails loudly).
@@ -281,6 +282,11 @@ impl RealHost {
         self.kubectl_ok(&["create", "token", name, "-n", namespace, "--duration=4h"])
             .trim()
             .to_string()
+    }
+
+    /// The kube-apiserver's and etcd's process ids (a benchmark reads their CPU).
+    pub fn pids(&self) -> (u32, u32) {
+        (self._apiserver.id(), self._etcd.id())
     }
 
     /// kube-rs client for the host as its administrator.
