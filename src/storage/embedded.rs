@@ -195,14 +195,6 @@ impl Embedded {
     }
 
     /// Commits the records redb holds uncommitted, so a read sees them.
-    /// A read transaction of what redb holds (pending inserts not included).
-    fn begin_read(&self) -> Result<Box<dyn ReadTxn + '_>, StorageError> {
-        let db = self.db()?;
-        let txn = db.begin_read().map_err(|e| self.failed(e))?;
-        let table = txn.open_table(KV).map_err(|e| self.failed(e))?;
-        Ok(Box::new(Reader { table }))
-    }
-
     fn flush(&self) -> Result<(), StorageError> {
         let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
         self.settle_locked(&mut slot)?;
@@ -439,7 +431,10 @@ impl Engine for Embedded {
         if self.has_pending.load(Ordering::Acquire) {
             self.flush()?;
         }
-        self.begin_read()
+        let db = self.db()?;
+        let txn = db.begin_read().map_err(|e| self.failed(e))?;
+        let table = txn.open_table(KV).map_err(|e| self.failed(e))?;
+        Ok(Box::new(Reader { table }))
     }
 
     fn close(&self) {
@@ -587,15 +582,9 @@ impl Engine for Embedded {
         let _ = self.settle_locked(&mut slot);
     }
 
-    fn read_now(&self) -> Option<Result<Box<dyn ReadTxn + '_>, StorageError>> {
-        // With pending inserts a read commits them first, under the log's
-        // lock: not now. Without, every write acknowledged before this
-        // check is in redb already (the flag is set before a write returns
-        // and cleared only once committed).
-        if self.has_pending.load(Ordering::Acquire) {
-            return None;
-        }
-        Some(self.begin_read())
+    fn quick_read(&self) -> bool {
+        // With pending inserts the read commits them first: not quick.
+        !self.has_pending.load(Ordering::Acquire)
     }
 
     fn quick_write(&self) -> bool {

@@ -37,13 +37,12 @@ pub trait Engine: Send + Sync + 'static {
     fn quick_write(&self) -> bool {
         false
     }
-    /// A read transaction when one can begin at once, without work to
-    /// finish first or a lock to wait for (the embedded engine with nothing
-    /// pending), so a request may read on its runtime worker instead of
-    /// handing the read to the blocking pool and back; `None` otherwise and
-    /// by default (a remote engine waits on the network).
-    fn read_now(&self) -> Option<Result<Box<dyn ReadTxn + '_>, StorageError>> {
-        None
+    /// Whether a point read would finish in microseconds (no pending work
+    /// to flush first, nothing to wait for on the network), so a request may
+    /// read on its runtime worker instead of handing the read to the
+    /// blocking pool and back. No by default.
+    fn quick_read(&self) -> bool {
+        false
     }
     /// Finishes work the last write left for later, once it is
     /// acknowledged: the embedded engine's inserts into redb, which the log

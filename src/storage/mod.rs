@@ -431,12 +431,12 @@ impl Store {
         // blocking pool's two thread wake-ups cost more than that, most of
         // all at moderate rates, where the pool's threads are asleep
         // (through the host's aggregator a GET cost kshard a tenth more).
-        if let Some(r) = self.engine.read_now() {
-            return latest(&*r?, key);
+        if self.engine.quick_read() {
+            return latest(&*self.engine, key);
         }
         let engine = self.engine.clone();
         let key = key.to_string();
-        blocking(move || latest(&*engine.read()?, &key)).await
+        blocking(move || latest(&*engine, &key)).await
     }
 
     /// Lists the objects whose key starts with `prefix` as they were at `revision`,
@@ -540,8 +540,9 @@ impl Drop for Writing<'_> {
     }
 }
 
-/// The latest state of `key` in `r`, as [`Store::get`] returns it.
-fn latest(r: &dyn engine::ReadTxn, key: &str) -> Result<Option<(Revision, Bytes)>, StorageError> {
+/// The latest state of `key`, as [`Store::get`] returns it.
+fn latest(engine: &dyn Engine, key: &str) -> Result<Option<(Revision, Bytes)>, StorageError> {
+    let r = engine.read()?;
     let Some(latest) = r.get(&keys::latest(key))? else {
         return Ok(None);
     };
