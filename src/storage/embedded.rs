@@ -582,11 +582,6 @@ impl Engine for Embedded {
         let _ = self.settle_locked(&mut slot);
     }
 
-    fn quick_read(&self) -> bool {
-        // With pending inserts the read commits them first: not quick.
-        !self.has_pending.load(Ordering::Acquire)
-    }
-
     fn quick_write(&self) -> bool {
         // A write under way (the lock taken) makes the next one wait: not quick.
         match self.wal.try_lock() {

@@ -37,13 +37,6 @@ pub trait Engine: Send + Sync + 'static {
     fn quick_write(&self) -> bool {
         false
     }
-    /// Whether a point read would finish in microseconds (no pending work
-    /// to flush first, nothing to wait for on the network), so a request may
-    /// read on its runtime worker instead of handing the read to the
-    /// blocking pool and back. No by default.
-    fn quick_read(&self) -> bool {
-        false
-    }
     /// Finishes work the last write left for later, once it is
     /// acknowledged: the embedded engine's inserts into redb, which the log
     /// made unnecessary for durability. Called off the request's path,

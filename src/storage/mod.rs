@@ -427,16 +427,24 @@ impl Store {
 
     /// Latest state of one object.
     pub async fn get(&self, key: &str) -> Result<Option<(Revision, Bytes)>, StorageError> {
-        // A GET's read is a few microseconds of cached B-tree pages; the
-        // blocking pool's two thread wake-ups cost more than that, most of
-        // all at moderate rates, where the pool's threads are asleep
-        // (through the host's aggregator a GET cost kshard a tenth more).
-        if self.engine.quick_read() {
-            return latest(&*self.engine, key);
-        }
         let engine = self.engine.clone();
         let key = key.to_string();
-        blocking(move || latest(&*engine, &key)).await
+        blocking(move || {
+            let r = engine.read()?;
+            let Some(latest) = r.get(&keys::latest(&key))? else {
+                return Ok(None);
+            };
+            let (rev, deleted) = keys::decode_latest(&latest)
+                .ok_or_else(|| StorageError::Corrupt(format!("latest record of {key}")))?;
+            if deleted {
+                return Ok(None);
+            }
+            let value = r
+                .get(&keys::version(&key, rev))?
+                .ok_or_else(|| StorageError::Corrupt(format!("missing version {rev} of {key}")))?;
+            Ok(Some((rev, Bytes::from(value))))
+        })
+        .await
     }
 
     /// Lists the objects whose key starts with `prefix` as they were at `revision`,
@@ -538,23 +546,6 @@ impl Drop for Writing<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// The latest state of `key`, as [`Store::get`] returns it.
-fn latest(engine: &dyn Engine, key: &str) -> Result<Option<(Revision, Bytes)>, StorageError> {
-    let r = engine.read()?;
-    let Some(latest) = r.get(&keys::latest(key))? else {
-        return Ok(None);
-    };
-    let (rev, deleted) = keys::decode_latest(&latest)
-        .ok_or_else(|| StorageError::Corrupt(format!("latest record of {key}")))?;
-    if deleted {
-        return Ok(None);
-    }
-    let value = r
-        .get(&keys::version(key, rev))?
-        .ok_or_else(|| StorageError::Corrupt(format!("missing version {rev} of {key}")))?;
-    Ok(Some((rev, Bytes::from(value))))
 }
 
 async fn blocking<T: Send + 'static>(
