@@ -1,6 +1,7 @@
 //! Definitions managed through the host (issue 17, "Through the host"):
-//! `apiextensions.kshard.dev/v1` ShardResourceDefinitions written to the HOST
-//! DOUBLE (`common::host`, a kube-apiserver stand-in over real HTTPS) are
+//! `apiextensions.kshard.dev/v1` ShardResourceDefinitions written to the REAL
+//! HOST (`common::real_host`: etcd and the reference kube-apiserver, kshard
+//! installed from `manifests/base` with its own ServiceAccount's RBAC) are
 //! served by kshard without a restart; kshard keeps their status and cleanup
 //! finalizer on the host, and the host's APIServices for its group-versions
 //! (with the serving CA), leaving alone the APIServices that are not its own.
@@ -10,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::host::{HostDouble, User, APISERVICE, SRD};
+use common::real_host::{Installed, RealHost};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
@@ -18,8 +19,8 @@ const GROUP: &str = "things.kshard.dev";
 const GADGETS: &str = "/apis/things.kshard.dev/v1/namespaces/default/gadgets";
 
 struct Setup {
-    host: HostDouble,
-    kshard: common::TestServer,
+    host: RealHost,
+    kshard: Installed,
     /// kube-aggregator's connection to kshard (front-proxy certificate).
     aggregator: kube::Client,
     /// A cluster admin of the host (what `kubectl apply` to the host uses).
@@ -32,11 +33,8 @@ struct Setup {
 /// and one kshard registered earlier for a group it no longer serves.
 async fn setup() -> Setup {
     let dir = tempfile::tempdir().expect("tmp");
-    let host = HostDouble::start(dir.path()).await;
-    host.state
-        .add_token("admin-token", User::new("admin", &["system:masters"]));
-    host.state.set_policy(|_| (true, String::new()));
-    let admin = common::client_for(&host.user_kubeconfig("admin-token")).await;
+    let host = RealHost::start(dir.path());
+    let admin = host.client().await;
     let apiservices: Api<DynamicObject> = Api::all_with(admin.clone(), &apiservice_resource());
     let apiservice = |name: &str, group: &str, labels: Value, service: &str| {
         serde_json::from_value::<DynamicObject>(json!({
@@ -49,8 +47,11 @@ async fn setup() -> Setup {
         .expect("apiservice")
     };
     let pp = PostParams::default();
+    // Two APIServices already there: one kshard registered earlier for a
+    // group it no longer serves (it removes it), one of another shard (not
+    // its own). The base's v1.demo.kshard.dev comes from the installer,
+    // without kshard's managed-by label: not kshard's either.
     for a in [
-        apiservice("v1.demo.kshard.dev", "demo.kshard.dev", json!({}), "kshard"),
         apiservice(
             "v1.gone.kshard.dev",
             "gone.kshard.dev",
@@ -69,20 +70,18 @@ async fn setup() -> Setup {
             .await
             .expect("create apiservice");
     }
-    let hk = host.kubeconfig.clone();
-    let kshard = common::start_with(move |c| {
-        c.host_kubeconfig = Some(hk);
-        c.manage_apiservices = true;
-    })
-    .await;
-    host.aggregate(
-        kshard.running.addr,
-        &kshard_ca(&kshard),
-        "front-proxy-client",
-    )
-    .await;
-    let aggregator =
-        common::client_for(&dir.path().join("front-proxy-front-proxy-client.kubeconfig")).await;
+    let kshard = host.install_kshard(&[]);
+    // kube-aggregator's identity, straight at kshard.
+    let cert = host.front_proxy_ca.client("front-proxy-client", &[]);
+    let agg_kc = host.dir.join("aggregator.kubeconfig");
+    common::host::write_kubeconfig(
+        &agg_kc,
+        &format!("https://127.0.0.1:{}", kshard.port),
+        &kshard.ca.pem,
+        None,
+        Some(&cert),
+    );
+    let aggregator = common::client_for(&agg_kc).await;
     let s = Setup {
         host,
         kshard,
@@ -95,17 +94,6 @@ async fn setup() -> Setup {
     })
     .await;
     s
-}
-
-fn kshard_ca(kshard: &common::TestServer) -> String {
-    std::fs::read_to_string(
-        kshard
-            .running
-            .kubeconfig
-            .with_file_name("pki")
-            .join("ca.crt"),
-    )
-    .expect("kshard ca")
 }
 
 fn apiservice_resource() -> kube::api::ApiResource {
@@ -187,8 +175,26 @@ impl Setup {
         panic!("timed out after {limit:?} waiting for: {what}");
     }
 
-    fn condition(&self, name: &str, kind: &str) -> Value {
-        let def = self.host.state.object(&SRD, name).unwrap_or(Value::Null);
+    /// A host object as the host serves it now.
+    async fn host_object(&self, ar: &kube::api::ApiResource, name: &str) -> Option<Value> {
+        let api: Api<DynamicObject> = Api::all_with(self.admin.clone(), ar);
+        api.get_opt(name)
+            .await
+            .expect("get from the host")
+            .map(|o| serde_json::to_value(o).expect("json"))
+    }
+
+    async fn srd(&self, name: &str) -> Option<Value> {
+        self.host_object(&kshard::host::definitions::api_resource(), name)
+            .await
+    }
+
+    async fn apiservice(&self, name: &str) -> Option<Value> {
+        self.host_object(&apiservice_resource(), name).await
+    }
+
+    async fn condition(&self, name: &str, kind: &str) -> Value {
+        let def = self.srd(name).await.unwrap_or(Value::Null);
         def["status"]["conditions"]
             .as_array()
             .and_then(|cs| cs.iter().find(|c| c["type"] == kind).cloned())
@@ -261,32 +267,31 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
     // kshard keeps the host object: cleanup finalizer and CRD status.
     let name = format!("gadgets.{GROUP}");
     common::eventually("the definition's status on the host", || async {
-        s.condition(&name, "Established")["status"] == "True"
+        s.condition(&name, "Established").await["status"] == "True"
     })
     .await;
-    let def = s.host.state.object(&SRD, &name).expect("definition");
+    let def = s.srd(&name).await.expect("definition");
     assert_eq!(
         def["metadata"]["finalizers"],
         json!(["customresourcecleanup.apiextensions.kshard.dev"])
     );
-    assert_eq!(s.condition(&name, "NamesAccepted")["reason"], "NoConflicts");
+    assert_eq!(
+        s.condition(&name, "NamesAccepted").await["reason"],
+        "NoConflicts"
+    );
     assert_eq!(def["status"]["acceptedNames"]["kind"], "Gadget");
     assert_eq!(def["status"]["acceptedNames"]["listKind"], "GadgetList");
     assert_eq!(def["status"]["storedVersions"], json!(["v1"]));
 
     // The APIService for the new group-version, with kshard's CA.
-    let ca = base64::engine::general_purpose::STANDARD.encode(kshard_ca(&s.kshard));
+    let ca = base64::engine::general_purpose::STANDARD.encode(s.kshard.ca.pem.clone());
     common::eventually("APIService v1.things.kshard.dev", || async {
-        s.host
-            .state
-            .object(&APISERVICE, "v1.things.kshard.dev")
-            .is_some()
+        s.apiservice("v1.things.kshard.dev").await.is_some()
     })
     .await;
     let a = s
-        .host
-        .state
-        .object(&APISERVICE, "v1.things.kshard.dev")
+        .apiservice("v1.things.kshard.dev")
+        .await
         .expect("apiservice");
     assert_eq!(
         a["metadata"]["labels"]["app.kubernetes.io/managed-by"],
@@ -296,34 +301,37 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
         a["spec"],
         json!({"group": GROUP, "version": "v1", "groupPriorityMinimum": 1000,
                "versionPriority": 100, "caBundle": ca,
-               "service": {"namespace": "kshard-system", "name": "kshard", "port": 443}})
+               "service": {"namespace": "kshard-system", "name": "kshard", "port": s.kshard.port}})
     );
     // One it registered for a group it no longer serves goes; one it did not
     // label, and one of another shard's Service, stay as they were.
     common::eventually("the stale APIService removed", || async {
-        s.host
-            .state
-            .object(&APISERVICE, "v1.gone.kshard.dev")
-            .is_none()
+        s.apiservice("v1.gone.kshard.dev").await.is_none()
     })
     .await;
     let hand = s
-        .host
-        .state
-        .object(&APISERVICE, "v1.demo.kshard.dev")
+        .apiservice("v1.demo.kshard.dev")
+        .await
         .expect("unlabelled apiservice");
+    // The installer's, left as the installer wrote it: no managed-by label
+    // added, and every field of it still the installer's alone.
     assert!(
         hand["metadata"]["labels"]
-            .as_object()
-            .is_some_and(|l| l.is_empty()),
+            .get("app.kubernetes.io/managed-by")
+            .is_none(),
         "{hand}"
     );
-    assert!(hand["spec"]["caBundle"].is_null(), "{hand}");
-    assert!(s
-        .host
-        .state
-        .object(&APISERVICE, "v1.other.kshard.dev")
-        .is_some());
+    let mut writers: Vec<&str> = hand["metadata"]["managedFields"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|e| e["manager"].as_str()).collect())
+        .unwrap_or_default();
+    writers.sort();
+    assert_eq!(
+        writers,
+        ["kube-apiserver", "kubectl-client-side-apply"],
+        "{hand}"
+    );
+    assert!(s.apiservice("v1.other.kshard.dev").await.is_some());
 
     // Changed on the host: a second version and a new field, no restart.
     s.apply(gadgets(true)).await;
@@ -354,15 +362,12 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
         (200, Some("things.kshard.dev/v2"))
     );
     common::eventually("APIService v2.things.kshard.dev", || async {
-        s.host
-            .state
-            .object(&APISERVICE, "v2.things.kshard.dev")
-            .is_some()
+        s.apiservice("v2.things.kshard.dev").await.is_some()
     })
     .await;
     // kubectl, talking to the host, finds the resource through the aggregator.
     let out = common::kubectl_with(
-        &s.host.user_kubeconfig("admin-token"),
+        &s.host.admin_kubeconfig,
         &["get", "gadgets.v2.things.kshard.dev", "-o", "name"],
         None,
     );
@@ -386,7 +391,7 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
         .until(
             "the definition released",
             Duration::from_secs(10),
-            async || s.host.state.object(&SRD, &name).is_none(),
+            async || s.srd(&name).await.is_none(),
         )
         .await;
     println!("host delete → objects deleted, finalizer removed: {gone:?}");
@@ -395,14 +400,8 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
     })
     .await;
     common::eventually("the group's APIServices removed", || async {
-        s.host
-            .state
-            .object(&APISERVICE, "v1.things.kshard.dev")
-            .is_none()
-            && s.host
-                .state
-                .object(&APISERVICE, "v2.things.kshard.dev")
-                .is_none()
+        s.apiservice("v1.things.kshard.dev").await.is_none()
+            && s.apiservice("v2.things.kshard.dev").await.is_none()
     })
     .await;
     // Applied again: the objects were deleted, not just hidden.
@@ -414,11 +413,7 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
     let (_, list) = s.send("GET", GADGETS, None).await;
     assert_eq!(list["items"], json!([]), "{list}");
     // The file-served group was never unregistered or touched.
-    assert!(s
-        .host
-        .state
-        .object(&APISERVICE, "v1.demo.kshard.dev")
-        .is_some());
+    assert!(s.apiservice("v1.demo.kshard.dev").await.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -439,10 +434,14 @@ async fn a_definition_kshard_cannot_serve_says_why_and_the_others_still_serve() 
     s.apply(invalid).await;
 
     common::eventually("the conflicting definition's status", || async {
-        s.condition("widgets.demo.kshard.dev", "NamesAccepted")["status"] == "False"
+        s.condition("widgets.demo.kshard.dev", "NamesAccepted")
+            .await["status"]
+            == "False"
     })
     .await;
-    let c = s.condition("widgets.demo.kshard.dev", "NamesAccepted");
+    let c = s
+        .condition("widgets.demo.kshard.dev", "NamesAccepted")
+        .await;
     assert_eq!(c["reason"], "NameConflict", "{c}");
     assert!(
         c["message"]
@@ -451,14 +450,14 @@ async fn a_definition_kshard_cannot_serve_says_why_and_the_others_still_serve() 
         "{c}"
     );
     assert_eq!(
-        s.condition("widgets.demo.kshard.dev", "Established")["status"],
+        s.condition("widgets.demo.kshard.dev", "Established").await["status"],
         "False"
     );
     common::eventually("the invalid definition's status", || async {
-        s.condition("bolts.things.kshard.dev", "Established")["status"] == "False"
+        s.condition("bolts.things.kshard.dev", "Established").await["status"] == "False"
     })
     .await;
-    let c = s.condition("bolts.things.kshard.dev", "Established");
+    let c = s.condition("bolts.things.kshard.dev", "Established").await;
     assert_eq!(c["reason"], "InvalidDefinition", "{c}");
     assert!(
         c["message"].as_str().is_some_and(|m| m.contains("storage")),
@@ -472,7 +471,8 @@ async fn a_definition_kshard_cannot_serve_says_why_and_the_others_still_serve() 
     .await;
     assert_eq!(s.send("GET", common::WIDGETS, None).await.0, 200);
     assert_eq!(
-        s.condition("gadgets.things.kshard.dev", "Established")["status"],
+        s.condition("gadgets.things.kshard.dev", "Established")
+            .await["status"],
         "True"
     );
     // Fixed on the host: served at once.
@@ -491,7 +491,7 @@ async fn a_definition_kshard_cannot_serve_says_why_and_the_others_still_serve() 
     })
     .await;
     common::eventually("the fixed definition established", || async {
-        s.condition("bolts.things.kshard.dev", "Established")["status"] == "True"
+        s.condition("bolts.things.kshard.dev", "Established").await["status"] == "True"
     })
     .await;
 }
