@@ -453,7 +453,10 @@ async fn applying_the_same_configuration_again_writes_nothing() {
         .await
         .expect("watch");
     let with_null = first.replace("{name: t1}", "{name: t1, creationTimestamp: null}");
-    for body in [first.to_string(), with_null] {
+    // Into the next second, so a re-apply that counted as a change would
+    // carry a new managedFields time, and show.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    for body in [with_null.clone(), first.to_string(), with_null] {
         for _ in 0..2 {
             let r = s
                 .raw("PATCH", &uri, &[APPLY], body.as_bytes().to_vec())

@@ -884,6 +884,7 @@ impl Registry {
         self.admit_validating(t, &step, Some(&new), opts, warnings)
             .await?;
 
+        keep_managed_fields_times(&mut new, current);
         if stored.unchanged_by(&new) {
             // Nothing changed: no write, no new revision (as kube does).
             let json = Bytes::from(serde_json::to_vec(current).map_err(ApiError::internal)?);
@@ -1112,6 +1113,73 @@ fn uid_precondition_failed(t: &Target, name: &str, want: &str, actual: &str) -> 
              UID in object meta: {actual}"
         ),
     )
+}
+
+/// kube's `IgnoreManagedFieldsTimestampsTransformer`, run on every update:
+/// when an update changes nothing but the times of managedFields entries
+/// (an apply whose configuration restates a system field, such as
+/// `creationTimestamp: null` from `kubectl create --dry-run -o yaml`, counts
+/// as a change until the system fields are restored), the stored entries
+/// are kept, so the update is a no-op and writes nothing. Compared in place:
+/// this runs on every update.
+fn keep_managed_fields_times(new: &mut Value, current: &Value) {
+    let entries = |v: &Value| {
+        v.pointer("/metadata/managedFields")
+            .and_then(Value::as_array)
+            .cloned()
+    };
+    let (Some(new_mf), Some(old_mf)) = (
+        new.pointer("/metadata/managedFields")
+            .and_then(Value::as_array),
+        current
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array),
+    ) else {
+        return;
+    };
+    if new_mf == old_mf || new_mf.len() != old_mf.len() {
+        return;
+    }
+    let same_but_time = |a: &Value, b: &Value| match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            a.iter().filter(|(k, _)| *k != "time").count()
+                == b.iter().filter(|(k, _)| *k != "time").count()
+                && a.iter()
+                    .filter(|(k, _)| *k != "time")
+                    .all(|(k, v)| b.get(k) == Some(v))
+        }
+        _ => a == b,
+    };
+    if !new_mf.iter().zip(old_mf).all(|(a, b)| same_but_time(a, b)) {
+        return;
+    }
+    let (Some(n), Some(c)) = (new.as_object(), current.as_object()) else {
+        return;
+    };
+    let same_outside_metadata = n.len() == c.len()
+        && n.iter()
+            .filter(|(k, _)| *k != "metadata")
+            .all(|(k, v)| c.get(k) == Some(v));
+    let (Some(nm), Some(cm)) = (
+        n.get("metadata").and_then(Value::as_object),
+        c.get("metadata").and_then(Value::as_object),
+    ) else {
+        return;
+    };
+    let same_metadata = nm.len() == cm.len()
+        && nm
+            .iter()
+            .filter(|(k, _)| *k != "managedFields")
+            .all(|(k, v)| cm.get(k) == Some(v));
+    if !(same_outside_metadata && same_metadata) {
+        return;
+    }
+    if let (Some(old), Some(m)) = (
+        entries(current),
+        new.get_mut("metadata").and_then(Value::as_object_mut),
+    ) {
+        m.insert("managedFields".into(), Value::Array(old));
+    }
 }
 
 #[cfg(test)]
