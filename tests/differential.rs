@@ -546,6 +546,46 @@ fn install_crds(host: &RealHost) {
     });
 }
 
+/// kubectl's identity commands, run against both servers: exit code,
+/// output and warnings must be the same. The reference's client is in
+/// system:masters, so RBAC allows it what kshard standalone allows everyone.
+fn kubectl_identity_commands(host: &RealHost, server: &common::TestServer) -> Vec<String> {
+    let commands: [&[&str]; 5] = [
+        &["auth", "whoami", "--as=alice", "--as-group=devs"],
+        &[
+            "auth",
+            "can-i",
+            "create",
+            "widgets.demo.kshard.dev",
+            "-n",
+            "default",
+        ],
+        &["auth", "can-i", "list", "gadgets", "--all-namespaces"],
+        &["auth", "can-i", "get", "/healthz"],
+        &["auth", "can-i", "get", "nosuchthings"],
+    ];
+    let mut failures = Vec::new();
+    for args in commands {
+        let shown = |o: &std::process::Output| {
+            format!(
+                "exit {:?}\nstdout: {}\nstderr: {}",
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        let kube = shown(&host.kubectl(args));
+        let ours = shown(&server.kubectl(args));
+        if kube != ours {
+            failures.push(format!(
+                "kubectl {}:\n  kube:\n{kube}\n  kshard:\n{ours}",
+                args.join(" ")
+            ));
+        }
+    }
+    failures
+}
+
 /// The README's list of deliberate differences.
 fn readme_differences() -> String {
     let readme = std::fs::read_to_string(common::repo_path("README.md")).expect("README");
@@ -616,6 +656,9 @@ async fn kshard_answers_as_kube_apiserver_does() {
                  (and its README entry)"
             )),
         }
+    }
+    if only.is_none() {
+        failures.extend(kubectl_identity_commands(&host, &server));
     }
     eprintln!(
         "differential: {matched} scenarios match, {} known differences, {} mismatches",

@@ -66,19 +66,19 @@ fn group_doc(g: &crate::registry::catalog::Group) -> Value {
 }
 
 pub fn apis(catalog: &Catalog) -> Value {
-    let groups: Vec<Value> = catalog
-        .groups()
+    // Built-in groups come first, as kube lists them before custom ones.
+    let groups: Vec<Value> = review_groups()
         .iter()
-        .filter(|g| !g.versions.is_empty())
+        .chain(catalog.groups().iter().filter(|g| !g.versions.is_empty()))
         .map(group_doc)
         .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 pub fn group(catalog: &Catalog, name: &str) -> Option<Value> {
-    let g = catalog
-        .groups()
+    let g = review_groups()
         .into_iter()
+        .chain(catalog.groups())
         .find(|g| g.name == name && !g.versions.is_empty())?;
     let mut doc = group_doc(&g);
     if let Some(o) = doc.as_object_mut() {
@@ -124,7 +124,36 @@ fn resource_entries(rt: &ResourceType, version: &str) -> Vec<Value> {
     out
 }
 
+/// The groups of the identity reviews kshard answers itself
+/// (`super::review`), each with its one version.
+fn review_groups() -> Vec<crate::registry::catalog::Group> {
+    super::review::REVIEWS
+        .iter()
+        .map(|r| crate::registry::catalog::Group {
+            name: r.group.to_string(),
+            versions: vec!["v1".to_string()],
+        })
+        .collect()
+}
+
+fn review_in(g: &str, v: &str) -> Option<&'static super::review::Review> {
+    super::review::REVIEWS
+        .iter()
+        .find(|r| r.group == g && v == "v1")
+}
+
 pub fn group_version_resources(catalog: &Catalog, g: &str, v: &str) -> Option<Value> {
+    if let Some(r) = review_in(g, v) {
+        return Some(json!({
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": format!("{g}/{v}"),
+            "resources": [{
+                "name": r.resource, "singularName": r.singular, "namespaced": false,
+                "kind": r.kind, "verbs": ["create"],
+            }],
+        }));
+    }
     let resources = catalog.resources_in(g, v);
     if resources.is_empty() {
         return None;
@@ -185,12 +214,31 @@ pub fn aggregated(catalog: &Catalog, version: &str, legacy: bool) -> Value {
     let items: Vec<Value> = if legacy {
         Vec::new()
     } else {
-        catalog
-            .groups()
-            .iter()
-            .filter(|g| !g.versions.is_empty())
-            .map(|g| {
-                let versions: Vec<Value> = g
+        // Built-in kinds name no group or version in their responseKind.
+        let reviews = super::review::REVIEWS.iter().map(|r| {
+            json!({
+                "metadata": {"name": r.group},
+                "versions": [{
+                    "version": "v1",
+                    "resources": [{
+                        "resource": r.resource,
+                        "responseKind": {"group": "", "version": "", "kind": r.kind},
+                        "scope": "Cluster",
+                        "singularResource": r.singular,
+                        "verbs": ["create"],
+                    }],
+                    "freshness": "Current",
+                }],
+            })
+        });
+        reviews
+            .chain(
+                catalog
+                    .groups()
+                    .iter()
+                    .filter(|g| !g.versions.is_empty())
+                    .map(|g| {
+                        let versions: Vec<Value> = g
                     .versions
                     .iter()
                     .map(|v| {
@@ -202,8 +250,9 @@ pub fn aggregated(catalog: &Catalog, version: &str, legacy: bool) -> Value {
                         json!({"version": v, "resources": resources, "freshness": "Current"})
                     })
                     .collect();
-                json!({"metadata": {"name": g.name}, "versions": versions})
-            })
+                        json!({"metadata": {"name": g.name}, "versions": versions})
+                    }),
+            )
             .collect()
     };
     json!({

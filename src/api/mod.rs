@@ -11,6 +11,7 @@ pub mod options;
 pub mod request;
 pub mod resource;
 pub mod response;
+pub mod review;
 pub mod strict;
 pub mod watch;
 
@@ -143,6 +144,27 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         .map(str::to_string);
     let catalog = &*state.registry.catalog();
     match info.route {
+        Route::Resource(r) if review::addressed(&r).is_some() => {
+            let Some(review) = review::addressed(&r) else {
+                return error_response(&ApiError::not_found_path());
+            };
+            review::handle(
+                review,
+                review::Call {
+                    method: &parts.method,
+                    headers: &parts.headers,
+                    query: &query,
+                    body: &body,
+                    user: parts
+                        .extensions
+                        .get::<crate::auth::Identity>()
+                        .cloned()
+                        .unwrap_or_default(),
+                    authorizer: parts.extensions.get::<crate::authz::Authorizer>().cloned(),
+                },
+            )
+            .await
+        }
         Route::Resource(r) => {
             resource::handle(
                 state,
