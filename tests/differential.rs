@@ -586,6 +586,69 @@ fn kubectl_identity_commands(host: &RealHost, server: &common::TestServer) -> Ve
     failures
 }
 
+/// A `/metrics` text's families: name to (HELP, TYPE), and the names of
+/// samples that belong to no declared family.
+fn families(
+    text: &str,
+) -> (
+    BTreeMap<String, (Option<String>, Option<String>)>,
+    Vec<String>,
+) {
+    let mut fams: BTreeMap<String, (Option<String>, Option<String>)> = BTreeMap::new();
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            fams.entry(name.into()).or_default().0 = Some(help.into());
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
+            fams.entry(name.into()).or_default().1 = Some(ty.into());
+        } else if !line.starts_with('#') && !line.trim().is_empty() {
+            let name = line.split(['{', ' ']).next().unwrap_or("").to_string();
+            samples.push(name);
+        }
+    }
+    let orphans = samples
+        .into_iter()
+        .filter(|n| {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n);
+            !fams.contains_key(n) && !fams.contains_key(base)
+        })
+        .collect();
+    (fams, orphans)
+}
+
+/// Every family kshard's `/metrics` shows has `# HELP` and `# TYPE` lines,
+/// and a family kube-apiserver has too has kube's help text and type.
+fn metric_families(host: &RealHost, server: &common::TestServer) -> Vec<String> {
+    let kube_text = host.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let ours_text = server.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let (kube, _) = families(&kube_text);
+    let (ours, orphans) = families(&ours_text);
+    let mut failures: Vec<String> = orphans
+        .iter()
+        .map(|n| format!("/metrics: sample {n} has no # HELP / # TYPE"))
+        .collect();
+    assert!(!ours.is_empty(), "kshard's /metrics shows no family");
+    for (name, (help, ty)) in &ours {
+        if help.as_deref().unwrap_or("").is_empty() || ty.is_none() {
+            failures.push(format!("/metrics: {name} lacks # HELP or # TYPE"));
+        }
+        if let Some(k) = kube.get(name) {
+            if k != &(help.clone(), ty.clone()) {
+                failures.push(format!(
+                    "/metrics: {name}: kube {k:?}, kshard {:?}",
+                    (help, ty)
+                ));
+            }
+        }
+    }
+    failures
+}
+
 /// The README's list of deliberate differences.
 fn readme_differences() -> String {
     let readme = std::fs::read_to_string(common::repo_path("README.md")).expect("README");
@@ -659,6 +722,7 @@ async fn kshard_answers_as_kube_apiserver_does() {
     }
     if only.is_none() {
         failures.extend(kubectl_identity_commands(&host, &server));
+        failures.extend(metric_families(&host, &server));
     }
     eprintln!(
         "differential: {matched} scenarios match, {} known differences, {} mismatches",
