@@ -20,10 +20,34 @@ const SUB_VERBS: [&str; 3] = ["get", "patch", "update"];
 
 pub const AGGREGATED_V2: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-pub const AGGREGATED_V2BETA1: &str =
-    "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+/// The media types the legacy documents can be had in, as kube lists them
+/// when an Accept header names none of them.
+pub const LEGACY_TYPES: [&str; 3] = [
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+];
 
-/// Which aggregated discovery version an Accept header asks for, if any.
+/// Whether an Accept header allows the legacy documents: a media range
+/// without the parameters of another form (aggregated discovery, Table).
+pub fn accepts_legacy(accept: Option<&str>) -> bool {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return true;
+    };
+    accept.split(',').any(|part| {
+        let mut p = part.split(';').map(str::trim);
+        let base = p.next().unwrap_or("");
+        let plain = p.all(|param| {
+            let key = param.split('=').next().unwrap_or("").trim();
+            matches!(key, "q" | "charset" | "")
+        });
+        plain && (base == "*/*" || base == "application/*" || LEGACY_TYPES.contains(&base))
+    })
+}
+
+/// Which aggregated discovery version an Accept header asks for, if any:
+/// only v2, as kube 1.36 (v2beta1 is no longer served; a client asking for
+/// it alone gets 406).
 pub fn wants_aggregated(accept: Option<&str>) -> Option<&'static str> {
     let accept = accept?;
     for part in accept.split(',') {
@@ -35,9 +59,6 @@ pub fn wants_aggregated(accept: Option<&str>) -> Option<&'static str> {
         {
             if has("v=v2") {
                 return Some("v2");
-            }
-            if has("v=v2beta1") {
-                return Some("v2beta1");
             }
         }
     }
@@ -279,7 +300,12 @@ mod tests {
         let kubectl = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
         assert_eq!(wants_aggregated(Some(kubectl)), Some("v2"));
         assert_eq!(wants_aggregated(Some("application/json")), None);
-        assert_eq!(wants_aggregated(Some(AGGREGATED_V2BETA1)), Some("v2beta1"));
+        let v2beta1 = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+        assert_eq!(wants_aggregated(Some(v2beta1)), None);
+        assert!(!accepts_legacy(Some(v2beta1)));
+        assert!(accepts_legacy(Some(&format!("{v2beta1},application/json"))));
+        assert!(accepts_legacy(None));
+        assert!(accepts_legacy(Some("*/*;q=0.8")));
     }
 
     #[test]

@@ -352,16 +352,12 @@ fn discovery_doc(
 ) -> Response {
     match discovery::wants_aggregated(accept) {
         Some(v) => {
-            let ct = if v == "v2" {
-                discovery::AGGREGATED_V2
-            } else {
-                discovery::AGGREGATED_V2BETA1
-            };
-            let mut r = etagged(headers, &aggregated(v), ct);
+            let mut r = etagged(headers, &aggregated(v), discovery::AGGREGATED_V2);
             r.headers_mut()
                 .insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
             r
         }
-        None => json_response(StatusCode::OK, &legacy()),
+        None if discovery::accepts_legacy(accept) => json_response(StatusCode::OK, &legacy()),
+        None => error_response(&ApiError::not_acceptable(&discovery::LEGACY_TYPES)),
     }
 }
