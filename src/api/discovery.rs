@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 use sha2::{Digest, Sha512};
 
+use super::review::Review;
 use crate::registry::{Catalog, ResourceType};
 
 const MAIN_VERBS: [&str; 8] = [
@@ -86,9 +87,9 @@ fn group_doc(g: &crate::registry::catalog::Group) -> Value {
     })
 }
 
-pub fn apis(catalog: &Catalog) -> Value {
+pub fn apis(catalog: &Catalog, reviews: &[Review]) -> Value {
     // Built-in groups come first, as kube lists them before custom ones.
-    let groups: Vec<Value> = review_groups()
+    let groups: Vec<Value> = review_groups(reviews)
         .iter()
         .chain(catalog.groups().iter().filter(|g| !g.versions.is_empty()))
         .map(group_doc)
@@ -96,8 +97,8 @@ pub fn apis(catalog: &Catalog) -> Value {
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-pub fn group(catalog: &Catalog, name: &str) -> Option<Value> {
-    let g = review_groups()
+pub fn group(catalog: &Catalog, reviews: &[Review], name: &str) -> Option<Value> {
+    let g = review_groups(reviews)
         .into_iter()
         .chain(catalog.groups())
         .find(|g| g.name == name && !g.versions.is_empty())?;
@@ -146,9 +147,9 @@ fn resource_entries(rt: &ResourceType, version: &str) -> Vec<Value> {
 }
 
 /// The groups of the identity reviews kshard answers itself
-/// (`super::review`), each with its one version.
-fn review_groups() -> Vec<crate::registry::catalog::Group> {
-    super::review::REVIEWS
+/// (`super::review`; standalone only), each with its one version.
+fn review_groups(reviews: &[Review]) -> Vec<crate::registry::catalog::Group> {
+    reviews
         .iter()
         .map(|r| crate::registry::catalog::Group {
             name: r.group.to_string(),
@@ -157,14 +158,13 @@ fn review_groups() -> Vec<crate::registry::catalog::Group> {
         .collect()
 }
 
-fn review_in(g: &str, v: &str) -> Option<&'static super::review::Review> {
-    super::review::REVIEWS
-        .iter()
-        .find(|r| r.group == g && v == "v1")
-}
-
-pub fn group_version_resources(catalog: &Catalog, g: &str, v: &str) -> Option<Value> {
-    if let Some(r) = review_in(g, v) {
+pub fn group_version_resources(
+    catalog: &Catalog,
+    reviews: &[Review],
+    g: &str,
+    v: &str,
+) -> Option<Value> {
+    if let Some(r) = reviews.iter().find(|r| r.group == g && v == "v1") {
         return Some(json!({
             "kind": "APIResourceList",
             "apiVersion": "v1",
@@ -231,12 +231,12 @@ fn aggregated_resource(rt: &ResourceType, version: &str) -> Value {
 }
 
 /// The aggregated discovery document for `/apis` (`legacy` = `/api`: empty).
-pub fn aggregated(catalog: &Catalog, version: &str, legacy: bool) -> Value {
+pub fn aggregated(catalog: &Catalog, reviews: &[Review], version: &str, legacy: bool) -> Value {
     let items: Vec<Value> = if legacy {
         Vec::new()
     } else {
         // Built-in kinds name no group or version in their responseKind.
-        let reviews = super::review::REVIEWS.iter().map(|r| {
+        let reviews = reviews.iter().map(|r| {
             json!({
                 "metadata": {"name": r.group},
                 "versions": [{
