@@ -586,15 +586,13 @@ fn kubectl_identity_commands(host: &RealHost, server: &common::TestServer) -> Ve
     failures
 }
 
-/// A `/metrics` text's families: name to (HELP, TYPE), and the names of
-/// samples that belong to no declared family.
-fn families(
-    text: &str,
-) -> (
-    BTreeMap<String, (Option<String>, Option<String>)>,
-    Vec<String>,
-) {
-    let mut fams: BTreeMap<String, (Option<String>, Option<String>)> = BTreeMap::new();
+/// A metric family's `# HELP` and `# TYPE` texts, when present.
+type Family = (Option<String>, Option<String>);
+
+/// A `/metrics` text's families by name, and the names of samples that
+/// belong to no declared family.
+fn families(text: &str) -> (BTreeMap<String, Family>, Vec<String>) {
+    let mut fams: BTreeMap<String, Family> = BTreeMap::new();
     let mut samples = Vec::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {

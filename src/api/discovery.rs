@@ -57,10 +57,9 @@ pub fn wants_aggregated(accept: Option<&str>) -> Option<&'static str> {
         if p.first() == Some(&"application/json")
             && has("g=apidiscovery.k8s.io")
             && has("as=APIGroupDiscoveryList")
+            && has("v=v2")
         {
-            if has("v=v2") {
-                return Some("v2");
-            }
+            return Some("v2");
         }
     }
     None
