@@ -586,6 +586,41 @@ fn kubectl_identity_commands(host: &RealHost, server: &common::TestServer) -> Ve
     failures
 }
 
+/// The parts of the OpenAPI documents kshard builds as kube does (the
+/// whole documents differ in descriptions and parameters): a CRD's
+/// selectable fields in v2 and v3.
+fn openapi_parts(host: &RealHost, server: &common::TestServer) -> Vec<String> {
+    let get = |raw: String| serde_json::from_str::<Value>(&raw).unwrap_or(Value::Null);
+    let v3 = "/openapi/v3/apis/demo.kshard.dev/v1";
+    let (kube3, ours3) = (
+        get(host.kubectl_ok(&["get", "--raw", v3])),
+        get(server.kubectl_ok(&["get", "--raw", v3])),
+    );
+    let (kube2, ours2) = (
+        get(host.kubectl_ok(&["get", "--raw", "/openapi/v2"])),
+        get(server.kubectl_ok(&["get", "--raw", "/openapi/v2"])),
+    );
+    let widget = "dev.kshard.demo.v1.Widget";
+    let selectable = "x-kubernetes-selectable-fields";
+    let mut checks = vec![
+        (
+            format!("v3 {widget} {selectable}"),
+            kube3["components"]["schemas"][widget][selectable].clone(),
+            ours3["components"]["schemas"][widget][selectable].clone(),
+        ),
+        (
+            format!("v2 {widget} {selectable}"),
+            kube2["definitions"][widget][selectable].clone(),
+            ours2["definitions"][widget][selectable].clone(),
+        ),
+    ];
+    checks
+        .into_iter()
+        .filter(|(_, k, o)| k != o)
+        .map(|(what, k, o)| format!("OpenAPI {what}: kube {k}, kshard {o}"))
+        .collect()
+}
+
 /// A metric family's `# HELP` and `# TYPE` texts, when present.
 type Family = (Option<String>, Option<String>);
 
@@ -721,6 +756,7 @@ async fn kshard_answers_as_kube_apiserver_does() {
     if only.is_none() {
         failures.extend(kubectl_identity_commands(&host, &server));
         failures.extend(metric_families(&host, &server));
+        failures.extend(openapi_parts(&host, &server));
     }
     eprintln!(
         "differential: {matched} scenarios match, {} known differences, {} mismatches",
