@@ -602,7 +602,7 @@ fn openapi_parts(host: &RealHost, server: &common::TestServer) -> Vec<String> {
     );
     let widget = "dev.kshard.demo.v1.Widget";
     let selectable = "x-kubernetes-selectable-fields";
-    let mut checks = vec![
+    let checks = vec![
         (
             format!("v3 {widget} {selectable}"),
             kube3["components"]["schemas"][widget][selectable].clone(),
