@@ -305,6 +305,16 @@ impl ApiError {
         )
         .with_details(Self::named(group, resource, ""))
     }
+    /// A method the resource has no handler for (kube's
+    /// `NewMethodNotSupported` on a route without it): empty details.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+        .with_details(Details::default())
+    }
     pub fn too_large_resource_version(requested: u64, current: u64) -> Self {
         Self::new(
             504,

@@ -546,6 +546,142 @@ fn install_crds(host: &RealHost) {
     });
 }
 
+/// kubectl's identity commands, run against both servers: exit code,
+/// output and warnings must be the same. The reference's client is in
+/// system:masters, so RBAC allows it what kshard standalone allows everyone.
+fn kubectl_identity_commands(host: &RealHost, server: &common::TestServer) -> Vec<String> {
+    let commands: [&[&str]; 5] = [
+        &["auth", "whoami", "--as=alice", "--as-group=devs"],
+        &[
+            "auth",
+            "can-i",
+            "create",
+            "widgets.demo.kshard.dev",
+            "-n",
+            "default",
+        ],
+        &["auth", "can-i", "list", "gadgets", "--all-namespaces"],
+        &["auth", "can-i", "get", "/healthz"],
+        &["auth", "can-i", "get", "nosuchthings"],
+    ];
+    let mut failures = Vec::new();
+    for args in commands {
+        let shown = |o: &std::process::Output| {
+            format!(
+                "exit {:?}\nstdout: {}\nstderr: {}",
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        let kube = shown(&host.kubectl(args));
+        let ours = shown(&server.kubectl(args));
+        if kube != ours {
+            failures.push(format!(
+                "kubectl {}:\n  kube:\n{kube}\n  kshard:\n{ours}",
+                args.join(" ")
+            ));
+        }
+    }
+    failures
+}
+
+/// The parts of the OpenAPI documents kshard builds as kube does (the
+/// whole documents differ in descriptions and parameters): a CRD's
+/// selectable fields in v2 and v3.
+fn openapi_parts(host: &RealHost, server: &common::TestServer) -> Vec<String> {
+    let get = |raw: String| serde_json::from_str::<Value>(&raw).unwrap_or(Value::Null);
+    let v3 = "/openapi/v3/apis/demo.kshard.dev/v1";
+    let (kube3, ours3) = (
+        get(host.kubectl_ok(&["get", "--raw", v3])),
+        get(server.kubectl_ok(&["get", "--raw", v3])),
+    );
+    let (kube2, ours2) = (
+        get(host.kubectl_ok(&["get", "--raw", "/openapi/v2"])),
+        get(server.kubectl_ok(&["get", "--raw", "/openapi/v2"])),
+    );
+    let widget = "dev.kshard.demo.v1.Widget";
+    let selectable = "x-kubernetes-selectable-fields";
+    let checks = vec![
+        (
+            format!("v3 {widget} {selectable}"),
+            kube3["components"]["schemas"][widget][selectable].clone(),
+            ours3["components"]["schemas"][widget][selectable].clone(),
+        ),
+        (
+            format!("v2 {widget} {selectable}"),
+            kube2["definitions"][widget][selectable].clone(),
+            ours2["definitions"][widget][selectable].clone(),
+        ),
+    ];
+    checks
+        .into_iter()
+        .filter(|(_, k, o)| k != o)
+        .map(|(what, k, o)| format!("OpenAPI {what}: kube {k}, kshard {o}"))
+        .collect()
+}
+
+/// A metric family's `# HELP` and `# TYPE` texts, when present.
+type Family = (Option<String>, Option<String>);
+
+/// A `/metrics` text's families by name, and the names of samples that
+/// belong to no declared family.
+fn families(text: &str) -> (BTreeMap<String, Family>, Vec<String>) {
+    let mut fams: BTreeMap<String, Family> = BTreeMap::new();
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            fams.entry(name.into()).or_default().0 = Some(help.into());
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
+            fams.entry(name.into()).or_default().1 = Some(ty.into());
+        } else if !line.starts_with('#') && !line.trim().is_empty() {
+            let name = line.split(['{', ' ']).next().unwrap_or("").to_string();
+            samples.push(name);
+        }
+    }
+    let orphans = samples
+        .into_iter()
+        .filter(|n| {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n);
+            !fams.contains_key(n) && !fams.contains_key(base)
+        })
+        .collect();
+    (fams, orphans)
+}
+
+/// Every family kshard's `/metrics` shows has `# HELP` and `# TYPE` lines,
+/// and a family kube-apiserver has too has kube's help text and type.
+fn metric_families(host: &RealHost, server: &common::TestServer) -> Vec<String> {
+    let kube_text = host.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let ours_text = server.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let (kube, _) = families(&kube_text);
+    let (ours, orphans) = families(&ours_text);
+    let mut failures: Vec<String> = orphans
+        .iter()
+        .map(|n| format!("/metrics: sample {n} has no # HELP / # TYPE"))
+        .collect();
+    assert!(!ours.is_empty(), "kshard's /metrics shows no family");
+    for (name, (help, ty)) in &ours {
+        if help.as_deref().unwrap_or("").is_empty() || ty.is_none() {
+            failures.push(format!("/metrics: {name} lacks # HELP or # TYPE"));
+        }
+        if let Some(k) = kube.get(name) {
+            if k != &(help.clone(), ty.clone()) {
+                failures.push(format!(
+                    "/metrics: {name}: kube {k:?}, kshard {:?}",
+                    (help, ty)
+                ));
+            }
+        }
+    }
+    failures
+}
+
 /// The README's list of deliberate differences.
 fn readme_differences() -> String {
     let readme = std::fs::read_to_string(common::repo_path("README.md")).expect("README");
@@ -616,6 +752,11 @@ async fn kshard_answers_as_kube_apiserver_does() {
                  (and its README entry)"
             )),
         }
+    }
+    if only.is_none() {
+        failures.extend(kubectl_identity_commands(&host, &server));
+        failures.extend(metric_families(&host, &server));
+        failures.extend(openapi_parts(&host, &server));
     }
     eprintln!(
         "differential: {matched} scenarios match, {} known differences, {} mismatches",

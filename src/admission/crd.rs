@@ -156,7 +156,9 @@ fn policy_schema() -> Value {
                     },
                 },
             },
-            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            // kube's policy always carries a status (an empty one until a
+            // controller type-checks it), as the default gives it here.
+            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true, "default": {}},
         },
     })
 }
@@ -308,6 +310,17 @@ fn crd(kind: &str, plural: &str, schema: Value, status: bool) -> Value {
             "versions": [version],
         },
     })
+}
+
+/// The top-level fields kube's type of a kind always carries, even empty
+/// (its non-pointer structs), which field ownership starts from on create.
+pub fn always_present(group: &str, plural: &str) -> &'static [&'static str] {
+    use super::config::{BINDINGS, POLICIES};
+    match (group, plural) {
+        (GROUP, POLICIES) => &["spec", "status"],
+        (GROUP, BINDINGS) => &["spec"],
+        _ => &[],
+    }
 }
 
 /// The CRDs as one multi-document YAML text (what the catalog loads).

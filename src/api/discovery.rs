@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 use sha2::{Digest, Sha512};
 
+use super::review::Review;
 use crate::registry::{Catalog, ResourceType};
 
 const MAIN_VERBS: [&str; 8] = [
@@ -20,10 +21,34 @@ const SUB_VERBS: [&str; 3] = ["get", "patch", "update"];
 
 pub const AGGREGATED_V2: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-pub const AGGREGATED_V2BETA1: &str =
-    "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+/// The media types the legacy documents can be had in, as kube lists them
+/// when an Accept header names none of them.
+pub const LEGACY_TYPES: [&str; 3] = [
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+];
 
-/// Which aggregated discovery version an Accept header asks for, if any.
+/// Whether an Accept header allows the legacy documents: a media range
+/// without the parameters of another form (aggregated discovery, Table).
+pub fn accepts_legacy(accept: Option<&str>) -> bool {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return true;
+    };
+    accept.split(',').any(|part| {
+        let mut p = part.split(';').map(str::trim);
+        let base = p.next().unwrap_or("");
+        let plain = p.all(|param| {
+            let key = param.split('=').next().unwrap_or("").trim();
+            matches!(key, "q" | "charset" | "")
+        });
+        plain && (base == "*/*" || base == "application/*" || LEGACY_TYPES.contains(&base))
+    })
+}
+
+/// Which aggregated discovery version an Accept header asks for, if any:
+/// only v2, as kube 1.36 (v2beta1 is no longer served; a client asking for
+/// it alone gets 406).
 pub fn wants_aggregated(accept: Option<&str>) -> Option<&'static str> {
     let accept = accept?;
     for part in accept.split(',') {
@@ -32,13 +57,9 @@ pub fn wants_aggregated(accept: Option<&str>) -> Option<&'static str> {
         if p.first() == Some(&"application/json")
             && has("g=apidiscovery.k8s.io")
             && has("as=APIGroupDiscoveryList")
+            && has("v=v2")
         {
-            if has("v=v2") {
-                return Some("v2");
-            }
-            if has("v=v2beta1") {
-                return Some("v2beta1");
-            }
+            return Some("v2");
         }
     }
     None
@@ -65,20 +86,20 @@ fn group_doc(g: &crate::registry::catalog::Group) -> Value {
     })
 }
 
-pub fn apis(catalog: &Catalog) -> Value {
-    let groups: Vec<Value> = catalog
-        .groups()
+pub fn apis(catalog: &Catalog, reviews: &[Review]) -> Value {
+    // Built-in groups come first, as kube lists them before custom ones.
+    let groups: Vec<Value> = review_groups(reviews)
         .iter()
-        .filter(|g| !g.versions.is_empty())
+        .chain(catalog.groups().iter().filter(|g| !g.versions.is_empty()))
         .map(group_doc)
         .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-pub fn group(catalog: &Catalog, name: &str) -> Option<Value> {
-    let g = catalog
-        .groups()
+pub fn group(catalog: &Catalog, reviews: &[Review], name: &str) -> Option<Value> {
+    let g = review_groups(reviews)
         .into_iter()
+        .chain(catalog.groups())
         .find(|g| g.name == name && !g.versions.is_empty())?;
     let mut doc = group_doc(&g);
     if let Some(o) = doc.as_object_mut() {
@@ -124,7 +145,35 @@ fn resource_entries(rt: &ResourceType, version: &str) -> Vec<Value> {
     out
 }
 
-pub fn group_version_resources(catalog: &Catalog, g: &str, v: &str) -> Option<Value> {
+/// The groups of the identity reviews kshard answers itself
+/// (`super::review`; standalone only), each with its one version.
+fn review_groups(reviews: &[Review]) -> Vec<crate::registry::catalog::Group> {
+    reviews
+        .iter()
+        .map(|r| crate::registry::catalog::Group {
+            name: r.group.to_string(),
+            versions: vec!["v1".to_string()],
+        })
+        .collect()
+}
+
+pub fn group_version_resources(
+    catalog: &Catalog,
+    reviews: &[Review],
+    g: &str,
+    v: &str,
+) -> Option<Value> {
+    if let Some(r) = reviews.iter().find(|r| r.group == g && v == "v1") {
+        return Some(json!({
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": format!("{g}/{v}"),
+            "resources": [{
+                "name": r.resource, "singularName": r.singular, "namespaced": false,
+                "kind": r.kind, "verbs": ["create"],
+            }],
+        }));
+    }
     let resources = catalog.resources_in(g, v);
     if resources.is_empty() {
         return None;
@@ -181,16 +230,35 @@ fn aggregated_resource(rt: &ResourceType, version: &str) -> Value {
 }
 
 /// The aggregated discovery document for `/apis` (`legacy` = `/api`: empty).
-pub fn aggregated(catalog: &Catalog, version: &str, legacy: bool) -> Value {
+pub fn aggregated(catalog: &Catalog, reviews: &[Review], version: &str, legacy: bool) -> Value {
     let items: Vec<Value> = if legacy {
         Vec::new()
     } else {
-        catalog
-            .groups()
-            .iter()
-            .filter(|g| !g.versions.is_empty())
-            .map(|g| {
-                let versions: Vec<Value> = g
+        // Built-in kinds name no group or version in their responseKind.
+        let reviews = reviews.iter().map(|r| {
+            json!({
+                "metadata": {"name": r.group},
+                "versions": [{
+                    "version": "v1",
+                    "resources": [{
+                        "resource": r.resource,
+                        "responseKind": {"group": "", "version": "", "kind": r.kind},
+                        "scope": "Cluster",
+                        "singularResource": r.singular,
+                        "verbs": ["create"],
+                    }],
+                    "freshness": "Current",
+                }],
+            })
+        });
+        reviews
+            .chain(
+                catalog
+                    .groups()
+                    .iter()
+                    .filter(|g| !g.versions.is_empty())
+                    .map(|g| {
+                        let versions: Vec<Value> = g
                     .versions
                     .iter()
                     .map(|v| {
@@ -202,8 +270,9 @@ pub fn aggregated(catalog: &Catalog, version: &str, legacy: bool) -> Value {
                         json!({"version": v, "resources": resources, "freshness": "Current"})
                     })
                     .collect();
-                json!({"metadata": {"name": g.name}, "versions": versions})
-            })
+                        json!({"metadata": {"name": g.name}, "versions": versions})
+                    }),
+            )
             .collect()
     };
     json!({
@@ -230,7 +299,12 @@ mod tests {
         let kubectl = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
         assert_eq!(wants_aggregated(Some(kubectl)), Some("v2"));
         assert_eq!(wants_aggregated(Some("application/json")), None);
-        assert_eq!(wants_aggregated(Some(AGGREGATED_V2BETA1)), Some("v2beta1"));
+        let v2beta1 = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+        assert_eq!(wants_aggregated(Some(v2beta1)), None);
+        assert!(!accepts_legacy(Some(v2beta1)));
+        assert!(accepts_legacy(Some(&format!("{v2beta1},application/json"))));
+        assert!(accepts_legacy(None));
+        assert!(accepts_legacy(Some("*/*;q=0.8")));
     }
 
     #[test]

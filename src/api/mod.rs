@@ -11,6 +11,7 @@ pub mod options;
 pub mod request;
 pub mod resource;
 pub mod response;
+pub mod review;
 pub mod strict;
 pub mod watch;
 
@@ -39,6 +40,19 @@ pub struct ApiState {
     pub request_timeout: Duration,
     /// Cancelled at shutdown: every watch stream ends cleanly.
     pub stop_watches: tokio_util::sync::CancellationToken,
+    /// Standalone, kshard answers kubectl's identity reviews itself; behind
+    /// a host, the host serves those groups.
+    pub serve_reviews: bool,
+}
+
+impl ApiState {
+    fn reviews(&self) -> &'static [review::Review] {
+        if self.serve_reviews {
+            &review::REVIEWS
+        } else {
+            &[]
+        }
+    }
 }
 
 pub fn router(state: Arc<ApiState>) -> Router {
@@ -142,7 +156,29 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let catalog = &*state.registry.catalog();
+    let reviews = state.reviews();
     match info.route {
+        Route::Resource(r) if state.serve_reviews && review::addressed(&r).is_some() => {
+            let Some(review) = review::addressed(&r) else {
+                return error_response(&ApiError::not_found_path());
+            };
+            review::handle(
+                review,
+                review::Call {
+                    method: &parts.method,
+                    headers: &parts.headers,
+                    query: &query,
+                    body: &body,
+                    user: parts
+                        .extensions
+                        .get::<crate::auth::Identity>()
+                        .cloned()
+                        .unwrap_or_default(),
+                    authorizer: parts.extensions.get::<crate::authz::Authorizer>().cloned(),
+                },
+            )
+            .await
+        }
         Route::Resource(r) => {
             resource::handle(
                 state,
@@ -164,23 +200,25 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             &parts.headers,
             accept.as_deref(),
             discovery::legacy_root,
-            |v| discovery::aggregated(catalog, v, true),
+            |v| discovery::aggregated(catalog, reviews, v, true),
         ),
         Route::Apis => discovery_doc(
             &parts.headers,
             accept.as_deref(),
-            || discovery::apis(catalog),
-            |v| discovery::aggregated(catalog, v, false),
+            || discovery::apis(catalog, reviews),
+            |v| discovery::aggregated(catalog, reviews, v, false),
         ),
         Route::LegacyV1 => error_response(&ApiError::not_found_legacy()),
-        Route::Group(g) => match discovery::group(catalog, &g) {
+        Route::Group(g) => match discovery::group(catalog, reviews, &g) {
             Some(doc) => json_response(StatusCode::OK, &doc),
             None => error_response(&ApiError::not_found_path()),
         },
-        Route::GroupVersion(g, v) => match discovery::group_version_resources(catalog, &g, &v) {
-            Some(doc) => json_response(StatusCode::OK, &doc),
-            None => error_response(&ApiError::not_found_path()),
-        },
+        Route::GroupVersion(g, v) => {
+            match discovery::group_version_resources(catalog, reviews, &g, &v) {
+                Some(doc) => json_response(StatusCode::OK, &doc),
+                None => error_response(&ApiError::not_found_path()),
+            }
+        }
         Route::Version => json_response(StatusCode::OK, &version_info()),
         Route::Health(h) => {
             health::respond(
@@ -330,16 +368,12 @@ fn discovery_doc(
 ) -> Response {
     match discovery::wants_aggregated(accept) {
         Some(v) => {
-            let ct = if v == "v2" {
-                discovery::AGGREGATED_V2
-            } else {
-                discovery::AGGREGATED_V2BETA1
-            };
-            let mut r = etagged(headers, &aggregated(v), ct);
+            let mut r = etagged(headers, &aggregated(v), discovery::AGGREGATED_V2);
             r.headers_mut()
                 .insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
             r
         }
-        None => json_response(StatusCode::OK, &legacy()),
+        None if discovery::accepts_legacy(accept) => json_response(StatusCode::OK, &legacy()),
+        None => error_response(&ApiError::not_acceptable(&discovery::LEGACY_TYPES)),
     }
 }

@@ -162,6 +162,20 @@ fn kind_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
             "x-kubernetes-group-version-kind".into(),
             json!([{"group": rt.group, "version": version, "kind": rt.kind}]),
         );
+        // kube publishes the version's selectableFields (paths without the
+        // leading dot) so clients know which field selectors are served.
+        let selectable: Vec<Value> = v
+            .map(|v| v.selectable_fields.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .map(|f| json!({"fieldPath": f.trim_start_matches('.')}))
+            .collect();
+        if !selectable.is_empty() {
+            o.insert(
+                "x-kubernetes-selectable-fields".into(),
+                Value::Array(selectable),
+            );
+        }
     }
     schema
 }

@@ -887,8 +887,13 @@ impl FieldManager<'_> {
         now: i64,
     ) -> Result<(Value, Managed), Failure> {
         if managed.fields.is_empty() {
-            managed =
-                self.layered_update(&empty_object(live), live, managed, BEFORE_FIRST_APPLY, now)?;
+            managed = self.layered_update(
+                &self.empty_like(live),
+                live,
+                managed,
+                BEFORE_FIRST_APPLY,
+                now,
+            )?;
         }
         let id = manager_id(
             manager,
@@ -964,6 +969,18 @@ impl FieldManager<'_> {
 
     // ---------------------------------------------------------- entry points
 
+    /// The object a create starts from: the kind's type with nothing set,
+    /// plus the fields its kind always carries (see `with_present_fields`).
+    fn empty_like(&self, like: &Value) -> Value {
+        let mut empty = empty_object(like);
+        if let Some(o) = empty.as_object_mut() {
+            for f in self.present {
+                o.insert((*f).to_string(), Value::Object(Map::new()));
+            }
+        }
+        empty
+    }
+
     pub(super) fn do_update(
         &self,
         old: Option<&Value>,
@@ -980,7 +997,7 @@ impl FieldManager<'_> {
             parse_time(now).ok_or_else(|| ApplyError::Internal(format!("invalid time {now:?}")))?;
         let live = match old {
             Some(o) => at_version(o, &self.api_version),
-            None => empty_object(new),
+            None => self.empty_like(new),
         };
         let live_entries = metadata(&live).and_then(|m| m.get("managedFields"));
         let new_entries = metadata(new).and_then(|m| m.get("managedFields"));
@@ -1048,7 +1065,7 @@ impl FieldManager<'_> {
         }
         let live = match live {
             Some(l) => at_version(l, &self.api_version),
-            None => empty_object(config),
+            None => self.empty_like(config),
         };
         let managed = decode(metadata(&live).and_then(|m| m.get("managedFields")))
             .map_err(|e| ApplyError::Internal(format!("failed to decode managed fields: {e}")))?;

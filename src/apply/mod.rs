@@ -158,6 +158,10 @@ pub struct FieldManager<'a> {
     /// Conversions made for this request (target version, source, result),
     /// so one object is sent to a webhook at most once per version.
     converted: std::sync::Mutex<Vec<(String, Value, Value)>>,
+    /// Top-level object fields the kind always has, even empty (kube's
+    /// built-in types' non-pointer structs such as `spec`): a create does
+    /// not own them as such, only what is set inside them.
+    present: &'static [&'static str],
 }
 
 impl<'a> FieldManager<'a> {
@@ -185,7 +189,14 @@ impl<'a> FieldManager<'a> {
             reset,
             versions: None,
             converted: std::sync::Mutex::new(Vec::new()),
+            present: &[],
         }
+    }
+
+    /// Names the top-level fields the kind always carries (see `present`).
+    pub fn with_present_fields(mut self, fields: &'static [&'static str]) -> FieldManager<'a> {
+        self.present = fields;
+        self
     }
 
     /// Compares at each manager's own version through `versions`.

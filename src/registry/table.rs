@@ -34,33 +34,199 @@ impl IncludeObject {
     }
 }
 
+/// Where a column's cell comes from: a printer column's JSONPath, or for
+/// the built-in kinds standalone kshard serves as custom resources, kube's
+/// printer for that kind.
+enum Source {
+    Path(Option<JsonPath>),
+    Computed(fn(&Value) -> Value),
+}
+
 /// The columns of a type's table (with their parsed paths).
 pub struct Columns {
     defs: Vec<PrinterColumn>,
-    paths: Vec<Option<JsonPath>>,
+    paths: Vec<Source>,
+    /// kube's printer for a built-in kind: Age is a `string` column and a
+    /// row without its object says `"object": null`.
+    builtin: bool,
+}
+
+fn column(name: &str, type_: &str, description: &str) -> PrinterColumn {
+    PrinterColumn {
+        name: name.into(),
+        type_: type_.into(),
+        format: String::new(),
+        description: description.into(),
+        priority: 0,
+        json_path: String::new(),
+    }
+}
+
+fn count(v: Option<&Value>) -> Value {
+    json!(v.and_then(Value::as_array).map_or(0, Vec::len))
+}
+
+/// kube's ParamKind cell: `apiVersion/kind`, or `<unset>`.
+fn param_kind(obj: &Value) -> Value {
+    match obj.pointer("/spec/paramKind") {
+        Some(p) if p.is_object() => {
+            let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("");
+            json!(format!("{}/{}", s("apiVersion"), s("kind")))
+        }
+        _ => json!("<unset>"),
+    }
+}
+
+/// kube's ParamRef cell: `namespace/name` (`*` for any namespace), else the
+/// selector as Go prints a LabelSelector, or `<unset>`.
+fn param_ref(obj: &Value) -> Value {
+    let Some(p) = obj.pointer("/spec/paramRef").filter(|p| p.is_object()) else {
+        return json!("<unset>");
+    };
+    let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("");
+    if !s("name").is_empty() {
+        let ns = if s("namespace").is_empty() {
+            "*"
+        } else {
+            s("namespace")
+        };
+        return json!(format!("{ns}/{}", s("name")));
+    }
+    match p.get("selector").filter(|v| v.is_object()) {
+        Some(sel) => json!(go_label_selector(sel)),
+        None => json!("<unset>"),
+    }
+}
+
+/// Go's generated `String()` of a `*metav1.LabelSelector`.
+fn go_label_selector(sel: &Value) -> String {
+    let labels: std::collections::BTreeMap<&str, &str> = sel
+        .get("matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    let labels: String = labels.iter().map(|(k, v)| format!("{k}: {v},")).collect();
+    let exprs: String = sel
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("");
+                    let values: Vec<&str> = e
+                        .get("values")
+                        .and_then(Value::as_array)
+                        .map(|v| v.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    format!(
+                        "LabelSelectorRequirement{{Key:{},Operator:{},Values:[{}],}},",
+                        s("key"),
+                        s("operator"),
+                        values.join(" ")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    format!(
+        "&LabelSelector{{MatchLabels:map[string]string{{{labels}}},MatchExpressions:[]LabelSelectorRequirement{{{exprs}}},}}"
+    )
+}
+
+/// kube's columns for the admissionregistration kinds (between Name and Age).
+fn builtin_columns(group: &str, plural: &str) -> Option<Vec<(PrinterColumn, Source)>> {
+    use crate::admission::config::{BINDINGS, GROUP, MUTATING, POLICIES, VALIDATING};
+    if group != GROUP {
+        return None;
+    }
+    Some(match plural {
+        MUTATING | VALIDATING => vec![(
+            column(
+                "Webhooks",
+                "integer",
+                "Webhooks indicates the number of webhooks registered in this configuration",
+            ),
+            Source::Computed(|o| count(o.get("webhooks"))),
+        )],
+        POLICIES => vec![
+            (
+                column(
+                    "Validations",
+                    "integer",
+                    "Validations indicates the number of validation rules defined in this configuration",
+                ),
+                Source::Computed(|o| count(o.pointer("/spec/validations"))),
+            ),
+            (
+                column(
+                    "ParamKind",
+                    "string",
+                    "ParamKind specifies the kind of resources used to parameterize this policy",
+                ),
+                Source::Computed(param_kind),
+            ),
+        ],
+        BINDINGS => vec![
+            (
+                column(
+                    "PolicyName",
+                    "string",
+                    "PolicyName indicates the policy definition which the policy binding binded to",
+                ),
+                Source::Computed(|o| {
+                    json!(o.pointer("/spec/policyName").and_then(Value::as_str).unwrap_or(""))
+                }),
+            ),
+            (
+                column(
+                    "ParamRef",
+                    "string",
+                    "ParamRef indicates the param resource which sets the configuration param",
+                ),
+                Source::Computed(param_ref),
+            ),
+        ],
+        _ => return None,
+    })
 }
 
 impl Columns {
     pub fn for_target(t: &Target) -> Self {
+        if let Some(cols) = builtin_columns(&t.rt.group, &t.rt.plural) {
+            let (mut defs, mut paths): (Vec<_>, Vec<_>) = cols.into_iter().unzip();
+            defs.push(PrinterColumn {
+                type_: "string".into(),
+                ..age()
+            });
+            paths.push(Source::Computed(|o| {
+                cell("date", o.pointer("/metadata/creationTimestamp"))
+            }));
+            return Self {
+                defs,
+                paths,
+                builtin: true,
+            };
+        }
         let mut defs = t
             .version_info()
             .map(|v| v.printer_columns.clone())
             .unwrap_or_default();
         if defs.is_empty() {
-            defs.push(PrinterColumn {
-                name: "Age".into(),
-                type_: "date".into(),
-                format: String::new(),
-                description: AGE_DESCRIPTION.into(),
-                priority: 0,
-                json_path: ".metadata.creationTimestamp".into(),
-            });
+            defs.push(age());
         }
         let paths = defs
             .iter()
-            .map(|c| JsonPath::parse(&c.json_path).ok())
+            .map(|c| Source::Path(JsonPath::parse(&c.json_path).ok()))
             .collect();
-        Self { defs, paths }
+        Self {
+            defs,
+            paths,
+            builtin: false,
+        }
     }
 
     pub fn definitions(&self) -> Value {
@@ -82,13 +248,21 @@ impl Columns {
             .meta_field("name")
             .cloned()
             .unwrap_or(Value::String(String::new()))];
-        for (c, path) in self.defs.iter().zip(&self.paths) {
-            let v = path.as_ref().and_then(|p| p.first(obj));
-            cells.push(cell(&c.type_, v));
+        for (c, source) in self.defs.iter().zip(&self.paths) {
+            match source {
+                Source::Path(path) => {
+                    let v = path.as_ref().and_then(|p| p.first(obj));
+                    cells.push(cell(&c.type_, v));
+                }
+                Source::Computed(f) => cells.push(f(obj)),
+            }
         }
         let mut row = Map::new();
         row.insert("cells".into(), Value::Array(cells));
         match include {
+            IncludeObject::None if self.builtin => {
+                row.insert("object".into(), Value::Null);
+            }
             IncludeObject::None => {}
             IncludeObject::Metadata => {
                 row.insert("object".into(), partial_metadata(obj));
@@ -98,6 +272,17 @@ impl Columns {
             }
         }
         Value::Object(row)
+    }
+}
+
+fn age() -> PrinterColumn {
+    PrinterColumn {
+        name: "Age".into(),
+        type_: "date".into(),
+        format: String::new(),
+        description: AGE_DESCRIPTION.into(),
+        priority: 0,
+        json_path: ".metadata.creationTimestamp".into(),
     }
 }
 

@@ -259,7 +259,11 @@ impl Registry {
                 subresource,
                 v.status_subresource,
             )
-            .with_versions(Box::new(DefinitionVersions(&t.rt))),
+            .with_versions(Box::new(DefinitionVersions(&t.rt)))
+            .with_present_fields(crate::admission::crd::always_present(
+                &t.rt.group,
+                &t.rt.plural,
+            )),
         )
     }
 

@@ -41,7 +41,10 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
                     )
                 });
             match builder.and_then(|b| b.install_recorder()) {
-                Ok(h) => Some(h),
+                Ok(h) => {
+                    describe();
+                    Some(h)
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "metrics recorder not installed");
                     None
@@ -49,6 +52,58 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
             }
         })
         .as_ref()
+}
+
+/// Every family's `# HELP` text, as kube's registry prints one for each:
+/// kube's own words (stability level first) for kube's metrics.
+const HELP: &[(Kind, &str, &str)] = &[
+    (Kind::Counter, "apiserver_request_total", "[STABLE] Counter of apiserver requests broken out for each verb, dry run value, group, version, resource, scope, component, and HTTP response code."),
+    (Kind::Histogram, "apiserver_request_duration_seconds", "[STABLE] Response latency distribution in seconds for each verb, dry run value, group, version, resource, subresource, scope and component."),
+    (Kind::Counter, "apiserver_terminated_watchers_total", "[ALPHA] Counter of watchers closed due to unresponsiveness broken by resource type."),
+    (Kind::Histogram, "apiserver_admission_webhook_admission_duration_seconds", "[STABLE] Admission webhook latency histogram in seconds, identified by name and broken out for each operation and API resource and type (validate or admit)."),
+    (Kind::Counter, "apiserver_admission_webhook_rejection_count", "[ALPHA] Admission webhook rejection count, identified by name and broken out for each admission type (validating or admit) and operation. Additional labels specify an error type (calling_webhook_error or apiserver_internal_error if an error occurred; no_error otherwise) and optionally a non-zero rejection code if the webhook rejects the request with an HTTP status code (honored by the apiserver when the code is greater or equal to 400). Codes greater than 600 are truncated to 600, to keep the metrics cardinality bounded."),
+    (Kind::Counter, "apiserver_admission_webhook_fail_open_count", "[ALPHA] Admission webhook fail open count, identified by name and broken out for each admission type (validating or mutating)."),
+    (Kind::Gauge, "apiserver_flowcontrol_nominal_limit_seats", "[BETA] Nominal number of execution seats configured for each priority level"),
+    (Kind::Gauge, "apiserver_flowcontrol_current_limit_seats", "[ALPHA] current derived number of execution seats available to each priority level"),
+    (Kind::Gauge, "apiserver_flowcontrol_lower_limit_seats", "[ALPHA] Configured lower bound on number of execution seats available to each priority level"),
+    (Kind::Gauge, "apiserver_flowcontrol_upper_limit_seats", "[ALPHA] Configured upper bound on number of execution seats available to each priority level"),
+    (Kind::Gauge, "apiserver_flowcontrol_current_executing_seats", "[BETA] Concurrency (number of seats) occupied by the currently executing (initial stage for a WATCH, any stage otherwise) requests in the API Priority and Fairness subsystem"),
+    (Kind::Gauge, "apiserver_flowcontrol_current_executing_requests", "[BETA] Number of requests in initial (for a WATCH) or any (for a non-WATCH) execution stage in the API Priority and Fairness subsystem"),
+    (Kind::Gauge, "apiserver_flowcontrol_current_inqueue_requests", "[BETA] Number of requests currently pending in queues of the API Priority and Fairness subsystem"),
+    (Kind::Gauge, "apiserver_flowcontrol_demand_seats_smoothed", "[ALPHA] Smoothed seat demands"),
+    (Kind::Gauge, "apiserver_flowcontrol_demand_seats_average", "[ALPHA] Time-weighted average, over last adjustment period, of demand_seats"),
+    (Kind::Gauge, "apiserver_flowcontrol_target_seats", "[ALPHA] Seat allocation targets"),
+    (Kind::Counter, "apiserver_flowcontrol_dispatched_requests_total", "[BETA] Number of requests executed by API Priority and Fairness subsystem"),
+    (Kind::Counter, "apiserver_flowcontrol_rejected_requests_total", "[BETA] Number of requests rejected by API Priority and Fairness subsystem"),
+    (Kind::Histogram, "apiserver_flowcontrol_request_wait_duration_seconds", "[BETA] Length of time a request spent waiting in its queue"),
+    (Kind::Histogram, "apiserver_flowcontrol_request_execution_seconds", "[ALPHA] Duration of initial stage (for a WATCH) or any (for a non-WATCH) stage of request execution in the API Priority and Fairness subsystem"),
+    (Kind::Histogram, "apiserver_flowcontrol_request_queue_length_after_enqueue", "[ALPHA] Length of queue in the API Priority and Fairness subsystem, as seen by each request after it is enqueued"),
+    (Kind::Histogram, "apiserver_flowcontrol_work_estimated_seats", "[ALPHA] Number of estimated seats (maximum of initial and final seats) associated with requests in API Priority and Fairness"),
+    (Kind::Counter, "kshard_definitions_reloads_total", "Reloads of the served definitions (CRD files or the host's ShardResourceDefinitions), by result."),
+    (Kind::Gauge, "kshard_replica_is_leader", "1 while this replica holds the leader lease of its shared store, else 0."),
+    (Kind::Gauge, "kshard_replica_leader", "1 for the replica this one sees holding the leader lease, by holder."),
+    (Kind::Gauge, "kshard_replica_epoch", "The leader lease's epoch this replica last saw."),
+    (Kind::Counter, "kshard_replica_leader_changes_total", "Changes of leader this replica has seen."),
+    (Kind::Counter, "kshard_replica_forward_failures_total", "Writes a follower failed to forward to the leader, by outcome."),
+    (Kind::Histogram, "kshard_replica_forward_duration_seconds", "Time a follower took to forward a write to the leader."),
+];
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Registers the help texts with the installed recorder.
+fn describe() {
+    for (kind, name, help) in HELP {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(*name, *help),
+            Kind::Gauge => metrics::describe_gauge!(*name, *help),
+            Kind::Histogram => metrics::describe_histogram!(*name, *help),
+        }
+    }
 }
 
 /// How often histograms' samples are folded into their buckets. The
@@ -167,8 +222,6 @@ pub fn render(apf: &Apf) -> String {
         metrics::gauge!("apiserver_flowcontrol_nominal_limit_seats", &pl)
             .set(l.nominal_limit_seats as f64);
         metrics::gauge!("apiserver_flowcontrol_current_limit_seats", &pl)
-            .set(l.current_limit_seats as f64);
-        metrics::gauge!("apiserver_flowcontrol_request_concurrency_limit", &pl)
             .set(l.current_limit_seats as f64);
         metrics::gauge!("apiserver_flowcontrol_lower_limit_seats", &pl)
             .set(l.lower_limit_seats as f64);

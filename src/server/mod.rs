@@ -370,6 +370,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         min_request_timeout: cfg.connections.min_request_timeout,
         request_timeout: cfg.connections.request_timeout,
         stop_watches: connections.stop.clone(),
+        serve_reviews: !cfg.delegated(),
     });
     let apf = Apf::new(flowcontrol::ServerConfig {
         max_requests_inflight: cfg.max_requests_inflight,

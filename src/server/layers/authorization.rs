@@ -45,6 +45,9 @@ where
     match authz.authorize(&attrs).await {
         Ok(Decision::Allow) => {
             annotate("authorization.k8s.io/decision", "allow".into());
+            // A SelfSubjectAccessReview asks this same authorizer.
+            let mut req = req;
+            req.extensions_mut().insert(authz.clone());
             next(req).await
         }
         Ok(Decision::Deny(reason)) => {
