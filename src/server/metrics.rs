@@ -377,6 +377,9 @@ mod tests {
         }
         let grown = rss().saturating_sub(before);
         upkeep.abort();
+        // An upkeep already running when aborted finishes first: render
+        // only after it has, or it may read the count mid-fold.
+        let _ = upkeep.await;
         // Without upkeep the 8M samples hold 64 MB and more (their buffers
         // grow by doubling). On a loaded machine the upkeep may run late
         // and let a few batches pile up before folding them, which the
