@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::engine::{Engine, ReadTxn, WriteTxn};
+use super::engine::{Engine, WriteTxn};
 use super::{keys, Batch, Event, EventType, Fence, Revision, StorageError, Write, Written};
 
 /// Writes taken into one transaction at most.
