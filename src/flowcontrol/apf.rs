@@ -229,6 +229,7 @@ impl Apf {
                 )
             });
             level.qs.configure(queuing, current);
+            level.qs.set_alone_at_zero(lim.nominal > 0 && !level.exempt);
             level.qs.dispatch(now);
             level.note_demand(now);
         }

@@ -106,6 +106,9 @@ pub struct QueueSet {
     dealer: Option<Dealer>,
     queue_length_limit: usize,
     concurrency_limit: u32,
+    /// Whether a limit of zero still runs one request at a time (see
+    /// [`QueueSet::can_accommodate`]).
+    alone_at_zero: bool,
     current_r: f64,
     last_sync: Instant,
     robin: usize,
@@ -134,6 +137,7 @@ impl QueueSet {
             dealer: None,
             queue_length_limit: 0,
             concurrency_limit: 0,
+            alone_at_zero: false,
             current_r: 0.0,
             last_sync: now,
             robin: 0,
@@ -223,10 +227,20 @@ impl QueueSet {
         }
     }
 
-    /// Whether a request of `seats` may start now. Unlike upstream, a zero
-    /// limit never admits, so a Reject level with no seats always rejects.
+    /// Whether a limit of zero runs one request at a time, as upstream does
+    /// (a request wider than the limit runs alone). True for a level with
+    /// nominal seats whose current limit fell to zero because it lent them
+    /// all out while idle: otherwise its requests would wait for the next
+    /// borrowing round (up to 10 s) with nothing executing. False for a
+    /// level configured with no seats, so a Reject level without seats
+    /// always rejects.
+    pub fn set_alone_at_zero(&mut self, alone: bool) {
+        self.alone_at_zero = alone;
+    }
+
+    /// Whether a request of `seats` may start now.
     pub fn can_accommodate(&self, seats: u32) -> bool {
-        if self.concurrency_limit == 0 {
+        if self.concurrency_limit == 0 && !self.alone_at_zero {
             return false;
         }
         if seats > self.concurrency_limit {
@@ -561,6 +575,10 @@ mod tests {
         let mut zero = QueueSet::new(now);
         zero.configure(None, 0);
         assert!(!zero.try_start_now(None, &WorkEstimate::default()));
+        // Lent out to zero: one at a time, as upstream.
+        zero.set_alone_at_zero(true);
+        assert!(zero.try_start_now(None, &WorkEstimate::default()));
+        assert!(!zero.can_accommodate(1));
     }
 
     #[tokio::test(start_paused = true)]

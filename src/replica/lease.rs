@@ -23,6 +23,12 @@ pub struct Lease {
     /// Unix milliseconds on the holder's clock (replicas' clocks are assumed
     /// roughly in step; the epoch, not the clock, keeps writes safe).
     pub expires_ms: u64,
+    /// The previous epoch's holder gave its lease up (a hand-over) rather
+    /// than letting it lapse: its last answers to forwarded writes may still
+    /// be on their way, so followers wait longer for them. Absent in records
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handed_over: bool,
 }
 
 /// What one election round found.
@@ -34,6 +40,8 @@ pub enum Outcome {
         epoch: u64,
         took_over: bool,
         revision: Revision,
+        /// The epoch was taken over from a holder that gave it up.
+        handed_over: bool,
     },
     /// Another replica holds a live lease.
     Follower(Lease),
@@ -128,11 +136,18 @@ pub fn elect(
             _ => expires_ms,
         };
         let revision = if took_over { start_above_used(txn)? } else { 0 };
+        // Kept through renewals: a follower may first see the epoch later.
+        let handed_over = match &lease {
+            Some(l) if took_over => released(l),
+            Some(l) => l.handed_over,
+            None => false,
+        };
         let record = Lease {
             holder: me.to_string(),
             address: address.to_string(),
             epoch,
             expires_ms,
+            handed_over,
         };
         txn.put(
             LEASE_KEY,
@@ -142,6 +157,7 @@ pub fn elect(
             epoch,
             took_over,
             revision,
+            handed_over,
         });
         Ok(())
     })?;
@@ -264,7 +280,8 @@ mod tests {
             Outcome::Leader {
                 epoch: 1,
                 took_over: true,
-                revision: 0
+                revision: 0,
+                handed_over: false,
             }
         );
         match elect(&e, "b", "b:1", ttl, 0, None, true).expect("elect") {
@@ -295,7 +312,9 @@ mod tests {
             Outcome::Leader {
                 epoch: 2,
                 took_over: true,
-                revision: 7
+                revision: 7,
+                // Given up (expires_ms 0), not lapsed.
+                handed_over: true,
             }
         );
         // a is fenced out now.
@@ -357,19 +376,33 @@ mod tests {
             elect(&e, "b", "b:1", ttl, 0, Some(&stale), false).expect("elect"),
             Outcome::Vacant
         );
+        // Lapsed, not given up: no hand-over.
         assert!(matches!(
             elect(&e, "b", "b:1", ttl, 0, Some(&stale), true).expect("elect"),
             Outcome::Leader {
                 epoch: 2,
                 took_over: true,
+                handed_over: false,
                 ..
             }
         ));
-        // Given up: taken over at once, without an observation.
+        assert!(!current(&e).handed_over);
+        // Given up: taken over at once, without an observation, as a hand-over
+        // the record keeps through renewals.
         assert!(resign(&e, "b", 2).expect("resign"));
         assert!(matches!(
             elect(&e, "c", "c:1", ttl, 0, None, true).expect("elect"),
-            Outcome::Leader { epoch: 3, .. }
+            Outcome::Leader {
+                epoch: 3,
+                handed_over: true,
+                ..
+            }
         ));
+        elect(&e, "c", "c:1", ttl, 3, None, true).expect("renew");
+        assert!(current(&e).handed_over);
+        match elect(&e, "d", "d:1", ttl, 0, None, true).expect("elect") {
+            Outcome::Follower(l) => assert!(l.handed_over),
+            other => panic!("{other:?}"),
+        }
     }
 }

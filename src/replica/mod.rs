@@ -70,21 +70,29 @@ impl ReplicaConfig {
         (self.lease_duration / 10).min(Duration::from_millis(100))
     }
 
+    /// How long a forwarded write still waits for the old leader's answer
+    /// once the lease has moved on. A leader handing over (SIGTERM) answers
+    /// its last writes before it gives the lease up, but on a loaded machine
+    /// that answer can trail the follower's view of the new lease by more
+    /// than one renewal; a whole lease covers it. A lease that lapsed
+    /// instead (the leader froze, died or lost the store) was not renewed
+    /// for a whole lease, and its holder stopped writing before then: only
+    /// an answer already on the wire can still come, so one renewal
+    /// interval. Either way an answer that does not come is a 504 (outcome
+    /// unknown), never a wrong one.
+    pub fn answer_grace(&self, handed_over: bool) -> Duration {
+        if handed_over {
+            self.lease_duration.max(Duration::from_millis(500))
+        } else {
+            self.renew_interval().max(Duration::from_millis(100))
+        }
+    }
+
     /// How long a forwarded write waits for a reachable leader: a takeover
     /// takes a lease plus a few rounds, plus room for a store slow to
     /// resolve what a dead leader left (at worst TiKV's lock TTL,
     /// [`STORE_LOCK_TTL`]). Past that something else is wrong (the store)
     /// and the client is better told to retry.
-    /// How long a forwarded write still waits for the old leader's answer
-    /// once the lease has moved on. A leader handing over (SIGTERM) answers
-    /// its last writes before it gives the lease up, but on a loaded machine
-    /// that answer can trail the follower's view of the new lease by more
-    /// than one renewal; a whole lease covers it, and a frozen leader's
-    /// writes still end well within a request's deadline.
-    pub fn answer_grace(&self) -> Duration {
-        self.lease_duration.max(Duration::from_millis(500))
-    }
-
     pub fn leader_patience(&self) -> Duration {
         self.lease_duration * 3 + STORE_LOCK_TTL
     }
@@ -550,6 +558,7 @@ impl Replica {
                 epoch,
                 took_over,
                 revision,
+                handed_over,
             }) => {
                 *observed = None;
                 if took_over {
@@ -583,6 +592,7 @@ impl Replica {
                     address: self.cfg.advertise_address.clone(),
                     epoch,
                     expires_ms: 0,
+                    handed_over,
                 };
                 self.view.send_if_modified(|v| {
                     let changed = !v.leading || v.lease.as_ref().map(|l| l.epoch) != Some(epoch);
@@ -913,7 +923,16 @@ impl Replica {
             _ = moved => {}
         }
         // The lease moved on: an answer already on its way still counts.
-        let grace = self.cfg.answer_grace();
+        // Whether the next epoch came from a hand-over tells how long one
+        // may trail; not knowing (no leader in view, or epochs skipped),
+        // wait the longer grace.
+        let handed_over = {
+            let v = changes.borrow();
+            v.lease
+                .as_ref()
+                .is_none_or(|l| l.epoch != epoch + 1 || l.handed_over)
+        };
+        let grace = self.cfg.answer_grace(handed_over);
         tokio::select! {
             r = &mut answer => classify(r),
             _ = &mut until_deadline => Sent::Deadline,

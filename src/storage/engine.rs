@@ -13,6 +13,12 @@ pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> ControlFlow<()> + 'a;
 /// A consistent read view of the engine.
 pub trait ReadTxn {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+    /// The values of `keys`, in their order. Engines with a round trip per
+    /// read (TiKV) fetch them in one; replaying thousands of revisions from
+    /// the event log took one round trip each.
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
     /// Visits `[start, end)` in key order until `visit` breaks.
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError>;
 }

@@ -401,6 +401,27 @@ impl ReadTxn for Reader {
             .map_err(engine_err)
     }
 
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        self.shared.check_safepoint(self.ts)?;
+        let snap = self.snapshot.clone();
+        let full: Vec<Key> = keys.iter().map(|k| self.shared.key(k)).collect();
+        let asked = full.clone();
+        let found: std::collections::HashMap<Vec<u8>, Vec<u8>> = self
+            .shared
+            .run(async move {
+                let mut snap = snap.lock().await;
+                snap.batch_get(asked)
+                    .await
+                    .map(|pairs| pairs.map(|p| (Vec::from(p.0), p.1)).collect())
+            })?
+            .map_err(engine_err)?;
+        // TiKV answers the keys it found, in no particular order.
+        Ok(full
+            .into_iter()
+            .map(|k| found.get(&Vec::from(k)).cloned())
+            .collect())
+    }
+
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
         self.shared.check_safepoint(self.ts)?;
         self.shared.scan_with(&self.snapshot, start, end, visit)

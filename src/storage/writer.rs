@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::engine::{Engine, ReadTxn, WriteTxn};
+use super::engine::{Engine, WriteTxn};
 use super::{keys, Batch, Event, EventType, Fence, Revision, StorageError, Write, Written};
 
 /// Writes taken into one transaction at most.
@@ -261,6 +261,7 @@ impl Writer {
     /// Publishes the committed revisions in `(self.revision, to]` from the event log.
     fn catch_up(&mut self, to: Revision) -> Result<(), StorageError> {
         let from = self.revision;
+        let started = std::time::Instant::now();
         let events = {
             let r = self.engine.read()?;
             let mut records = Vec::new();
@@ -276,11 +277,29 @@ impl Writer {
                 return Err(e);
             }
             let mut events = Vec::with_capacity(records.len());
-            for (i, (rev, record)) in records.into_iter().enumerate() {
-                if rev != from + 1 + i as u64 {
+            for (i, (rev, _)) in records.iter().enumerate() {
+                if *rev != from + 1 + i as u64 {
                     return Err(StorageError::Corrupt(format!("event log gap before {rev}")));
                 }
-                events.push(event_from_log(&*r, rev, &record)?);
+            }
+            // The stored versions are read a chunk at a time, one round trip
+            // each, not one per revision.
+            for chunk in records.chunks(CATCH_UP_CHUNK) {
+                let parsed = chunk
+                    .iter()
+                    .map(|(rev, record)| parse_log_record(*rev, record))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let keys: Vec<Vec<u8>> =
+                    parsed.iter().map(|p| keys::version(&p.key, p.at)).collect();
+                let stored = r.get_many(&keys)?;
+                if stored.len() != parsed.len() {
+                    return Err(StorageError::Engine("a batch read lost keys".into()));
+                }
+                for (p, v) in parsed.into_iter().zip(stored) {
+                    let rev = p.rev;
+                    let v = v.ok_or_else(|| StorageError::Corrupt(format!("log record {rev}")))?;
+                    events.push(event_from_stored(p, v)?);
+                }
             }
             if events.len() as u64 != to - from {
                 return Err(StorageError::Corrupt(format!("event log ends before {to}")));
@@ -290,6 +309,7 @@ impl Writer {
         tracing::warn!(
             from,
             to,
+            read_ms = started.elapsed().as_millis() as u64,
             "revisions committed elsewhere; publishing them from the log"
         );
         self.publish(events);
@@ -314,8 +334,19 @@ impl Writer {
 /// The group could not commit: the stored revision counter is ahead of this writer.
 struct Fenced(Revision);
 
-/// Rebuilds the event of revision `rev` from its log record and stored versions.
-fn event_from_log(r: &dyn ReadTxn, rev: Revision, record: &[u8]) -> Result<Event, StorageError> {
+/// How many revisions a catch-up from the log reads in one batch.
+const CATCH_UP_CHUNK: usize = 1024;
+
+/// A log record: the revision, its change and the version holding the
+/// object (for a deletion, the last one before it).
+struct LogRecord {
+    rev: Revision,
+    kind: EventType,
+    key: String,
+    at: Revision,
+}
+
+fn parse_log_record(rev: Revision, record: &[u8]) -> Result<LogRecord, StorageError> {
     let corrupt = || StorageError::Corrupt(format!("log record {rev}"));
     let (&tag, rest) = record.split_first().ok_or_else(corrupt)?;
     let kind = match tag {
@@ -337,19 +368,23 @@ fn event_from_log(r: &dyn ReadTxn, rev: Revision, record: &[u8]) -> Result<Event
     } else {
         rev
     };
-    let stored = r.get(&keys::version(&key, at))?.ok_or_else(corrupt)?;
+    Ok(LogRecord { rev, kind, key, at })
+}
+
+/// The event of a log record, from the stored version it names.
+fn event_from_stored(p: LogRecord, stored: Vec<u8>) -> Result<Event, StorageError> {
     let mut object: Value =
         serde_json::from_slice(&stored).map_err(|e| StorageError::Corrupt(e.to_string()))?;
-    let json = if kind == EventType::Deleted {
-        set_resource_version(&mut object, rev)?;
+    let json = if p.kind == EventType::Deleted {
+        set_resource_version(&mut object, p.rev)?;
         super::json_bytes(&object).map_err(|e| StorageError::Corrupt(e.to_string()))?
     } else {
         Bytes::from(stored)
     };
     Ok(Event {
-        kind,
-        key,
-        revision: rev,
+        kind: p.kind,
+        key: p.key,
+        revision: p.rev,
         object: Arc::new(object),
         json,
     })
