@@ -74,13 +74,7 @@ async fn setup() -> Setup {
     // kube-aggregator's identity, straight at kshard.
     let cert = host.front_proxy_ca.client("front-proxy-client", &[]);
     let agg_kc = host.dir.join("aggregator.kubeconfig");
-    common::host::write_kubeconfig(
-        &agg_kc,
-        &format!("https://127.0.0.1:{}", kshard.port),
-        &kshard.ca.pem,
-        None,
-        Some(&cert),
-    );
+    kshard.direct_kubeconfig(&agg_kc, Some(&cert));
     let aggregator = common::client_for(&agg_kc).await;
     let s = Setup {
         host,

@@ -43,13 +43,7 @@ async fn installs_from_the_shipped_manifests_and_serves_every_verb_through_the_h
     // Ready, with nothing missing: the shipped RBAC lets kshard follow
     // everything it follows on the host.
     let direct = host.dir.join("direct.kubeconfig");
-    common::host::write_kubeconfig(
-        &direct,
-        &format!("https://127.0.0.1:{}", kshard.port),
-        &kshard.ca.pem,
-        None,
-        None,
-    );
+    kshard.direct_kubeconfig(&direct, None);
     assert!(
         poll(Duration::from_secs(30), || {
             // /readyz is open to everyone, as kube's is.
@@ -277,13 +271,7 @@ async fn the_hosts_rbac_and_namespaces_govern_kshards_resources() {
     // Straight at kshard, the front-proxy headers of a caller without the
     // aggregator's certificate are ignored: an anonymous caller may do nothing.
     let direct = host.dir.join("direct-anonymous.kubeconfig");
-    common::host::write_kubeconfig(
-        &direct,
-        &format!("https://127.0.0.1:{}", kshard.port),
-        &kshard.ca.pem,
-        None,
-        None,
-    );
+    kshard.direct_kubeconfig(&direct, None);
     let anonymous = common::client_for(&direct).await;
     let forged = [
         ("X-Remote-User", "admin"),
@@ -302,13 +290,7 @@ async fn the_hosts_rbac_and_namespaces_govern_kshards_resources() {
     let rogue = common::host::Ca::new("front-proxy-ca");
     let cert = rogue.client("front-proxy-client", &[]);
     let rogue_kc = host.dir.join("rogue.kubeconfig");
-    common::host::write_kubeconfig(
-        &rogue_kc,
-        &format!("https://127.0.0.1:{}", kshard.port),
-        &kshard.ca.pem,
-        None,
-        Some(&cert),
-    );
+    kshard.direct_kubeconfig(&rogue_kc, Some(&cert));
     let rogue = common::client_for(&rogue_kc).await;
     let (code, _, body) = send(
         &rogue,
@@ -951,13 +933,7 @@ async fn without_rbac_for_admission_objects_kshard_serves_and_says_what_is_missi
     kshard.restart();
 
     let direct = host.dir.join("direct.kubeconfig");
-    common::host::write_kubeconfig(
-        &direct,
-        &format!("https://127.0.0.1:{}", kshard.port),
-        &kshard.ca.pem,
-        None,
-        None,
-    );
+    kshard.direct_kubeconfig(&direct, None);
     let verbose = || {
         let out = common::kubectl_with(&direct, &["get", "--raw", "/readyz?verbose"], None);
         (out.status.success(), stdout(&out))

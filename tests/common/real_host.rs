@@ -349,6 +349,19 @@ impl Installed {
         self.process = Some(spawn_kshard_logged(&self.args, &self.log));
     }
 
+    /// A kubeconfig straight at kshard (not through the host): anonymous,
+    /// or with a client certificate (PEM cert, key).
+    pub fn direct_kubeconfig(&self, path: &Path, cert: Option<&(String, String)>) -> PathBuf {
+        write_kubeconfig(
+            path,
+            &format!("https://127.0.0.1:{}", self.port),
+            &self.ca.pem,
+            None,
+            cert,
+        );
+        path.to_path_buf()
+    }
+
     pub fn log_tail(&self) -> String {
         tail(&self.log)
     }
