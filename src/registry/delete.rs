@@ -62,28 +62,36 @@ impl Registry {
         admitted_name: &str,
         opts: &DeleteOptions,
     ) -> Result<DeleteOutcome, ApiError> {
+        let mut answer = None;
         let mut attempts = Attempts::new(self, t, name);
-        loop {
-            let current = attempts
-                .read()
-                .await?
-                .ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
-            check_preconditions(t, name, &current.value, opts)?;
-            // kube: preconditions, then admission of the stored object
-            // (mutating, then validating), then the deletion itself.
-            let step = Step::new(
-                Operation::Delete,
-                admitted_name,
-                super::Subresource::Main,
-                Some(&current.value),
-            );
-            self.admit_delete(t, &step, opts.dry_run, opts.caller.as_deref())
-                .await?;
-            let (plan, answer) = self.plan_delete(t, &current, opts).await?;
-            if let Some(item) = attempts.commit(Some(&current), plan).await? {
-                return Ok(answer(item));
+        let item = loop {
+            let read = attempts.read().await?;
+            let current = read.as_ref();
+            let decided: Result<Plan, ApiError> = async {
+                let current =
+                    current.ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
+                check_preconditions(t, name, &current.value, opts)?;
+                // kube: preconditions, then admission of the stored object
+                // (mutating, then validating), then the deletion itself.
+                let step = Step::new(
+                    Operation::Delete,
+                    admitted_name,
+                    super::Subresource::Main,
+                    Some(&current.value),
+                );
+                self.admit_delete(t, &step, opts.dry_run, opts.caller.as_deref())
+                    .await?;
+                let (plan, answered) = self.plan_delete(t, current, opts).await?;
+                answer = Some(answered);
+                Ok(plan)
             }
-        }
+            .await;
+            if let Some(item) = attempts.settle(current, decided).await? {
+                break item;
+            }
+        };
+        let answer = answer.ok_or_else(|| ApiError::internal("delete decided nothing"))?;
+        Ok(answer(item))
     }
 
     /// Either removes the object (no finalizers left) or marks it deleted

@@ -1,9 +1,13 @@
 //! The one read-modify-write loop (k8s.io/apiserver's `GuaranteedUpdate`):
 //! read the object, let the caller decide from it, write conditionally on the
 //! revision read, and on a storage conflict (another writer in between) read
-//! and decide again, a bounded number of times ([`Attempts`]). A
-//! resourceVersion the client sent is a precondition the caller checks: a
-//! mismatch is a 409, never retried.
+//! and decide again, a bounded number of times. The first read comes from the
+//! watch cache, as kube's cacher hands its cached object to `GuaranteedUpdate`:
+//! no store read for the usual write. Cached state may be stale, so an
+//! answer that is not a conditional write (an error, a no-op, a dry run) is
+//! confirmed against a fresh read first, as kube does. A resourceVersion the
+//! client sent is a precondition the caller checks: a mismatch with the fresh
+//! state is a 409, never retried.
 
 use serde_json::Value;
 
@@ -46,19 +50,44 @@ pub(super) enum Plan {
     /// update, as kube does (watchers see DELETED only); the answer is the
     /// updated object with the resourceVersion read.
     Finalized(Value),
+    /// What was read is gone already (an apply's create lost to another
+    /// creator): read again and decide again.
+    Again,
 }
 
-/// One request's read-modify-write attempts: the caller reads, decides
-/// (admission webhooks may run in between, as they run inside kube's
-/// `GuaranteedUpdate`), and commits; a commit that lost a race to another
-/// writer sends it back to read again, a bounded number of times. (A
-/// client's resourceVersion is checked by the caller against what it read: a
-/// mismatch is a 409 at once.)
+/// Where an attempt's object came from.
+#[derive(Clone, Copy, PartialEq)]
+enum Source {
+    /// The watch cache: possibly behind the store.
+    Cache,
+    /// The store, read for this attempt.
+    Store,
+}
+
+/// One request's read-modify-write attempts (kube's `GuaranteedUpdate`),
+/// driven by the caller's loop:
+///
+/// ```text
+/// loop {
+///     let read = attempts.read().await?;          // cache first, then the store
+///     let decided = async { /* decide from read: a Plan */ }.await;
+///     if let Some(item) = attempts.settle(read.as_ref(), decided).await? { break item }
+/// }
+/// ```
+///
+/// `decide` starts from scratch each time (admission included, as inside
+/// kube's loop). (A closure-taking function would read better, but an async
+/// closure borrowing the request's state cannot be proven `Send` for the
+/// HTTP handler with today's compiler.)
 pub(super) struct Attempts<'a> {
     reg: &'a Registry,
     t: &'a Target,
     name: &'a str,
     tries: usize,
+    /// Where the last read came from.
+    source: Source,
+    /// What the next attempt decides from, when already read.
+    next: Option<Option<Current>>,
 }
 
 impl<'a> Attempts<'a> {
@@ -68,38 +97,80 @@ impl<'a> Attempts<'a> {
             t,
             name,
             tries: 0,
+            source: Source::Store,
+            next: None,
         }
     }
 
-    fn modified(&self) -> ApiError {
-        ApiError::modified(&self.t.rt.group, &self.t.rt.plural, self.name)
-    }
-
-    /// The object for the next attempt (`None`: absent); 409 once the
+    /// The object for the next attempt (`None`: absent): the first from the
+    /// watch cache when it has it, the others from the store; 409 once the
     /// attempts are used up.
     pub async fn read(&mut self) -> Result<Option<Current>, ApiError> {
+        let (reg, t, name) = (self.reg, self.t, self.name);
         if self.tries == MAX_RETRIES {
-            return Err(self.modified());
+            return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
         }
         self.tries += 1;
-        self.reg.read_current(self.t, self.name).await
+        if self.tries == 1 {
+            if let Some(cached) = reg.cached_current(t, name).await? {
+                self.source = Source::Cache;
+                return Ok(Some(cached));
+            }
+        }
+        self.source = Source::Store;
+        match self.next.take() {
+            Some(read) => Ok(read),
+            None => reg.read_current(t, name).await,
+        }
     }
 
+    /// Carries out what was decided from `current`; `Ok(None)`: read and
+    /// decide again (another writer came in between, or the cached object
+    /// decided from was stale).
+    pub async fn settle(
+        &mut self,
+        current: Option<&Current>,
+        decided: Result<Plan, ApiError>,
+    ) -> Result<Option<Item>, ApiError> {
+        let (reg, t, name) = (self.reg, self.t, self.name);
+        let conditional = matches!(
+            decided,
+            Ok(Plan::Update(_) | Plan::Delete | Plan::Finalized(_))
+        );
+        if self.source == Source::Cache && !conditional {
+            // Only a conditional write checks the revision it was decided
+            // from; any other answer stands only if the cache was current.
+            let fresh = reg.read_current(t, name).await?;
+            if fresh.as_ref().map(|c| c.rev) != current.map(|c| c.rev) {
+                self.next = Some(fresh);
+                return Ok(None);
+            }
+        }
+        match decided? {
+            Plan::Again => Ok(None),
+            plan => reg.commit(t, name, current, plan).await,
+        }
+    }
+}
+
+impl Registry {
     /// Carries out what was decided from `current`. `Ok(None)`: another
     /// writer came in between; read and decide again.
-    pub async fn commit(
+    async fn commit(
         &self,
+        t: &Target,
+        name: &str,
         current: Option<&Current>,
         plan: Plan,
     ) -> Result<Option<Item>, ApiError> {
-        let (reg, t, name) = (self.reg, self.t, self.name);
         let key = t.key(name);
         let write = match (plan, current.map(|c| c.rev)) {
             (Plan::Done(item), _) => return Ok(Some(item)),
+            (Plan::Again, _) => return Ok(None),
             (Plan::Update(obj), Some(expected)) => Write::Update {
                 key,
                 expected,
-                object: reg.storage_of_owned(t, obj).await?,
+                object: self.storage_of_owned(t, obj).await?,
             },
             (Plan::Delete, Some(expected)) => Write::Delete {
                 key,
@@ -109,8 +180,8 @@ impl<'a> Attempts<'a> {
                 // The update itself is never stored: the object as stored
                 // goes (watchers see DELETED with its last stored content),
                 // and the answer is the updated object at the revision read.
-                let answer = reg.dry_run_item(t, obj).await?;
-                return match reg
+                let answer = self.dry_run_item(t, obj).await?;
+                return match self
                     .store
                     .write(Write::Delete {
                         key,
@@ -120,28 +191,44 @@ impl<'a> Attempts<'a> {
                 {
                     Ok(_) => Ok(Some(answer)),
                     Err(StorageError::Conflict { .. }) => Ok(None),
-                    Err(e) => Err(reg.write_error(t, name, e)),
+                    Err(e) => Err(self.write_error(t, name, e)),
                 };
             }
             (Plan::Update(_) | Plan::Delete | Plan::Finalized(_), None) => {
                 return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name))
             }
         };
-        match reg.store.write(write).await {
-            Ok(w) => Ok(Some(reg.item(t, &w.object, &w.json).await?)),
+        match self.store.write(write).await {
+            Ok(w) => Ok(Some(self.item(t, &w.object, &w.json).await?)),
             Err(StorageError::Conflict { .. }) => Ok(None),
-            Err(e) => Err(reg.write_error(t, name, e)),
+            Err(e) => Err(self.write_error(t, name, e)),
         }
     }
-}
 
-impl Registry {
+    /// The object as the watch cache holds it, when that is the stored
+    /// encoding (not one the cache rewrote with read defaults); `None`
+    /// sends the attempt to the store.
+    async fn cached_current(&self, t: &Target, name: &str) -> Result<Option<Current>, ApiError> {
+        let (_, cached) = self.cache.get(&t.rt.id(), &t.cache_key(name));
+        let Some(obj) = cached.filter(|o| o.is_stored_form()) else {
+            return Ok(None);
+        };
+        let value: Value = serde_json::from_slice(&obj.json).map_err(ApiError::internal)?;
+        self.current(t, obj.revision, value).await.map(Some)
+    }
+
     /// The stored object in the target's version, or `None` when absent.
     async fn read_current(&self, t: &Target, name: &str) -> Result<Option<Current>, ApiError> {
         let Some((rev, json)) = self.store.get(&t.key(name)).await.map_err(storage_error)? else {
             return Ok(None);
         };
         let value: Value = serde_json::from_slice(&json).map_err(ApiError::internal)?;
+        self.current(t, rev, value).await.map(Some)
+    }
+
+    /// A stored object as a write decides from it: with read defaults, in
+    /// the target's version.
+    async fn current(&self, t: &Target, rev: Revision, value: Value) -> Result<Current, ApiError> {
         let api_version = t.api_version();
         let defaulted = super::read_defaults(&t.rt, &value);
         // Both forms in one review when the read added defaults.
@@ -156,11 +243,11 @@ impl Registry {
                 None,
             ),
         };
-        Ok(Some(Current {
+        Ok(Current {
             rev,
             value: value.ok_or_else(|| ApiError::internal("conversion returned no object"))?,
             stored,
-        }))
+        })
     }
 
     /// Storage outcomes of a write that are not a race to retry.
@@ -309,6 +396,118 @@ mod tests {
             .err()
             .map(|e| e.code);
         assert_eq!(e, Some(409));
+    }
+
+    /// The first read of a write comes from the watch cache, which may lag
+    /// the store: a client's resourceVersion newer than the cached object's,
+    /// or a no-op decided from stale state, is confirmed against the store
+    /// instead of answered from the cache (kube's `GuaranteedUpdate`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_stale_cached_object_is_confirmed_against_the_store() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (reg, t, gate) = gated_registry(dir.path()).await;
+        let created = reg.create(&t, widget(), &opts()).await.expect("create");
+        let rev0 = created.item.value()["metadata"]["resourceVersion"].clone();
+        until_cached(&reg, &t, &rev0).await;
+        let held = gate.lock().expect("gate");
+        // The cache stops here: it still holds the object as created.
+        let first = reg
+            .update_with(&t, "g", Subresource::Main, &opts(), |cur| {
+                let mut v = cur.clone();
+                v["spec"]["n"] = json!(1);
+                Ok(v)
+            })
+            .await
+            .expect("update");
+        let mut latest = first.item.value().clone();
+        assert_ne!(latest["metadata"]["resourceVersion"], rev0);
+        let (_, cached) = reg.cache.get(&t.rt.id(), &t.cache_key("g"));
+        assert_eq!(
+            cached.map(|o| o.value()["metadata"]["resourceVersion"].clone()),
+            Some(rev0),
+            "the cache is held back"
+        );
+        // A PUT carrying the resourceVersion the client just got: not a 409.
+        latest["spec"]["n"] = json!(2);
+        let put = reg
+            .update(&t, "g", latest, Subresource::Main, &opts())
+            .await
+            .expect("a PUT at the newest resourceVersion succeeds");
+        assert_eq!(put.item.value()["spec"]["n"], 2);
+        // A no-op decided from the stale cache (n is 2 in the store, 0 in
+        // the cache) must not answer the stale object.
+        let noop = reg
+            .update_with(&t, "g", Subresource::Main, &opts(), |cur| Ok(cur.clone()))
+            .await
+            .expect("no-op");
+        assert_eq!(noop.item.value()["spec"]["n"], 2);
+        assert_eq!(
+            noop.item.value()["metadata"]["resourceVersion"],
+            put.item.value()["metadata"]["resourceVersion"]
+        );
+        // A delete whose preconditions name the newest resourceVersion.
+        let rv = put.item.value()["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string);
+        let deleted = reg
+            .delete(
+                &t,
+                "g",
+                &super::super::delete::DeleteOptions {
+                    precondition_resource_version: rv,
+                    ..Default::default()
+                },
+            )
+            .await;
+        assert!(deleted.is_ok(), "{:?}", deleted.err().map(|e| e.message));
+        drop(held);
+    }
+
+    /// A registry whose watch cache stops applying changes while the
+    /// returned gate is held (its load hook waits on it).
+    async fn gated_registry(dir: &Path) -> (Arc<Registry>, Target, Arc<std::sync::Mutex<()>>) {
+        let mut catalog = Catalog::default();
+        catalog
+            .add_manifests(Path::new("w.yaml"), WIDGET)
+            .expect("crd");
+        let rt = catalog
+            .find("demo.kshard.dev", "v1", "widgets")
+            .cloned()
+            .expect("widgets");
+        let engine = Arc::new(Embedded::open(&dir.join("db")).expect("open"));
+        let store = Store::open(engine).expect("store");
+        let gate = Arc::new(std::sync::Mutex::new(()));
+        let hook = gate.clone();
+        let on_load: crate::watch::OnLoad = Arc::new(move |_: &str, _: &serde_json::Value| {
+            drop(hook.lock());
+            None
+        });
+        let cache = Cache::start_with(store.clone(), Default::default(), Some(on_load))
+            .await
+            .expect("cache");
+        let t = Target {
+            rt,
+            version: "v1".into(),
+            namespace: "default".into(),
+        };
+        let reg = Registry::new(
+            crate::registry::definitions::LiveCatalog::new(catalog),
+            store,
+            cache,
+            None,
+        );
+        (reg, t, gate)
+    }
+
+    async fn until_cached(reg: &Registry, t: &Target, rv: &serde_json::Value) {
+        for _ in 0..500 {
+            let (_, o) = reg.cache.get(&t.rt.id(), &t.cache_key("g"));
+            if o.is_some_and(|o| &o.value()["metadata"]["resourceVersion"] == rv) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the cache never saw {rv}");
     }
 
     /// Regression: a create body nested 122 levels parsed (serde_json allows

@@ -85,6 +85,14 @@ impl Registry {
     pub async fn get(&self, t: &Target, name: &str, at: &ReadAt) -> Result<Item, ApiError> {
         let not_found = || ApiError::not_found(&t.rt.group, &t.rt.plural, name);
         match at {
+            // A consistent read once the cache has every revision committed
+            // when the request came: kube's consistent reads from the watch
+            // cache (KEP-2340), here for gets as for lists. No store read,
+            // no parse: the cached bytes are the answer.
+            ReadAt::Consistent if matches!(self.consistent_cache().await?, Ok(())) => {
+                let (_, obj) = self.cache.get(&t.rt.id(), &t.cache_key(name));
+                Ok(Item::cached(obj.ok_or_else(not_found)?))
+            }
             ReadAt::Consistent | ReadAt::Exact(_) | ReadAt::Continue(_) => {
                 let (_, json) = self
                     .store

@@ -329,72 +329,75 @@ impl Registry {
         let fm = self
             .field_manager(t, sub)
             .ok_or_else(ApiError::not_found_path)?;
+        let mut warnings = Vec::new();
+        let mut created = false;
         let mut attempts = Attempts::new(self, t, name);
-        loop {
-            // The last attempt decides (a retry may find the object created
-            // by another writer meanwhile).
-            let live = attempts.read().await?;
-            let mut merged = fm
-                .apply(
-                    live.as_ref().map(|c| &c.value),
-                    &config,
-                    &opts.manager,
-                    force,
-                    &now_rfc3339(),
-                )
-                .map_err(|e| match e {
-                    ApplyError::Internal(m) => ApplyError::Internal(m.replacen(
-                        &format!("({}/{}; ", meta_str(&config, "namespace"), name),
-                        &sent_as,
-                        1,
-                    )),
-                    e => e,
-                })
-                .map_err(|e| apply_error(t, name, e))?;
-            let mut warnings = Vec::new();
-            self.decode_schema(t, &mut merged, opts, &mut warnings)?;
-            let Some(current) = live else {
-                if sub != Subresource::Main {
-                    return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
+        let item = loop {
+            let read = attempts.read().await?;
+            let live = read.as_ref();
+            let decided: Result<Plan, ApiError> = async {
+                // The last attempt decides (a retry may find the object
+                // created by another writer meanwhile).
+                warnings.clear();
+                let mut merged = fm
+                    .apply(
+                        live.map(|c| &c.value),
+                        &config,
+                        &opts.manager,
+                        force,
+                        &now_rfc3339(),
+                    )
+                    .map_err(|e| match e {
+                        ApplyError::Internal(m) => ApplyError::Internal(m.replacen(
+                            &format!("({}/{}; ", meta_str(&config, "namespace"), name),
+                            &sent_as,
+                            1,
+                        )),
+                        e => e,
+                    })
+                    .map_err(|e| apply_error(t, name, e))?;
+                self.decode_schema(t, &mut merged, opts, &mut warnings)?;
+                let Some(current) = live else {
+                    if sub != Subresource::Main {
+                        return Err(ApiError::not_found(&t.rt.group, &t.rt.plural, name));
+                    }
+                    // kube's patch handler admits an apply that creates as a CREATE.
+                    let step = Step::new(Operation::Create, name, sub, None);
+                    self.admit_mutating(t, &step, Some(&mut merged), opts, &mut warnings)
+                        .await?;
+                    warnings.extend(finalizer_warnings(&merged, None));
+                    return match self.create_tracked(t, merged, opts, &mut warnings).await {
+                        Ok(item) => {
+                            created = true;
+                            Ok(Plan::Done(item))
+                        }
+                        // Someone created it meanwhile: decide again from theirs.
+                        Err(e) if e.reason == "AlreadyExists" => Ok(Plan::Again),
+                        Err(e) => Err(e),
+                    };
+                };
+                if let Some(m) = meta_mut(&mut merged) {
+                    m.insert(
+                        "resourceVersion".into(),
+                        Value::String(current.rev.to_string()),
+                    );
                 }
-                // kube's patch handler admits an apply that creates as a CREATE.
-                let step = Step::new(Operation::Create, name, sub, None);
+                let step = Step::new(Operation::Update, name, sub, Some(&current.value));
                 self.admit_mutating(t, &step, Some(&mut merged), opts, &mut warnings)
                     .await?;
-                warnings.extend(finalizer_warnings(&merged, None));
-                match self.create_tracked(t, merged, opts, &mut warnings).await {
-                    Ok(item) => {
-                        return Ok(Outcome {
-                            item,
-                            warnings,
-                            created: true,
-                        })
-                    }
-                    // Someone created it meanwhile: decide again from theirs.
-                    Err(e) if e.reason == "AlreadyExists" => continue,
-                    Err(e) => return Err(e),
-                }
-            };
-            if let Some(m) = meta_mut(&mut merged) {
-                m.insert(
-                    "resourceVersion".into(),
-                    Value::String(current.rev.to_string()),
-                );
+                self.plan_update(t, name, current, merged, sub, opts, &mut warnings)
+                    .await
             }
-            let step = Step::new(Operation::Update, name, sub, Some(&current.value));
-            self.admit_mutating(t, &step, Some(&mut merged), opts, &mut warnings)
-                .await?;
-            let plan = self
-                .plan_update(t, name, &current, merged, sub, opts, &mut warnings)
-                .await?;
-            if let Some(item) = attempts.commit(Some(&current), plan).await? {
-                return Ok(Outcome {
-                    item,
-                    warnings,
-                    created: false,
-                });
+            .await;
+            if let Some(item) = attempts.settle(live, decided).await? {
+                break item;
             }
-        }
+        };
+        Ok(Outcome {
+            item,
+            warnings,
+            created,
+        })
     }
 
     pub(super) async fn to_storage(&self, t: &Target, obj: &Value) -> Result<Value, ApiError> {
@@ -663,54 +666,59 @@ impl Registry {
             Some(parse_object_revision("metadata.resourceVersion", &rv)?)
         };
         let uid = meta_str(&obj, "uid").to_string();
+        let mut notes = Vec::new();
         let mut attempts = Attempts::new(self, t, name);
-        loop {
-            let current = attempts.read().await?;
-            // kube's order (as the reference server answers): existence
-            // (custom resources are never created by PUT), the UID
-            // precondition, then managedFields and mutating admission, then
-            // the resourceVersion.
-            let current = current.ok_or_else(|| not_found(t, name))?;
-            if !uid.is_empty() {
-                let actual = meta_str(&current.value, "uid");
-                if uid != actual {
-                    return Err(uid_precondition_failed(t, name, &uid, actual));
+        let item = loop {
+            let read = attempts.read().await?;
+            let current = read.as_ref();
+            let decided: Result<Plan, ApiError> = async {
+                // kube's order (as the reference server answers): existence
+                // (custom resources are never created by PUT), the UID
+                // precondition, then managedFields and mutating admission,
+                // then the resourceVersion.
+                let current = current.ok_or_else(|| not_found(t, name))?;
+                if !uid.is_empty() {
+                    let actual = meta_str(&current.value, "uid");
+                    if uid != actual {
+                        return Err(uid_precondition_failed(t, name, &uid, actual));
+                    }
                 }
+                let mut new = obj.clone();
+                notes.clear();
+                self.track(t, Some(&current.value), &mut new, sub, &opts.manager)?;
+                let step = Step::new(Operation::Update, name, sub, Some(&current.value));
+                self.admit_mutating(t, &step, Some(&mut new), opts, &mut notes)
+                    .await?;
+                let Some(expected) = expected else {
+                    return Err(ApiError::invalid(
+                        &t.rt.group,
+                        &t.rt.plural,
+                        name,
+                        &[FieldError::new(
+                            crate::status::FieldErrorKind::Invalid,
+                            "metadata.resourceVersion",
+                            Some("0".into()),
+                            "must be specified for an update",
+                        )],
+                    ));
+                };
+                if expected != current.rev {
+                    return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+                }
+                self.plan_update(t, name, current, new, sub, opts, &mut notes)
+                    .await
             }
-            let mut new = obj.clone();
-            let mut notes = Vec::new();
-            self.track(t, Some(&current.value), &mut new, sub, &opts.manager)?;
-            let step = Step::new(Operation::Update, name, sub, Some(&current.value));
-            self.admit_mutating(t, &step, Some(&mut new), opts, &mut notes)
-                .await?;
-            let Some(expected) = expected else {
-                return Err(ApiError::invalid(
-                    &t.rt.group,
-                    &t.rt.plural,
-                    name,
-                    &[FieldError::new(
-                        crate::status::FieldErrorKind::Invalid,
-                        "metadata.resourceVersion",
-                        Some("0".into()),
-                        "must be specified for an update",
-                    )],
-                ));
-            };
-            if expected != current.rev {
-                return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+            .await;
+            if let Some(item) = attempts.settle(current, decided).await? {
+                break item;
             }
-            let plan = self
-                .plan_update(t, name, &current, new, sub, opts, &mut notes)
-                .await?;
-            if let Some(item) = attempts.commit(Some(&current), plan).await? {
-                warnings.extend(notes);
-                return Ok(Outcome {
-                    item,
-                    warnings,
-                    created: false,
-                });
-            }
-        }
+        };
+        warnings.extend(notes);
+        Ok(Outcome {
+            item,
+            warnings,
+            created: false,
+        })
     }
 
     /// Re-reads and applies `change` until it commits without a concurrent write in
@@ -726,62 +734,68 @@ impl Registry {
     where
         F: FnMut(&Value) -> Result<Value, ApiError>,
     {
+        let mut warnings = Vec::new();
         let mut attempts = Attempts::new(self, t, name);
-        loop {
-            let current = attempts.read().await?.ok_or_else(|| not_found(t, name))?;
-            let mut obj = change(&current.value)?;
-            // kube's patch handler reports a strict decoding error as an
-            // invalid `patch`, showing the patched object (keys sorted).
-            let patched = (opts.field_validation == FieldValidation::Strict)
-                .then(|| serde_json::to_string(&sorted_keys(&obj)).unwrap_or_default());
-            self.check_body(t, &mut obj)?;
-            let mut warnings = Vec::new();
-            self.decode_schema(t, &mut obj, opts, &mut warnings)
-                .map_err(|e| match (&patched, e.message.find(STRICT)) {
-                    (Some(patched), Some(at)) if e.code == 400 => ApiError::invalid(
-                        "",
-                        "",
-                        "",
-                        &[FieldError::new(
-                            crate::status::FieldErrorKind::Invalid,
-                            "patch",
-                            Some(quote(patched)),
-                            &e.message[at..],
-                        )],
-                    ),
-                    _ => e,
-                })?;
-            let body_name = meta_str(&obj, "name");
-            if body_name != name {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({body_name}) does not match the name on the URL ({name})"
-                )));
+        let item = loop {
+            let read = attempts.read().await?;
+            let current = read.as_ref();
+            let decided: Result<Plan, ApiError> = async {
+                let current = current.ok_or_else(|| not_found(t, name))?;
+                let mut obj = change(&current.value)?;
+                // kube's patch handler reports a strict decoding error as an
+                // invalid `patch`, showing the patched object (keys sorted).
+                let patched = (opts.field_validation == FieldValidation::Strict)
+                    .then(|| serde_json::to_string(&sorted_keys(&obj)).unwrap_or_default());
+                self.check_body(t, &mut obj)?;
+                warnings.clear();
+                self.decode_schema(t, &mut obj, opts, &mut warnings)
+                    .map_err(|e| match (&patched, e.message.find(STRICT)) {
+                        (Some(patched), Some(at)) if e.code == 400 => ApiError::invalid(
+                            "",
+                            "",
+                            "",
+                            &[FieldError::new(
+                                crate::status::FieldErrorKind::Invalid,
+                                "patch",
+                                Some(quote(patched)),
+                                &e.message[at..],
+                            )],
+                        ),
+                        _ => e,
+                    })?;
+                let body_name = meta_str(&obj, "name");
+                if body_name != name {
+                    return Err(ApiError::bad_request(format!(
+                        "the name of the object ({body_name}) does not match the name on the URL ({name})"
+                    )));
+                }
+                let rv = meta_str(&obj, "resourceVersion").to_string();
+                self.track(t, Some(&current.value), &mut obj, sub, &opts.manager)?;
+                // kube's patch handler: the patch, managedFields, then mutating
+                // admission, all before the store checks the resourceVersion.
+                let step = Step::new(Operation::Update, name, sub, Some(&current.value));
+                self.admit_mutating(t, &step, Some(&mut obj), opts, &mut warnings)
+                    .await?;
+                if !rv.is_empty()
+                    && parse_object_revision("metadata.resourceVersion", &rv)? != current.rev
+                    && meta_str(&current.value, "resourceVersion") != rv
+                {
+                    // A precondition the client set in the patch: 409, not retried.
+                    return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+                }
+                self.plan_update(t, name, current, obj, sub, opts, &mut warnings)
+                    .await
             }
-            let rv = meta_str(&obj, "resourceVersion").to_string();
-            self.track(t, Some(&current.value), &mut obj, sub, &opts.manager)?;
-            // kube's patch handler: the patch, managedFields, then mutating
-            // admission, all before the store checks the resourceVersion.
-            let step = Step::new(Operation::Update, name, sub, Some(&current.value));
-            self.admit_mutating(t, &step, Some(&mut obj), opts, &mut warnings)
-                .await?;
-            if !rv.is_empty()
-                && parse_object_revision("metadata.resourceVersion", &rv)? != current.rev
-                && meta_str(&current.value, "resourceVersion") != rv
-            {
-                // A precondition the client set in the patch: 409, not retried.
-                return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+            .await;
+            if let Some(item) = attempts.settle(current, decided).await? {
+                break item;
             }
-            let plan = self
-                .plan_update(t, name, &current, obj, sub, opts, &mut warnings)
-                .await?;
-            if let Some(item) = attempts.commit(Some(&current), plan).await? {
-                return Ok(Outcome {
-                    item,
-                    warnings,
-                    created: false,
-                });
-            }
-        }
+        };
+        Ok(Outcome {
+            item,
+            warnings,
+            created: false,
+        })
     }
 
     /// The write an update of `current` to `obj` (managedFields recorded,

@@ -208,15 +208,13 @@ impl ResourceState {
         revision: Revision,
         value: &Value,
         json: Bytes,
+        rewritten: bool,
     ) -> Arc<CachedObject> {
         let api_version = self.api_version(value);
-        Arc::new(CachedObject::new(
-            key.to_string(),
-            revision,
-            value,
-            json,
-            api_version,
-        ))
+        Arc::new(
+            CachedObject::new(key.to_string(), revision, value, json, api_version)
+                .rewritten(rewritten),
+        )
     }
 }
 
@@ -264,17 +262,19 @@ impl Cache {
             let mut value: Value =
                 serde_json::from_slice(&json).map_err(|e| StorageError::Corrupt(e.to_string()))?;
             let mut json = json;
+            let mut rewritten = false;
             if let Some(v) = on_load.as_ref().and_then(|f| f(resource, &value)) {
                 json = crate::storage::json_bytes(&v)
                     .map_err(|e| StorageError::Corrupt(e.to_string()))?;
                 value = v;
+                rewritten = true;
             }
             let revision = object_revision(&value);
             let state = resources
                 .entry(resource.to_string())
                 .or_insert_with(|| ResourceState::new(rev));
             state.bytes += json.len() as u64;
-            let object = state.object(sub, revision, &value, json);
+            let object = state.object(sub, revision, &value, json, rewritten);
             state.insert(sub, object);
         }
         let (tx, _) = watch::channel(rev);
@@ -360,6 +360,7 @@ impl Cache {
             let Some((resource, sub)) = split_key(&event.key) else {
                 continue;
             };
+            let was_rewritten = rewritten.is_some();
             let (value, json) =
                 rewritten.unwrap_or_else(|| (event.object.clone(), event.json.clone()));
             // First event of this resource since loading: nothing before it was missed.
@@ -369,7 +370,7 @@ impl Cache {
                 .entry(resource.to_string())
                 .or_insert_with(|| ResourceState::new(complete_after));
             res.changed = event.revision;
-            let object = res.object(sub, event.revision, &value, json);
+            let object = res.object(sub, event.revision, &value, json, was_rewritten);
             let prev = if event.kind == EventType::Deleted {
                 res.remove(sub)
             } else {

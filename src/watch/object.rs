@@ -25,6 +25,10 @@ pub struct CachedObject {
     api_version: Arc<str>,
     /// `metadata.labels`, sorted by key.
     labels: Box<[(Box<str>, Box<str>)]>,
+    /// Whether `json` is not the stored encoding but the cache's rewrite of
+    /// it (read defaults added): a writer comparing with what is stored
+    /// must then read the store.
+    rewritten: bool,
 }
 
 impl CachedObject {
@@ -52,7 +56,19 @@ impl CachedObject {
             json,
             api_version,
             labels: labels.into_boxed_slice(),
+            rewritten: false,
         }
+    }
+
+    /// Marks `json` as rewritten from the stored encoding.
+    pub fn rewritten(mut self, rewritten: bool) -> Self {
+        self.rewritten = rewritten;
+        self
+    }
+
+    /// Whether `json` is exactly what the store holds.
+    pub fn is_stored_form(&self) -> bool {
+        !self.rewritten
     }
 
     pub fn namespace(&self) -> &str {
