@@ -409,7 +409,7 @@ mod tests {
         let created = reg.create(&t, widget(), &opts()).await.expect("create");
         let rev0 = created.item.value()["metadata"]["resourceVersion"].clone();
         until_cached(&reg, &t, &rev0).await;
-        let held = gate.lock().expect("gate");
+        gate.store(true, std::sync::atomic::Ordering::SeqCst);
         // The cache stops here: it still holds the object as created.
         let first = reg
             .update_with(&t, "g", Subresource::Main, &opts(), |cur| {
@@ -460,12 +460,14 @@ mod tests {
             )
             .await;
         assert!(deleted.is_ok(), "{:?}", deleted.err().map(|e| e.message));
-        drop(held);
+        gate.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// A registry whose watch cache stops applying changes while the
-    /// returned gate is held (its load hook waits on it).
-    async fn gated_registry(dir: &Path) -> (Arc<Registry>, Target, Arc<std::sync::Mutex<()>>) {
+    /// returned gate is set (its load hook waits for it to clear).
+    async fn gated_registry(
+        dir: &Path,
+    ) -> (Arc<Registry>, Target, Arc<std::sync::atomic::AtomicBool>) {
         let mut catalog = Catalog::default();
         catalog
             .add_manifests(Path::new("w.yaml"), WIDGET)
@@ -476,10 +478,12 @@ mod tests {
             .expect("widgets");
         let engine = Arc::new(Embedded::open(&dir.join("db")).expect("open"));
         let store = Store::open(engine).expect("store");
-        let gate = Arc::new(std::sync::Mutex::new(()));
+        let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let hook = gate.clone();
         let on_load: crate::watch::OnLoad = Arc::new(move |_: &str, _: &serde_json::Value| {
-            drop(hook.lock());
+            while hook.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             None
         });
         let cache = Cache::start_with(store.clone(), Default::default(), Some(on_load))
