@@ -213,7 +213,7 @@ async fn a_hung_review_ends_at_the_request_deadline_and_holds_up_no_one_else() {
     assert_eq!((proxied, token), (504, 504));
     // The two ran one after the other, each to its deadline.
     assert!(
-        took >= deadline * 2 && took < deadline * 2 + Duration::from_secs(4),
+        took >= deadline * 2 && took < deadline * 2 + Duration::from_secs(6),
         "{took:?}"
     );
     let (code, _, body) = send(&s.aggregator, "GET", common::WIDGETS, &ALICE, None).await;
