@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::host::{write_kubeconfig, Ca};
+use common::tls::{write_kubeconfig, Ca};
 
 fn ca(name: &str) -> Ca {
     Ca::new(name)

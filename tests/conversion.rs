@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::host::Ca;
+use common::tls::Ca;
 use futures::StreamExt as _;
 use serde_json::{json, Value};
 
@@ -113,7 +113,7 @@ async fn start_webhook(hook: Arc<Hook>) -> (u16, String) {
     let app = axum::Router::new()
         .route("/convert", axum::routing::post(review))
         .with_state(hook);
-    let (addr, _task) = common::host::serve_https(&ca, &["127.0.0.1"], app).await;
+    let (addr, _task) = common::tls::serve_https(&ca, &["127.0.0.1"], app).await;
     let port = addr.port();
     (port, ca.pem)
 }

@@ -124,7 +124,7 @@ async fn webhook_certificates_are_trusted_and_refused_as_kube_apiserver_does() {
     // A name the certificate does not carry, and a bundle that does not
     // hold the certificate: both refuse with the same words.
     let wrong_name = format!("https://localhost:{port}/validate");
-    let stranger = common::host::Ca::new("stranger").pem;
+    let stranger = common::tls::Ca::new("stranger").pem;
     for (what, url, ca) in [
         (
             "a name the certificate lacks",

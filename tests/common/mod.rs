@@ -5,9 +5,10 @@
 #![allow(dead_code)]
 
 pub mod apf;
-pub mod host;
+pub mod host_double;
 pub mod real_host;
 pub mod replicas;
+pub mod tls;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::host::{write_kubeconfig, Ca};
+use super::tls::{write_kubeconfig, Ca};
 use super::{kubectl_with, repo_path, run_blocking, KillOnDrop};
 
 /// The namespace the shipped manifests install into.
@@ -32,6 +32,22 @@ pub const BOB: (&str, &str, &str) = ("bob-token", "bob", "");
 pub const CAROL: (&str, &str, &str) = ("carol-token", "carol", "tenant-a");
 /// The host administrator's token (`admin`, in `system:masters`).
 pub const ADMIN_TOKEN: &str = "admin-token";
+
+/// The host's audit policy: TokenReviews and SubjectAccessReviews with
+/// their request bodies, nothing else.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Request
+  verbs: [create]
+  resources:
+  - group: authentication.k8s.io
+    resources: [tokenreviews]
+  - group: authorization.k8s.io
+    resources: [subjectaccessreviews]
+- level: None
+";
 
 /// A free loopback port (the listener is closed before it is used; a clash
 /// with another process is possible but rare, and fails loudly).
@@ -75,10 +91,10 @@ pub struct RealHost {
     pub ca: Ca,
     /// The front-proxy CA (`--requestheader-client-ca-file`).
     pub front_proxy_ca: Ca,
-    /// The aggregator's client certificate (CN front-proxy-client), to play a
-    /// forger that holds it or to check what kshard trusts.
+    /// A kubeconfig for the host's administrator (`admin`, `system:masters`).
     pub admin_kubeconfig: PathBuf,
     apiserver_log: PathBuf,
+    audit_log: PathBuf,
     // Dropped in this order: the API server before its etcd.
     _apiserver: KillOnDrop,
     _etcd: KillOnDrop,
@@ -109,6 +125,10 @@ impl RealHost {
         let proxy_key = write("front-proxy-client.key", &proxy_key);
         let sa_pub = write("sa.pub", &sa_key.public_key_pem());
         let sa_priv = write("sa.key", &sa_key.serialize_pem());
+        // The host audits the reviews it answers (only those), so a test can
+        // count what kshard asks and for whom.
+        let audit_policy = write("audit-policy.yaml", AUDIT_POLICY);
+        let audit_log = dir.join("audit.log");
         let tokens = write(
             "tokens.csv",
             &[ALICE, BOB, CAROL].iter().fold(
@@ -177,6 +197,10 @@ impl RealHost {
                 .arg(&proxy_cert)
                 .arg("--proxy-client-key-file")
                 .arg(&proxy_key)
+                .arg("--audit-policy-file")
+                .arg(&audit_policy)
+                .arg("--audit-log-path")
+                .arg(&audit_log)
                 .args(["--endpoint-reconciler-type", "none"])
                 .arg("--enable-aggregator-routing=false");
             let apiserver_log = dir.join("kube-apiserver.log");
@@ -218,6 +242,7 @@ impl RealHost {
                 front_proxy_ca,
                 admin_kubeconfig,
                 apiserver_log,
+                audit_log: audit_log.clone(),
                 _apiserver: apiserver,
                 _etcd: etcd,
             };
@@ -234,6 +259,36 @@ impl RealHost {
                 tail(&self.apiserver_log)
             );
         }
+    }
+
+    /// A file of the host's PKI (`front-proxy-ca.crt`,
+    /// `front-proxy-client.crt`, ...); kube-apiserver reloads the CA and
+    /// proxy client files when they change.
+    pub fn pki(&self, name: &str) -> PathBuf {
+        self.dir.join("pki").join(name)
+    }
+
+    /// The aggregator's client certificate and key (PEM; CN
+    /// `front-proxy-client`), as kube-apiserver presents them to kshard now:
+    /// to speak to kshard straight as the aggregator does.
+    pub fn proxy_client_cert(&self) -> (String, String) {
+        let read = |n: &str| std::fs::read_to_string(self.pki(n)).expect("proxy client file");
+        (
+            read("front-proxy-client.crt"),
+            read("front-proxy-client.key"),
+        )
+    }
+
+    /// The specs of the reviews (`tokenreviews` or `subjectaccessreviews`)
+    /// the host has answered so far, from its audit log, in order.
+    pub fn reviews(&self, resource: &str) -> Vec<Value> {
+        std::fs::read_to_string(&self.audit_log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["objectRef"]["resource"] == resource)
+            .map(|e| e["requestObject"]["spec"].clone())
+            .collect()
     }
 
     /// A kubeconfig for the host with a bearer token.

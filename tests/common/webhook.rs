@@ -16,7 +16,7 @@ use axum::response::Response;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::host::Ca;
+use super::tls::Ca;
 
 /// The Service every test configuration names.
 pub const SERVICE_HOST: &str = "hooks.test.svc";
@@ -114,7 +114,7 @@ impl WebhookServer {
             .fallback(serve)
             .with_state(hooks.clone());
         let (addr, task) =
-            super::host::serve_https(&ca, &[SERVICE_HOST, "localhost", "127.0.0.1"], app).await;
+            super::tls::serve_https(&ca, &[SERVICE_HOST, "localhost", "127.0.0.1"], app).await;
         WebhookServer {
             addr,
             ca,
@@ -141,7 +141,7 @@ impl WebhookServer {
         let app = axum::Router::new()
             .fallback(serve)
             .with_state(hooks.clone());
-        let (addr, task) = super::host::serve_https_with(&cert, &key.serialize_pem(), app).await;
+        let (addr, task) = super::tls::serve_https_with(&cert, &key.serialize_pem(), app).await;
         let server = WebhookServer {
             addr,
             // Unused for this server: its bundle is its own certificate.
