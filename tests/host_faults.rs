@@ -275,3 +275,32 @@ async fn readiness_waits_while_the_host_fails_the_authentication_configmap() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A review the host never answers is given up after 10 s (kube's delegating
+/// authenticator and authorizer client timeout), long before the request's
+/// own deadline: the proxied request is a 500 (authorization failed), the
+/// token request a 401, and both free their seats.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_review_is_given_up_after_ten_seconds() {
+    let s = setup(|c| c.connections.request_timeout = Duration::from_secs(60)).await;
+    s.alice_gets((200, 200), "a working host").await;
+    s.host
+        .state
+        .fail(SAR, Fault::Delay(Duration::from_secs(3600)));
+    s.host
+        .state
+        .fail(TOKEN_REVIEW, Fault::Delay(Duration::from_secs(3600)));
+    // Past the cached answers' 1 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let start = Instant::now();
+    let (proxied, token) = s.alice().await;
+    let took = start.elapsed();
+    assert_eq!((proxied, token), (500, 401));
+    // The two ran one after the other, each to the review timeout.
+    assert!(
+        took >= Duration::from_secs(20) && took < Duration::from_secs(40),
+        "{took:?}"
+    );
+    s.host.state.heal();
+    s.alice_gets((200, 200), "the host answering again").await;
+}

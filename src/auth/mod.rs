@@ -23,6 +23,11 @@ use rustls::pki_types::CertificateDer;
 pub use x509::{CaBundle, CaError};
 
 pub const GROUP_MASTERS: &str = "system:masters";
+/// How long a TokenReview or SubjectAccessReview sent to the host may take:
+/// k8s.io/apiserver's delegating options' `TokenRequestTimeout` and
+/// authorization `ClientTimeout` (10 s each). Without it a hung host holds
+/// the request, and its flow-control seat, until the request's deadline.
+pub const REVIEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 pub const GROUP_AUTHENTICATED: &str = "system:authenticated";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -70,10 +70,13 @@ impl TokenReviewer {
             ..Default::default()
         };
         let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
-        let answer = api
-            .create(&kube::api::PostParams::default(), &review)
-            .await
-            .map_err(|e| ReviewError(e.to_string()))?;
+        let answer = tokio::time::timeout(
+            crate::auth::REVIEW_TIMEOUT,
+            api.create(&kube::api::PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| ReviewError("the host did not answer the review in time".into()))?
+        .map_err(|e| ReviewError(e.to_string()))?;
         let status = answer.status.unwrap_or_default();
         let id = match (status.authenticated, status.user) {
             (Some(true), Some(u)) => Some(Identity {

@@ -182,10 +182,13 @@ impl SubjectAccessReviewer {
             spec,
             ..Default::default()
         };
-        let answer = api
-            .create(&kube::api::PostParams::default(), &review)
-            .await
-            .map_err(|e| AuthzError(e.to_string()))?;
+        let answer = tokio::time::timeout(
+            crate::auth::REVIEW_TIMEOUT,
+            api.create(&kube::api::PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| AuthzError("the host did not answer the review in time".into()))?
+        .map_err(|e| AuthzError(e.to_string()))?;
         let status = answer.status.unwrap_or_default();
         let decision = if status.allowed && status.denied != Some(true) {
             Decision::Allow
