@@ -4,11 +4,13 @@
 
 pub mod admission;
 pub mod api;
+pub mod apiextensions;
 pub mod apply;
 pub mod audit;
 pub mod auth;
 pub mod authz;
 pub mod controller;
+pub mod definitions;
 pub mod flowcontrol;
 #[cfg(test)]
 mod fuzz;

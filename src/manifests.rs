@@ -18,7 +18,7 @@ use rcgen::{
 };
 use serde_json::{json, Map, Value};
 
-use crate::registry::catalog::{Catalog, CatalogError};
+use crate::apiextensions::catalog::{Catalog, CatalogError};
 
 /// The image the manifests run unless `--image` says otherwise.
 pub const DEFAULT_IMAGE: &str = "ghcr.io/kshard/kshard:dev";
@@ -239,7 +239,7 @@ fn flowcontrol_crds() -> Result<Vec<Value>, ManifestsError> {
 /// The ShardResourceDefinition CRD (`crds/apiextensions/`): definitions
 /// managed through the host.
 fn host_definition_crd() -> Result<Vec<Value>, ManifestsError> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(crate::host::definitions::MANIFEST)
+    let docs: Vec<Value> = serde_saphyr::from_multiple(crate::definitions::host::MANIFEST)
         .map_err(|e| ManifestsError::Yaml(format!("ShardResourceDefinition CRD: {e}")))?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }

@@ -16,15 +16,15 @@ use serde_json::{json, Value};
 /// runs them (empty: accepted).
 fn kshard_errors(crd: &Value) -> Vec<String> {
     let mut d = crd.clone();
-    kshard::registry::crds::set_defaults(&mut d);
-    let mut errs: Vec<String> = kshard::registry::crd_validation::validate_create(&d)
+    kshard::apiextensions::crd_resource::set_defaults(&mut d);
+    let mut errs: Vec<String> = kshard::apiextensions::validation::validate_create(&d)
         .iter()
         .map(|e| e.to_string())
         .collect();
     if errs.is_empty() {
-        match kshard::registry::catalog::check_definition(&d) {
+        match kshard::apiextensions::catalog::check_definition(&d) {
             Ok(()) => {}
-            Err(kshard::registry::catalog::DefinitionError::Fields(f)) => {
+            Err(kshard::apiextensions::catalog::DefinitionError::Fields(f)) => {
                 errs.extend(f.iter().map(|e| e.to_string()))
             }
             Err(e) => errs.push(e.to_string()),

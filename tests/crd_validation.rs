@@ -467,12 +467,13 @@ fn real_world_definitions_pass() {
     definitions_in(&shared, &mut defs);
     definitions_in(&common::repo_path("crds"), &mut defs);
     definitions_in(&common::repo_path("tests/fixtures/crds"), &mut defs);
-    let own: Value = serde_saphyr::from_str(&kshard::registry::crds::api_manifest()).expect("yaml");
+    let own: Value =
+        serde_saphyr::from_str(&kshard::apiextensions::crd_resource::api_manifest()).expect("yaml");
     defs.push(("crds::api_manifest".into(), own));
     assert!(defs.len() >= 14, "{} definitions", defs.len());
     for (file, mut d) in defs {
-        kshard::registry::crds::set_defaults(&mut d);
-        let errs = kshard::registry::crd_validation::validate_create(&d);
+        kshard::apiextensions::crd_resource::set_defaults(&mut d);
+        let errs = kshard::apiextensions::validation::validate_create(&d);
         assert!(errs.is_empty(), "{file}: {errs:?}");
     }
 }

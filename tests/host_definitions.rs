@@ -129,7 +129,7 @@ impl Setup {
     fn definitions(&self) -> Api<DynamicObject> {
         Api::all_with(
             self.admin.clone(),
-            &kshard::host::definitions::api_resource(),
+            &kshard::definitions::host::api_resource(),
         )
     }
 
@@ -179,7 +179,7 @@ impl Setup {
     }
 
     async fn srd(&self, name: &str) -> Option<Value> {
-        self.host_object(&kshard::host::definitions::api_resource(), name)
+        self.host_object(&kshard::definitions::host::api_resource(), name)
             .await
     }
 

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use kshard::registry::catalog::Catalog;
+use kshard::apiextensions::catalog::Catalog;
 use serde_json::Value;
 
 const NS: &str = "kshard-system";

@@ -179,8 +179,8 @@ pub(super) async fn versioned_opt<'v>(
 /// A patched object as kube decodes it: numbers as integers where whole,
 /// unknown fields pruned and defaults filled by `version`'s schema.
 fn normalize(rt: &ResourceType, version: &str, obj: &mut Value) {
-    crate::registry::meta::whole_numbers_as_integers(obj);
-    crate::registry::meta::drop_unknown_metadata(obj);
+    crate::object::meta::whole_numbers_as_integers(obj);
+    crate::object::meta::drop_unknown_metadata(obj);
     if let Some(schema) = rt.version(version).and_then(|v| v.validation.as_ref()) {
         schema.prune(obj);
         schema.apply_defaults(obj);

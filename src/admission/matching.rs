@@ -165,7 +165,7 @@ impl Selector {
                 "Exists" | "DoesNotExist" if !values.is_empty() => {
                     return Err(format!(
                         "values: Invalid value: {}: values set must be empty for exists and does not exist",
-                        crate::registry::meta::go_string_slice(&values)
+                        crate::object::meta::go_string_slice(&values)
                     ))
                 }
                 "Exists" => Requirement::Exists(key),

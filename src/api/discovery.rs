@@ -73,7 +73,7 @@ fn group_version(g: &str, v: &str) -> Value {
     json!({"groupVersion": format!("{g}/{v}"), "version": v})
 }
 
-fn group_doc(g: &crate::registry::catalog::Group) -> Value {
+fn group_doc(g: &crate::apiextensions::catalog::Group) -> Value {
     let versions: Vec<Value> = g
         .versions
         .iter()
@@ -147,10 +147,10 @@ fn resource_entries(rt: &ResourceType, version: &str) -> Vec<Value> {
 
 /// The groups of the identity reviews kshard answers itself
 /// (`super::review`; standalone only), each with its one version.
-fn review_groups(reviews: &[Review]) -> Vec<crate::registry::catalog::Group> {
+fn review_groups(reviews: &[Review]) -> Vec<crate::apiextensions::catalog::Group> {
     reviews
         .iter()
-        .map(|r| crate::registry::catalog::Group {
+        .map(|r| crate::apiextensions::catalog::Group {
             name: r.group.to_string(),
             versions: vec!["v1".to_string()],
         })

@@ -3,7 +3,7 @@
 
 use http::Method;
 
-use crate::registry::meta::path_segment_errors;
+use crate::object::meta::path_segment_errors;
 use crate::registry::selector::FieldSelector;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -561,7 +561,7 @@ fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
     resp
 }
 
-fn scale_spec(t: &Target) -> Result<crate::registry::catalog::ScaleSpec, ApiError> {
+fn scale_spec(t: &Target) -> Result<crate::apiextensions::catalog::ScaleSpec, ApiError> {
     t.version_info()
         .and_then(|v| v.scale.clone())
         .ok_or_else(ApiError::not_found_path)

@@ -103,7 +103,7 @@ fn self_subject_review(user: &Identity) -> Value {
     json!({
         "kind": "SelfSubjectReview",
         "apiVersion": "authentication.k8s.io/v1",
-        "metadata": {"creationTimestamp": crate::registry::now_rfc3339()},
+        "metadata": {"creationTimestamp": crate::object::now_rfc3339()},
         "status": {"userInfo": info},
     })
 }
@@ -287,7 +287,7 @@ async fn self_subject_access_review(call: &Call<'_>) -> Result<(Value, Vec<Strin
         Some(&empty),
         &mut out,
         &opts.manager,
-        &crate::registry::now_rfc3339(),
+        &crate::object::now_rfc3339(),
     )
     .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok((out, warnings))

@@ -124,7 +124,7 @@ pub async fn serve(
 }
 
 /// Initial events converted together at most (as many as one review takes).
-const CONVERT_AHEAD: usize = crate::registry::conversion::BATCH_OBJECTS;
+const CONVERT_AHEAD: usize = crate::apiextensions::conversion::BATCH_OBJECTS;
 
 /// The object of `ev`, or (`left`: it left the watcher's selector) its old
 /// state at the event's revision.

@@ -167,7 +167,7 @@ pub fn audit_id(headers: &HeaderMap) -> String {
         .map(str::trim)
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .map(str::to_string)
-        .unwrap_or_else(|| crate::registry::meta::new_uid().to_string())
+        .unwrap_or_else(|| crate::object::meta::new_uid().to_string())
 }
 
 /// What the event says about the request, filled in by the request path.

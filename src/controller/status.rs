@@ -88,7 +88,7 @@ pub(super) async fn write<K: FlowObject>(
 /// The status to write, with `lastTransitionTime` kept for conditions whose
 /// status did not change; `None` when nothing would change.
 fn changed_status(current: &[Condition], mut wanted: Value) -> Option<Value> {
-    let now = crate::registry::now_rfc3339();
+    let now = crate::object::now_rfc3339();
     let mut same = true;
     let conditions = wanted.get_mut("conditions")?.as_array_mut()?;
     if conditions.len() != current.len() {

@@ -21,7 +21,7 @@ use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
 };
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 
-use crate::registry::catalog::Catalog;
+use crate::apiextensions::catalog::Catalog;
 use crate::registry::Registry;
 
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

@@ -3,7 +3,6 @@
 //! lifecycle its namespaces impose on kshard's objects.
 
 pub mod apiservices;
-pub mod definitions;
 pub mod namespaces;
 
 use std::path::Path;

@@ -245,7 +245,7 @@ impl<'a> Step<'a> {
     }
 }
 
-fn scale_spec(t: &Target) -> Result<&super::catalog::ScaleSpec, ApiError> {
+fn scale_spec(t: &Target) -> Result<&crate::apiextensions::catalog::ScaleSpec, ApiError> {
     t.version_info()
         .and_then(|v| v.scale.as_ref())
         .ok_or_else(ApiError::not_found_path)

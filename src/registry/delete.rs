@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 use super::admission::{Caller, Operation, Step};
 use super::guaranteed::{Attempts, Current, Plan};
 use super::read::Item;
-use super::{now_rfc3339, ReadAt, Registry, Selectors, Target};
+use super::{ReadAt, Registry, Selectors, Target};
+use crate::object::now_rfc3339;
 use crate::object::{finalizers, generation, is_deleting, meta_mut, meta_str, set_finalizers};
 use crate::status::ApiError;
 
@@ -104,14 +105,16 @@ impl Registry {
     ) -> Result<(Plan, Answer), ApiError> {
         let current = &stored.value;
         let mut fins = finalizers(current);
-        let mut terminating = false;
-        if super::crds::is_definition(t) && !is_deleting(current) {
-            // A definition's objects go first: kube's CRD delete adds the
-            // cleanup finalizer and marks the definition Terminating.
-            if !fins.iter().any(|f| f == super::crds::CLEANUP_FINALIZER) {
-                fins.push(super::crds::CLEANUP_FINALIZER.into());
+        let strategy = t.rt.strategy();
+        let mut held = false;
+        if let Some(fin) = strategy
+            .deletion_finalizer()
+            .filter(|_| !is_deleting(current))
+        {
+            if !fins.iter().any(|f| f == fin) {
+                fins.push(fin.into());
             }
-            terminating = true;
+            held = true;
         }
         match opts.propagation {
             Some(Propagation::Orphan) => {
@@ -140,8 +143,8 @@ impl Registry {
         }
         let mut new = current.clone();
         set_finalizers(&mut new, &fins);
-        if terminating {
-            super::crds::mark_terminating(&mut new);
+        if held {
+            strategy.mark_deleting(&mut new);
         }
         if !is_deleting(current) {
             let g = generation(current);

@@ -299,9 +299,9 @@ mod tests {
 
     use serde_json::json;
 
-    use super::super::catalog::tests::WIDGET;
     use super::super::{Catalog, Subresource, Target, WriteOptions};
     use super::*;
+    use crate::apiextensions::catalog::tests::WIDGET;
     use crate::storage::{embedded::Embedded, Store};
     use crate::watch::Cache;
 
@@ -326,7 +326,7 @@ mod tests {
         };
         (
             Registry::new(
-                crate::registry::definitions::LiveCatalog::new(catalog),
+                crate::apiextensions::live::LiveCatalog::new(catalog),
                 store,
                 cache,
                 None,
@@ -495,7 +495,7 @@ mod tests {
             namespace: "default".into(),
         };
         let reg = Registry::new(
-            crate::registry::definitions::LiveCatalog::new(catalog),
+            crate::apiextensions::live::LiveCatalog::new(catalog),
             store,
             cache,
             None,

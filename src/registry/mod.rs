@@ -4,17 +4,11 @@
 //! tables and garbage collection.
 
 pub mod admission;
-pub mod catalog;
 mod continuation;
-pub mod conversion;
-pub mod crd_validation;
-pub mod crds;
-pub mod definitions;
 mod delete;
 pub mod gc;
 mod guaranteed;
 pub mod jsonpath;
-pub mod meta;
 pub mod patch;
 pub mod read;
 pub mod resource_version;
@@ -28,7 +22,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::Value;
 
-pub use catalog::{Catalog, ResourceType};
+pub use crate::apiextensions::{Catalog, ResourceType};
 pub use continuation::ContinueToken;
 pub use delete::{DeleteOptions, DeleteOutcome, Propagation};
 pub use read::{Item, ListResult};
@@ -74,7 +68,7 @@ impl Target {
     pub fn cache_key(&self, name: &str) -> String {
         format!("{}/{}", self.namespace, name)
     }
-    pub fn version_info(&self) -> Option<&catalog::Version> {
+    pub fn version_info(&self) -> Option<&crate::apiextensions::catalog::Version> {
         self.rt.version(&self.version)
     }
     pub fn has_status(&self) -> bool {
@@ -155,7 +149,7 @@ impl Selectors {
 }
 
 pub struct Registry {
-    catalog: Arc<definitions::LiveCatalog>,
+    catalog: Arc<crate::apiextensions::live::LiveCatalog>,
     store: Arc<Store>,
     cache: Arc<Cache>,
     /// Checks every create passes (namespace lifecycle against a host).
@@ -172,7 +166,7 @@ impl Registry {
     }
 
     pub fn new(
-        catalog: Arc<definitions::LiveCatalog>,
+        catalog: Arc<crate::apiextensions::live::LiveCatalog>,
         store: Arc<Store>,
         cache: Arc<Cache>,
         admission: Option<Arc<dyn admission::CreateAdmission>>,
@@ -193,7 +187,7 @@ impl Registry {
     }
 
     /// The live catalog, to replace or to follow changes.
-    pub fn live_catalog(&self) -> &Arc<definitions::LiveCatalog> {
+    pub fn live_catalog(&self) -> &Arc<crate::apiextensions::live::LiveCatalog> {
         &self.catalog
     }
 
@@ -271,7 +265,7 @@ pub fn read_defaults(rt: &ResourceType, stored: &Value) -> Option<Value> {
 /// [`read_defaults`] for the watch cache, which sees resources by id
 /// (`group/plural`): a lookup that misses for resources whose schemas have
 /// no defaults at all, so their objects cost nothing more.
-pub fn read_defaulter(live: Arc<definitions::LiveCatalog>) -> crate::watch::OnLoad {
+pub fn read_defaulter(live: Arc<crate::apiextensions::live::LiveCatalog>) -> crate::watch::OnLoad {
     Arc::new(move |resource: &str, obj: &Value| {
         let catalog = live.get();
         let rt = catalog.resources.iter().find(|rt| {
@@ -389,8 +383,4 @@ pub(crate) fn storage_error(e: StorageError) -> ApiError {
         }
         e => ApiError::internal(e),
     }
-}
-
-pub fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }

@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 
-use super::catalog::ScaleSpec;
 use super::jsonpath::JsonPath;
+use crate::apiextensions::catalog::ScaleSpec;
 use crate::status::{ApiError, FieldError};
 
 fn pointer_of(path: &str) -> String {

@@ -3,7 +3,7 @@
 use crate::object::MetaField;
 use serde_json::Value;
 
-use super::meta::{validate_label_key, validate_label_value};
+use crate::object::meta::{validate_label_key, validate_label_value};
 
 #[derive(Debug, Clone, PartialEq)]
 enum Op {

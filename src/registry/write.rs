@@ -12,11 +12,12 @@ use serde_json::{json, Value};
 
 use super::admission::{Caller, Operation, Step};
 use super::guaranteed::{too_deep, too_large, Attempts, Current, Plan};
-use super::meta::{go_string_slice, path_segment_errors, validate_object_meta};
 use super::read::Item;
 use super::resource_version::parse_object_revision;
-use super::{convert_value, now_rfc3339, storage_error, Registry, Target};
+use super::{convert_value, storage_error, Registry, Target};
 use crate::apply::{ApplyError, ConvertError, FieldManager, MergeSchema, Versions};
+use crate::object::meta::{go_string_slice, path_segment_errors, validate_object_meta};
+use crate::object::now_rfc3339;
 use crate::object::{
     copy_field, finalizers, generation, is_deleting, meta_mut, meta_str, spec_part,
 };
@@ -142,9 +143,9 @@ impl Registry {
         opts: &WriteOptions,
         warnings: &mut Vec<String>,
     ) -> Result<(), ApiError> {
-        super::meta::whole_numbers_as_integers(obj);
+        crate::object::meta::whole_numbers_as_integers(obj);
         // kube reports unknown metadata fields first, then the schema's.
-        let mut unknown_paths = super::meta::drop_unknown_metadata(obj);
+        let mut unknown_paths = crate::object::meta::drop_unknown_metadata(obj);
         if let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) {
             unknown_paths.extend(schema.prune(obj));
         }
@@ -167,9 +168,7 @@ impl Registry {
         if let Some(schema) = t.version_info().and_then(|v| v.validation.clone()) {
             schema.apply_defaults(obj);
         }
-        if super::crds::is_definition(t) {
-            super::crds::set_defaults(obj);
-        }
+        t.rt.strategy().prepare(obj);
         Ok(())
     }
 
@@ -232,11 +231,10 @@ impl Registry {
                 sub != Subresource::Status,
             ));
         }
-        // kube's status strategy for definitions checks the status alone, so a definition
-        // stored before a check existed still gets its status written.
-        if super::crds::is_definition(t) && sub != Subresource::Status {
-            errs.extend(super::crds::check(obj, old));
-        }
+        errs.extend(
+            t.rt.strategy()
+                .validate(obj, old, sub == Subresource::Status),
+        );
         if let Some(schema) = &schema {
             let from = errs.len();
             schema.validate_structure(obj, old, &mut errs);
@@ -542,7 +540,7 @@ impl Registry {
             .to_string();
         meta.insert(
             "uid".into(),
-            Value::String(super::meta::new_uid().to_string()),
+            Value::String(crate::object::meta::new_uid().to_string()),
         );
         meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
 
@@ -936,7 +934,7 @@ impl Registry {
 /// The versions of a definition as the field manager sees them: every
 /// version the definition lists (served or not, as kube's converter accepts
 /// them), converted by its webhook or by an apiVersion rewrite.
-struct DefinitionVersions<'a>(&'a super::catalog::ResourceType);
+struct DefinitionVersions<'a>(&'a crate::apiextensions::catalog::ResourceType);
 
 impl Versions for DefinitionVersions<'_> {
     fn schema(&self, api_version: &str) -> Option<&MergeSchema> {
@@ -1003,7 +1001,7 @@ fn finalizer_warnings(new: &Value, old: Option<&Value>) -> Vec<String> {
     added.dedup();
     added
         .iter()
-        .flat_map(|f| super::meta::finalizer_name_warnings(f))
+        .flat_map(|f| crate::object::meta::finalizer_name_warnings(f))
         .collect()
 }
 

@@ -32,7 +32,7 @@ pub use config::ServeConfig;
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("loading CRDs: {0}")]
-    Catalog(#[from] crate::registry::catalog::CatalogError),
+    Catalog(#[from] crate::apiextensions::catalog::CatalogError),
     #[error("storage: {0}")]
     Storage(#[from] StorageError),
     #[error("certificates: {0}")]
@@ -137,7 +137,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // The recorder first: metrics recorded before it is installed are lost
     // (a replica's first election round reports the leader before serving).
     let _ = metrics::handle();
-    let mut sources = crate::registry::definitions::Sources {
+    let mut sources = crate::definitions::Sources {
         paths: cfg.crds.clone(),
         builtin: Vec::new(),
         serve_definitions: false,
@@ -149,15 +149,15 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     if cfg.host_for(&None).is_none()
         && catalog
             .find(
-                crate::registry::crds::GROUP,
+                crate::apiextensions::crd_resource::GROUP,
                 "v1",
-                crate::registry::crds::PLURAL,
+                crate::apiextensions::crd_resource::PLURAL,
             )
             .is_none()
     {
         let builtin = (
             std::path::PathBuf::from("<built-in apiextensions.k8s.io CRD>"),
-            crate::registry::crds::api_manifest(),
+            crate::apiextensions::crd_resource::api_manifest(),
         );
         catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;
         sources.builtin.push(builtin);
@@ -221,14 +221,14 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     };
     if sources.serve_definitions {
         // Before the watch cache loads the objects the stored definitions define.
-        let stored = crate::registry::crds::stored_in(&store).await;
-        let refused = crate::registry::crds::add_stored(&mut catalog, &stored);
+        let stored = crate::definitions::stored::stored_in(&store).await;
+        let refused = crate::definitions::stored::add_stored(&mut catalog, &stored);
         for (name, reason) in refused {
             tracing::warn!(definition = %name, %reason, "a stored definition is not served");
         }
     }
     tracing::info!(resources = catalog.resources.len(), "catalog loaded");
-    let live_catalog = crate::registry::definitions::LiveCatalog::new(catalog);
+    let live_catalog = crate::apiextensions::live::LiveCatalog::new(catalog);
     let on_load = crate::registry::read_defaulter(live_catalog.clone());
     let history = crate::watch::HistoryLimits {
         window: cfg.watch_cache_history,
@@ -262,7 +262,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // Behind a host, definitions are managed through its API too
     // (ShardResourceDefinitions), served once the first list is loaded.
     if let Some(client) = &host_client {
-        let (defs, task) = crate::host::definitions::HostDefinitions::spawn(
+        let (defs, task) = crate::definitions::host::HostDefinitions::spawn(
             client.clone(),
             cfg.host_definitions_selector.as_deref(),
         );
@@ -356,7 +356,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // discovery, OpenAPI and every request use the catalog of the moment.
     let host_definitions = sources.host.clone();
     if !cfg.crds.is_empty() || sources.serve_definitions || sources.host.is_some() {
-        tasks.push(crate::registry::definitions::spawn_watcher(
+        tasks.push(crate::definitions::spawn_watcher(
             sources,
             registry.clone(),
             std::time::Duration::from_millis(500),

@@ -98,6 +98,15 @@ pub struct ResourceType {
 
 impl ResourceType {
     /// `group/plural`: the resource part of every storage key.
+    /// What this type adds to the generic write and delete pipelines.
+    pub fn strategy(&self) -> &'static dyn super::strategy::Strategy {
+        if super::crd_resource::is_definition(self) {
+            &super::crd_resource::DefinitionStrategy
+        } else {
+            &super::strategy::Generic
+        }
+    }
+
     pub fn id(&self) -> String {
         format!("{}/{}", self.group, self.plural)
     }
@@ -695,11 +704,11 @@ pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A two-version CRD with status and scale (other registry tests load it too).
-    pub(in crate::registry) const WIDGET: &str = r#"
+    pub(crate) const WIDGET: &str = r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:

@@ -21,8 +21,10 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::registry::catalog::{check_definition, Catalog};
-use crate::registry::{crds, Registry};
+use crate::apiextensions::catalog::{check_definition, Catalog};
+use crate::apiextensions::crd_resource as crds;
+use crate::definitions::stored;
+use crate::registry::Registry;
 
 pub const GROUP: &str = "apiextensions.kshard.dev";
 pub const VERSION: &str = "v1";
@@ -140,7 +142,7 @@ impl HostDefinitions {
             if !has_finalizer(def) {
                 return Ok(());
             }
-            match crds::delete_objects(registry, catalog, &source_of(&name), def).await {
+            match stored::delete_objects(registry, catalog, &source_of(&name), def).await {
                 Ok(true) => {
                     let mut v = def.clone();
                     if let Some(list) = v

@@ -25,7 +25,7 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 
-use crate::registry::meta::dns_subdomain_errors;
+use crate::object::meta::dns_subdomain_errors;
 use crate::schema::formats::matches_dns1035;
 use crate::schema::render::field_value;
 use crate::status::{quote, FieldError, FieldErrorKind};
@@ -1234,7 +1234,7 @@ mod tests {
                 }]
             }
         });
-        crate::registry::crds::set_defaults(&mut v);
+        crate::apiextensions::crd_resource::set_defaults(&mut v);
         v
     }
 

@@ -1,6 +1,8 @@
 //! Reading and setting object metadata fields: the ground floor that the
 //! registry, the watch cache, admission and the API handlers share.
 
+pub mod meta;
+
 use serde_json::{json, Map, Value};
 
 /// `metadata.<field>` of an object. `Value::pointer` would build a string
@@ -92,4 +94,9 @@ pub(super) fn copy_field(
             to.remove(field);
         }
     }
+}
+
+/// Now as kube writes `metav1.Time`: UTC, second precision.
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }

@@ -1,5 +1,7 @@
-//! Live definitions: the catalog the server answers from, replaced whole
-//! when the definitions change, and the watcher of the definition files.
+//! The sources of definitions, above the registry: definition files (and
+//! their watcher), the built-in manifests, definitions stored as objects
+//! (`stored`) and behind a host its ShardResourceDefinitions (`host`). Each
+//! change is loaded into a new catalog that replaces the live one whole.
 //!
 //! The files are polled (a fingerprint of every file's resolved path, size
 //! and modification time) rather than watched through inotify: a mounted
@@ -11,46 +13,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::catalog::{Catalog, CatalogError};
+pub mod host;
+pub mod stored;
 
-/// The served types; readers take the current catalog, a change replaces it.
-pub struct LiveCatalog {
-    current: RwLock<Arc<Catalog>>,
-    changed: tokio::sync::watch::Sender<u64>,
-}
-
-impl LiveCatalog {
-    pub fn new(catalog: Catalog) -> Arc<Self> {
-        Arc::new(Self {
-            current: RwLock::new(Arc::new(catalog)),
-            changed: tokio::sync::watch::Sender::new(0),
-        })
-    }
-
-    pub fn get(&self) -> Arc<Catalog> {
-        match self.current.read() {
-            Ok(c) => c.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    pub fn replace(&self, catalog: Catalog) {
-        let catalog = Arc::new(catalog);
-        match self.current.write() {
-            Ok(mut c) => *c = catalog,
-            Err(poisoned) => *poisoned.into_inner() = catalog,
-        }
-        self.changed.send_modify(|g| *g += 1);
-    }
-
-    /// Wakes on every replacement (watches of a resource that went away end).
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.changed.subscribe()
-    }
-}
+use crate::apiextensions::catalog::{Catalog, CatalogError};
+pub use crate::apiextensions::live::LiveCatalog;
 
 /// Where the catalog comes from: definition files, built-in manifests,
 /// when kshard serves the CustomResourceDefinition API, stored definitions,
@@ -60,7 +30,7 @@ pub struct Sources {
     pub paths: Vec<PathBuf>,
     pub builtin: Vec<(PathBuf, String)>,
     pub serve_definitions: bool,
-    pub host: Option<crate::host::definitions::HostDefinitions>,
+    pub host: Option<host::HostDefinitions>,
 }
 
 /// A loaded catalog, and the definition objects it could not take, by name
@@ -89,13 +59,8 @@ impl Sources {
         host: &[serde_json::Value],
     ) -> Result<Loaded, CatalogError> {
         let mut catalog = self.load()?;
-        let rejected_stored = super::crds::add_stored(&mut catalog, stored);
-        let rejected_host = super::crds::add_definitions(
-            &mut catalog,
-            host,
-            crate::host::definitions::source_of,
-            false,
-        );
+        let rejected_stored = stored::add_stored(&mut catalog, stored);
+        let rejected_host = stored::add_definitions(&mut catalog, host, host::source_of, false);
         Ok(Loaded {
             catalog,
             rejected_stored,
@@ -135,7 +100,7 @@ fn collect(p: &Path, top: bool, out: &mut Vec<(PathBuf, u64, Option<SystemTime>)
             }
             collect(&p.join(name), false, out);
         }
-    } else if top || super::catalog::is_manifest(&real) {
+    } else if top || crate::apiextensions::catalog::is_manifest(&real) {
         out.push((real, meta.len(), meta.modified().ok()));
     }
 }
@@ -146,7 +111,7 @@ fn collect(p: &Path, top: bool, out: &mut Vec<(PathBuf, u64, Option<SystemTime>)
 /// of them changes, and keeps the definition objects' status and cleanup.
 pub fn spawn_watcher(
     sources: Sources,
-    registry: Arc<super::Registry>,
+    registry: Arc<crate::registry::Registry>,
     every: Duration,
     stop: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
@@ -176,7 +141,7 @@ pub fn spawn_watcher(
                 continue;
             };
             let stored = if sources.serve_definitions {
-                super::crds::stored(&registry).await
+                stored::stored(&registry).await
             } else {
                 Vec::new()
             };
@@ -199,7 +164,7 @@ pub fn spawn_watcher(
                         serde_json::json!([
                             d.pointer("/metadata/name"),
                             d.get("spec"),
-                            super::crds::deleting(d)
+                            crate::apiextensions::crd_resource::deleting(d)
                         ])
                     })
                     .collect::<Vec<_>>()
@@ -249,7 +214,7 @@ pub fn spawn_watcher(
             }
             if sources.serve_definitions {
                 let catalog = registry.catalog();
-                super::crds::reconcile(&registry, &catalog, &rejected).await;
+                stored::reconcile(&registry, &catalog, &rejected).await;
             }
             if let Some(h) = &sources.host {
                 let catalog = registry.catalog();
