@@ -8,6 +8,7 @@ pub mod apply;
 pub mod audit;
 pub mod auth;
 pub mod authz;
+pub mod backoff;
 pub mod controller;
 pub mod flowcontrol;
 #[cfg(test)]

@@ -23,6 +23,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::matching::{Conditions, NamedRule, Rule, Selector};
+use crate::backoff::Backoff;
 use crate::registry::{Registry, WatchStart};
 use crate::status::ApiError;
 use crate::storage::EventType;
@@ -310,18 +311,22 @@ impl Source {
         let (hooks_tx, hooks) = watch::channel(Arc::new(Hooks::default()));
         let (synced_tx, synced) = watch::channel(false);
         let task = tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
             loop {
-                // A watch that ended (its watcher fell behind) starts over at
-                // once from a fresh list; a failure to start backs off.
-                match follow_local(&registry, &hooks_tx, &synced_tx).await {
-                    Ok(()) => backoff = Duration::from_millis(100),
-                    Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "following webhook configurations");
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                // A watch that ended (its watcher fell behind) starts over
+                // after a moment from a fresh list; a failure to start backs off.
+                let wait = match follow_local(&registry, &hooks_tx, &synced_tx).await {
+                    Ok(()) => {
+                        backoff.reset();
+                        Duration::from_millis(100)
                     }
-                }
-                tokio::time::sleep(backoff).await;
+                    Err(e) => {
+                        let wait = backoff.next_delay();
+                        tracing::warn!(error = %e, retry_in = ?wait, "following webhook configurations");
+                        wait
+                    }
+                };
+                tokio::time::sleep(wait).await;
             }
         });
         let (_, missing) = watch::channel(Missing::new());

@@ -22,6 +22,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::api::{self, ApiState};
+use crate::backoff::Backoff;
 use crate::flowcontrol::{self, Apf};
 use crate::registry::{gc, Catalog, Registry};
 use crate::storage::{StorageError, Store};
@@ -549,7 +550,7 @@ fn apiservice_ca_file(cfg: &ServeConfig, pki: &pki::Pki) -> PathBuf {
 async fn open_engine_retrying(
     cfg: &ServeConfig,
 ) -> Result<Arc<dyn crate::storage::Engine>, ServerError> {
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let store = cfg.store.clone();
         let path = cfg.data_dir.join("store.redb");
@@ -561,9 +562,9 @@ async fn open_engine_retrying(
         .map_err(|e| ServerError::Config(format!("opening the store: {e}")))?;
         match opened {
             Err(StorageError::Unavailable(why)) => {
-                tracing::error!(retry_in = ?backoff, "{why}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                let wait = backoff.next_delay();
+                tracing::error!(retry_in = ?wait, "{why}");
+                tokio::time::sleep(wait).await;
             }
             other => return Ok(other?),
         }
