@@ -21,8 +21,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube_cel::cel;
 use serde_json::{json, Value};
 
-use super::dispatch::{invocation, versioned_opt, NamespaceOnce};
-use super::matching::{self, Activation, Conditions, Expr, NamedRule, Selector, Verdict};
+use super::dispatch::{versioned_opt, NamespaceOnce, Undecided};
+use super::matching::{self, Activation, Conditions, Criteria, Expr, NamedRule, Selector, Verdict};
 use super::review::{self, Invocation};
 use super::Webhooks;
 use crate::registry::admission::Attributes;
@@ -34,40 +34,30 @@ const MAX_MESSAGE_BYTES: usize = 5 * 1024;
 const MAX_ANNOTATION_BYTES: usize = 10 * 1024;
 
 /// A policy's `matchConstraints` or a binding's `matchResources`.
-#[derive(Debug)]
-struct Criteria {
-    namespace_selector: Result<Selector, String>,
-    object_selector: Result<Selector, String>,
-    rules: Vec<NamedRule>,
-    exclude: Vec<NamedRule>,
-    equivalent: bool,
-}
-
-impl Criteria {
-    fn compile(m: &MatchResources) -> Result<Self, String> {
-        // The API defaults both selectors; kube refuses to guess without them.
-        let selector = |s: Option<&_>, what: &str| match s {
-            Some(s) => Ok(Selector::parse(Some(s))),
-            None => Err(format!("a nil {what} selector is not supported")),
-        };
-        Ok(Self {
-            namespace_selector: selector(m.namespace_selector.as_ref(), "namespace")?,
-            object_selector: selector(m.object_selector.as_ref(), "object")?,
-            rules: m
-                .resource_rules
-                .iter()
-                .flatten()
-                .map(NamedRule::from_api)
-                .collect(),
-            exclude: m
-                .exclude_resource_rules
-                .iter()
-                .flatten()
-                .map(NamedRule::from_api)
-                .collect(),
-            equivalent: m.match_policy.as_deref() != Some("Exact"),
-        })
-    }
+fn criteria(m: &MatchResources) -> Result<Criteria, String> {
+    // The API defaults both selectors; kube refuses to guess without them.
+    let selector = |s: Option<&_>, what: &str| match s {
+        Some(s) => Ok(Selector::parse(Some(s))),
+        None => Err(format!("a nil {what} selector is not supported")),
+    };
+    Ok(Criteria {
+        namespace_selector: selector(m.namespace_selector.as_ref(), "namespace")?,
+        object_selector: selector(m.object_selector.as_ref(), "object")?,
+        rules: m
+            .resource_rules
+            .iter()
+            .flatten()
+            .map(NamedRule::from_api)
+            .collect(),
+        exclude: m
+            .exclude_resource_rules
+            .iter()
+            .flatten()
+            .map(NamedRule::from_api)
+            .collect(),
+        equivalent: m.match_policy.as_deref() != Some("Exact"),
+        all_without_rules: true,
+    })
 }
 
 /// One validation.
@@ -132,7 +122,7 @@ impl Policy {
                 )
             }),
             constraints: match &spec.match_constraints {
-                Some(m) => Criteria::compile(m),
+                Some(m) => criteria(m),
                 None => Err("policy contained no match constraints, a required field".into()),
             },
             ignore_failures: spec.failure_policy.as_deref() == Some("Ignore"),
@@ -170,7 +160,7 @@ impl Binding {
         Binding {
             name: name.to_string(),
             param_ref: spec.param_ref,
-            resources: spec.match_resources.as_ref().map(Criteria::compile),
+            resources: spec.match_resources.as_ref().map(criteria),
             actions: spec.validation_actions,
         }
     }
@@ -577,7 +567,8 @@ struct Denied {
 }
 
 impl Webhooks {
-    /// Does `criteria` take this request, and as which resource?
+    /// Does `criteria` take this request, and as which resource? An error
+    /// is the policy's or binding's configuration error.
     async fn criteria_match(
         &self,
         c: &Criteria,
@@ -585,49 +576,12 @@ impl Webhooks {
         object: Option<&Value>,
         ns: &mut NamespaceOnce,
     ) -> Result<Option<Invocation>, String> {
-        let t = attrs.target;
-        let ns_match = match &c.namespace_selector {
-            _ if t.namespace.is_empty() => Ok(true),
-            Ok(sel) if sel.is_empty() => Ok(true),
-            Ok(sel) => ns
-                .labels(self, &t.namespace)
-                .await
-                .map(|l| sel.matches(&l))
-                .map_err(|e| e.message),
-            Err(e) => Err(e.clone()),
-        };
-        if matches!(ns_match, Ok(false)) {
-            return Ok(None);
-        }
-        let object_match = c
-            .object_selector
-            .as_ref()
-            .map(|sel| matching::object_selected(sel, object, attrs.old_object))
-            .map_err(Clone::clone);
-        if matches!(object_match, Ok(false)) {
-            return Ok(None);
-        }
-        if invocation(&c.exclude, c.equivalent, attrs).is_some() {
-            return Ok(None);
-        }
-        // No resource rules: everything the selectors take, as the request's resource.
-        let inv = if c.rules.is_empty() {
-            Some(Invocation {
-                group: t.rt.group.clone(),
-                version: t.version.clone(),
-                resource: t.rt.plural.clone(),
-                subresource: attrs.subresource.to_string(),
-                kind: attrs.kind.clone(),
+        self.select(c, attrs, object, ns)
+            .await
+            .map_err(|e| match e {
+                Undecided::Selector(e) => e,
+                Undecided::Namespace(e) => e.message,
             })
-        } else {
-            invocation(&c.rules, c.equivalent, attrs)
-        };
-        let Some(inv) = inv else {
-            return Ok(None);
-        };
-        ns_match?;
-        object_match?;
-        Ok(Some(inv))
     }
 
     /// kube's validating policy dispatcher: every matching policy and
