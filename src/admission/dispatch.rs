@@ -195,6 +195,16 @@ pub(super) enum Undecided {
     Namespace(ApiError),
 }
 
+impl Undecided {
+    /// As a policy's or binding's configuration error says it.
+    pub(super) fn message(self) -> String {
+        match self {
+            Undecided::Selector(e) => e,
+            Undecided::Namespace(e) => e.message,
+        }
+    }
+}
+
 /// The request's namespace, looked up at most once per run.
 #[derive(Default)]
 pub(super) struct NamespaceOnce(Option<Result<Value, ApiError>>);
@@ -756,10 +766,7 @@ mod tests {
                 w.select(&c, attrs, Some(object), &mut NamespaceOnce::default())
                     .await
                     .map(|inv| inv.map(|i| (i.resource, i.version)))
-                    .map_err(|e| match e {
-                        Undecided::Selector(e) => e,
-                        Undecided::Namespace(e) => e.message,
-                    })
+                    .map_err(Undecided::message)
             }
         };
         let taken = Ok(Some(("widgets".to_string(), "v1".to_string())));

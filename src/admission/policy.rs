@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 use super::dispatch::{versioned_opt, NamespaceOnce, Undecided};
 use super::matching::{self, Activation, Conditions, Criteria, Expr, NamedRule, Selector, Verdict};
-use super::review::{self, Invocation};
+use super::review;
 use super::Webhooks;
 use crate::registry::admission::Attributes;
 use crate::registry::{convert_values, ReadAt, Registry, Selectors, Target};
@@ -567,23 +567,6 @@ struct Denied {
 }
 
 impl Webhooks {
-    /// Does `criteria` take this request, and as which resource? An error
-    /// is the policy's or binding's configuration error.
-    async fn criteria_match(
-        &self,
-        c: &Criteria,
-        attrs: &Attributes<'_>,
-        object: Option<&Value>,
-        ns: &mut NamespaceOnce,
-    ) -> Result<Option<Invocation>, String> {
-        self.select(c, attrs, object, ns)
-            .await
-            .map_err(|e| match e {
-                Undecided::Selector(e) => e,
-                Undecided::Namespace(e) => e.message,
-            })
-    }
-
     /// kube's validating policy dispatcher: every matching policy and
     /// binding, params, evaluation, and the binding's actions; the first
     /// denial is the answer.
@@ -616,7 +599,11 @@ impl Webhooks {
                     config_error(&mut denied, policy, None, e.clone());
                     continue;
                 }
-                Ok(c) => match self.criteria_match(c, attrs, object, ns).await {
+                Ok(c) => match self
+                    .select(c, attrs, object, ns)
+                    .await
+                    .map_err(Undecided::message)
+                {
                     Err(e) => {
                         config_error(&mut denied, policy, None, e);
                         continue;
@@ -633,7 +620,11 @@ impl Webhooks {
                         config_error(&mut denied, policy, Some(binding), e.clone());
                         continue;
                     }
-                    Some(Ok(c)) => match self.criteria_match(c, attrs, object, ns).await {
+                    Some(Ok(c)) => match self
+                        .select(c, attrs, object, ns)
+                        .await
+                        .map_err(Undecided::message)
+                    {
                         Err(e) => {
                             config_error(&mut denied, policy, Some(binding), e);
                             continue;
