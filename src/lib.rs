@@ -24,6 +24,7 @@ pub mod scope;
 pub mod server;
 pub mod status;
 pub mod storage;
+pub mod timestamps;
 pub mod units;
 pub mod watch;
 pub mod webhook_tls;
