@@ -199,11 +199,7 @@ fn check_validity(der: &[u8], now: UnixTime) -> Result<(), Error> {
     };
     let now_secs = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
     let v = cert.validity();
-    let rfc3339 = |t: i64| {
-        chrono::DateTime::<chrono::Utc>::from_timestamp(t, 0)
-            .map(|d| d.format("%Y-%m-%dT%H:%M:%SZ").to_string())
-            .unwrap_or_default()
-    };
+    let rfc3339 = |t: i64| crate::timestamps::rfc3339_secs(t).unwrap_or_default();
     if now_secs > v.not_after.timestamp() {
         return Err(Error::General(format!(
             "x509: certificate has expired or is not yet valid: current time {} is after {}",

@@ -22,7 +22,8 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::matching::{Conditions, NamedRule, Rule, Selector};
+use super::matching::{Conditions, Criteria, NamedRule, Rule, Selector};
+use crate::backoff::Backoff;
 use crate::registry::{Registry, WatchStart};
 use crate::status::ApiError;
 use crate::storage::EventType;
@@ -72,13 +73,10 @@ pub struct Hook {
     pub uid: String,
     pub configuration: String,
     pub name: String,
-    pub rules: Vec<NamedRule>,
+    /// Its rules, match policy and selectors.
+    pub criteria: Criteria,
     /// `failurePolicy: Ignore` (default Fail).
     pub ignore_failures: bool,
-    /// `matchPolicy: Equivalent` (the default).
-    pub equivalent: bool,
-    pub namespace_selector: Result<Selector, String>,
-    pub object_selector: Result<Selector, String>,
     /// `None`, `NoneOnDryRun`, `Some`, `Unknown`, or empty when unset.
     pub side_effects: String,
     pub timeout: Duration,
@@ -112,16 +110,20 @@ impl Hook {
             uid: format!("{configuration}/{}/{index}", c.name),
             configuration: configuration.to_string(),
             name: c.name.to_string(),
-            rules: c
-                .rules
-                .into_iter()
-                .flatten()
-                .map(|r| NamedRule::any_name(Rule::from_api(r)))
-                .collect(),
+            criteria: Criteria {
+                namespace_selector: Selector::parse(c.namespace_selector),
+                object_selector: Selector::parse(c.object_selector),
+                rules: c
+                    .rules
+                    .into_iter()
+                    .flatten()
+                    .map(|r| NamedRule::any_name(Rule::from_api(r)))
+                    .collect(),
+                exclude: Vec::new(),
+                equivalent: c.match_policy != Some("Exact"),
+                all_without_rules: false,
+            },
             ignore_failures: c.failure_policy == Some("Ignore"),
-            equivalent: c.match_policy != Some("Exact"),
-            namespace_selector: Selector::parse(c.namespace_selector),
-            object_selector: Selector::parse(c.object_selector),
             side_effects: c.side_effects.to_string(),
             timeout: match c.timeout_seconds {
                 Some(s) if s > 0 => Duration::from_secs(s.min(MAX_TIMEOUT_SECONDS) as u64),
@@ -310,18 +312,22 @@ impl Source {
         let (hooks_tx, hooks) = watch::channel(Arc::new(Hooks::default()));
         let (synced_tx, synced) = watch::channel(false);
         let task = tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(100);
+            let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
             loop {
-                // A watch that ended (its watcher fell behind) starts over at
-                // once from a fresh list; a failure to start backs off.
-                match follow_local(&registry, &hooks_tx, &synced_tx).await {
-                    Ok(()) => backoff = Duration::from_millis(100),
-                    Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "following webhook configurations");
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                // A watch that ended (its watcher fell behind) starts over
+                // after a moment from a fresh list; a failure to start backs off.
+                let wait = match follow_local(&registry, &hooks_tx, &synced_tx).await {
+                    Ok(()) => {
+                        backoff.reset();
+                        Duration::from_millis(100)
                     }
-                }
-                tokio::time::sleep(backoff).await;
+                    Err(e) => {
+                        let wait = backoff.next_delay();
+                        tracing::warn!(error = %e, retry_in = ?wait, "following webhook configurations");
+                        wait
+                    }
+                };
+                tokio::time::sleep(wait).await;
             }
         });
         let (_, missing) = watch::channel(Missing::new());
@@ -569,7 +575,7 @@ mod tests {
         let uids: Vec<&str> = hooks.mutating.iter().map(|h| h.uid.as_str()).collect();
         assert_eq!(uids, ["a/a1.x.io/0", "b/b1.x.io/0", "b/b2.x.io/1"]);
         let h = &hooks.mutating[0];
-        assert!(!h.ignore_failures && h.equivalent && !h.reinvoke_if_needed);
+        assert!(!h.ignore_failures && h.criteria.equivalent && !h.reinvoke_if_needed);
         assert_eq!(h.timeout, DEFAULT_TIMEOUT);
         assert_eq!(
             h.endpoint,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::config::Hook;
-use super::matching::{self, Verdict};
+use super::matching::{self, Criteria, Verdict};
 use super::review::{self, Invocation, ReviewVersion};
 use super::webhook::CallFailure;
 use super::Webhooks;
@@ -187,6 +187,24 @@ fn normalize(rt: &ResourceType, version: &str, obj: &mut Value) {
     }
 }
 
+/// Why it could not be told whether criteria take a request.
+pub(super) enum Undecided {
+    /// A selector that does not parse: kube's error for it.
+    Selector(String),
+    /// The request's namespace could not be read.
+    Namespace(ApiError),
+}
+
+impl Undecided {
+    /// As a policy's or binding's configuration error says it.
+    pub(super) fn message(self) -> String {
+        match self {
+            Undecided::Selector(e) => e,
+            Undecided::Namespace(e) => e.message,
+        }
+    }
+}
+
 /// The request's namespace, looked up at most once per run.
 #[derive(Default)]
 pub(super) struct NamespaceOnce(Option<Result<Value, ApiError>>);
@@ -231,9 +249,63 @@ impl Webhooks {
         Ok(self.source.current())
     }
 
-    /// kube's `ShouldCallHook`: the namespace and object selectors and the
-    /// rules decide; selector errors count only for webhooks whose rules
-    /// match; then the match conditions.
+    /// Whether `c` takes the request, and as which resource (kube's
+    /// namespace and object matchers, then the rules): a selector that does
+    /// not select decides first; a selector's error counts only when the
+    /// rules take the request.
+    pub(super) async fn select(
+        &self,
+        c: &Criteria,
+        attrs: &Attributes<'_>,
+        object: Option<&Value>,
+        ns: &mut NamespaceOnce,
+    ) -> Result<Option<Invocation>, Undecided> {
+        let t = attrs.target;
+        let ns_match = match &c.namespace_selector {
+            _ if t.namespace.is_empty() => Ok(true),
+            Ok(sel) if sel.is_empty() => Ok(true),
+            Ok(sel) => ns
+                .labels(self, &t.namespace)
+                .await
+                .map(|labels| sel.matches(&labels))
+                .map_err(Undecided::Namespace),
+            Err(e) => Err(Undecided::Selector(e.clone())),
+        };
+        if matches!(ns_match, Ok(false)) {
+            return Ok(None);
+        }
+        let object_match = match &c.object_selector {
+            Ok(sel) => Ok(matching::object_selected(sel, object, attrs.old_object)),
+            Err(e) => Err(Undecided::Selector(e.clone())),
+        };
+        if matches!(object_match, Ok(false)) {
+            return Ok(None);
+        }
+        if invocation(&c.exclude, c.equivalent, attrs).is_some() {
+            return Ok(None);
+        }
+        let inv = if c.rules.is_empty() && c.all_without_rules {
+            // Everything the selectors take, as the request's resource.
+            Some(Invocation {
+                group: t.rt.group.clone(),
+                version: t.version.clone(),
+                resource: t.rt.plural.clone(),
+                subresource: attrs.subresource.to_string(),
+                kind: attrs.kind.clone(),
+            })
+        } else {
+            invocation(&c.rules, c.equivalent, attrs)
+        };
+        let Some(inv) = inv else {
+            return Ok(None);
+        };
+        ns_match?;
+        object_match?;
+        Ok(Some(inv))
+    }
+
+    /// kube's `ShouldCallHook`: the webhook's criteria ([`Webhooks::select`]),
+    /// then its match conditions.
     async fn should_call(
         &self,
         hook: &Hook,
@@ -242,30 +314,12 @@ impl Webhooks {
         ns: &mut NamespaceOnce,
     ) -> Result<Option<Invocation>, ApiError> {
         let t = attrs.target;
-        let ns_match = match &hook.namespace_selector {
-            _ if t.namespace.is_empty() => Ok(true),
-            Ok(sel) if sel.is_empty() => Ok(true),
-            Ok(sel) => ns
-                .labels(self, &t.namespace)
-                .await
-                .map(|labels| sel.matches(&labels)),
-            Err(e) => Err(ApiError::internal(e)),
+        let inv = match self.select(&hook.criteria, attrs, object, ns).await {
+            Ok(Some(inv)) => inv,
+            Ok(None) => return Ok(None),
+            Err(Undecided::Selector(e)) => return Err(ApiError::internal(e)),
+            Err(Undecided::Namespace(e)) => return Err(e),
         };
-        if matches!(ns_match, Ok(false)) {
-            return Ok(None);
-        }
-        let object_match = match &hook.object_selector {
-            Ok(sel) => Ok(matching::object_selected(sel, object, attrs.old_object)),
-            Err(e) => Err(ApiError::internal(e)),
-        };
-        if matches!(object_match, Ok(false)) {
-            return Ok(None);
-        }
-        let Some(inv) = invocation(&hook.rules, hook.equivalent, attrs) else {
-            return Ok(None);
-        };
-        ns_match?;
-        object_match?;
         if hook.conditions.is_empty() {
             return Ok(Some(inv));
         }
@@ -619,6 +673,151 @@ mod tests {
             e.message,
             "admission webhook \"d.x.io\" denied the request: NotAllowed"
         );
+    }
+
+    fn rule(operations: &[&str], resources: &[&str]) -> matching::NamedRule {
+        let strings = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect());
+        matching::NamedRule::any_name(matching::Rule::from_api(
+            &k8s_openapi::api::admissionregistration::v1::RuleWithOperations {
+                operations: strings(operations),
+                api_groups: strings(&["demo.kshard.dev"]),
+                api_versions: strings(&["*"]),
+                resources: strings(resources),
+                scope: None,
+            },
+        ))
+    }
+
+    fn selector(labels: &[(&str, &str)]) -> Result<matching::Selector, String> {
+        matching::Selector::parse(Some(
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                match_expressions: None,
+            },
+        ))
+    }
+
+    fn criteria(rules: Vec<matching::NamedRule>) -> Criteria {
+        Criteria {
+            namespace_selector: Ok(matching::Selector::default()),
+            object_selector: Ok(matching::Selector::default()),
+            rules,
+            exclude: Vec::new(),
+            equivalent: true,
+            all_without_rules: false,
+        }
+    }
+
+    /// The one check webhooks and policies share: selectors, rules,
+    /// excluded rules, and selector errors that count only when the rules
+    /// take the request.
+    #[tokio::test]
+    async fn criteria_select_by_selectors_and_rules() {
+        let mut catalog = crate::registry::Catalog::default();
+        catalog
+            .add_manifests(
+                std::path::Path::new("w.yaml"),
+                "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n\
+                 metadata: {name: widgets.demo.kshard.dev}\n\
+                 spec: {group: demo.kshard.dev, scope: Namespaced, \
+                 names: {plural: widgets, kind: Widget}, versions: [{name: v1, served: true, \
+                 storage: true, schema: {openAPIV3Schema: {type: object}}}]}\n",
+            )
+            .expect("crd");
+        let rt = catalog
+            .find("demo.kshard.dev", "v1", "widgets")
+            .cloned()
+            .expect("widgets");
+        let target = crate::registry::Target {
+            rt,
+            version: "v1".into(),
+            namespace: "default".into(),
+        };
+        let caller = crate::registry::admission::Caller::default();
+        let attrs = Attributes {
+            target: &target,
+            name: "w1",
+            subresource: "",
+            kind: Gvk {
+                group: "demo.kshard.dev".into(),
+                version: "v1".into(),
+                kind: "Widget".into(),
+            },
+            operation: crate::registry::admission::Operation::Create,
+            old_object: None,
+            dry_run: false,
+            caller: &caller,
+        };
+        let w = Webhooks::new(
+            super::super::config::Source::fixed(Default::default()),
+            super::super::webhook::Clients::new(&[]),
+            std::sync::Arc::new(super::super::ImplicitNamespaces),
+            None,
+        );
+        let object = json!({"metadata": {"name": "w1", "labels": {"color": "red"}}});
+        let select = |c: Criteria| {
+            let (w, attrs, object) = (&w, &attrs, &object);
+            async move {
+                w.select(&c, attrs, Some(object), &mut NamespaceOnce::default())
+                    .await
+                    .map(|inv| inv.map(|i| (i.resource, i.version)))
+                    .map_err(Undecided::message)
+            }
+        };
+        let taken = Ok(Some(("widgets".to_string(), "v1".to_string())));
+
+        assert_eq!(
+            select(criteria(vec![rule(&["CREATE"], &["widgets"])])).await,
+            taken
+        );
+        assert_eq!(
+            select(criteria(vec![rule(&["UPDATE"], &["widgets"])])).await,
+            Ok(None)
+        );
+        assert_eq!(
+            select(criteria(vec![rule(&["*"], &["gadgets"])])).await,
+            Ok(None)
+        );
+        // No rules: nothing for a webhook, everything for a binding.
+        assert_eq!(select(criteria(Vec::new())).await, Ok(None));
+        let mut all = criteria(Vec::new());
+        all.all_without_rules = true;
+        assert_eq!(select(all).await, taken);
+        // Excluded rules take the request back out.
+        let mut excluded = criteria(vec![rule(&["*"], &["*"])]);
+        excluded.exclude = vec![rule(&["CREATE"], &["widgets"])];
+        assert_eq!(select(excluded).await, Ok(None));
+
+        // Selectors: the namespace's implicit name label, the object's labels.
+        let mut c = criteria(vec![rule(&["*"], &["widgets"])]);
+        c.namespace_selector = selector(&[(crate::admission::NAMESPACE_NAME_LABEL, "default")]);
+        c.object_selector = selector(&[("color", "red")]);
+        assert_eq!(select(c).await, taken);
+        let mut c = criteria(vec![rule(&["*"], &["widgets"])]);
+        c.namespace_selector = selector(&[(crate::admission::NAMESPACE_NAME_LABEL, "other")]);
+        assert_eq!(select(c).await, Ok(None));
+        let mut c = criteria(vec![rule(&["*"], &["widgets"])]);
+        c.object_selector = selector(&[("color", "blue")]);
+        assert_eq!(select(c).await, Ok(None));
+
+        // A selector's error counts only when the rules take the request,
+        // and a selector that does not select decides first.
+        let bad = || Err("bad selector".to_string());
+        let mut c = criteria(vec![rule(&["*"], &["widgets"])]);
+        c.object_selector = bad();
+        assert_eq!(select(c).await, Err("bad selector".to_string()));
+        let mut c = criteria(vec![rule(&["*"], &["gadgets"])]);
+        c.object_selector = bad();
+        assert_eq!(select(c).await, Ok(None));
+        let mut c = criteria(vec![rule(&["*"], &["widgets"])]);
+        c.namespace_selector = bad();
+        c.object_selector = selector(&[("color", "blue")]);
+        assert_eq!(select(c).await, Ok(None));
     }
 
     #[test]

@@ -206,6 +206,25 @@ pub fn labels_of(obj: Option<&Value>) -> Option<BTreeMap<String, String>> {
     )
 }
 
+/// Which requests a webhook, a policy or a binding takes before its match
+/// conditions: namespace and object selectors, resource rules under a match
+/// policy, and rules that take requests back out. A selector that does not
+/// parse is kept as kube's error, which counts only for requests the rules
+/// take.
+#[derive(Debug)]
+pub struct Criteria {
+    pub namespace_selector: Result<Selector, String>,
+    pub object_selector: Result<Selector, String>,
+    pub rules: Vec<NamedRule>,
+    /// `excludeResourceRules` (policies; webhooks have none).
+    pub exclude: Vec<NamedRule>,
+    /// `matchPolicy: Equivalent` (the default).
+    pub equivalent: bool,
+    /// Without rules every resource is taken (a binding's `matchResources`),
+    /// rather than none (a webhook's `rules`).
+    pub all_without_rules: bool,
+}
+
 /// kube's object selector: the object's labels or the old object's match.
 pub fn object_selected(sel: &Selector, object: Option<&Value>, old: Option<&Value>) -> bool {
     sel.is_empty()

@@ -21,8 +21,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube_cel::cel;
 use serde_json::{json, Value};
 
-use super::dispatch::{invocation, versioned_opt, NamespaceOnce};
-use super::matching::{self, Activation, Conditions, Expr, NamedRule, Selector, Verdict};
+use super::dispatch::{versioned_opt, NamespaceOnce, Undecided};
+use super::matching::{self, Activation, Conditions, Criteria, Expr, NamedRule, Selector, Verdict};
 use super::review::{self, Invocation};
 use super::Webhooks;
 use crate::registry::admission::Attributes;
@@ -34,40 +34,30 @@ const MAX_MESSAGE_BYTES: usize = 5 * 1024;
 const MAX_ANNOTATION_BYTES: usize = 10 * 1024;
 
 /// A policy's `matchConstraints` or a binding's `matchResources`.
-#[derive(Debug)]
-struct Criteria {
-    namespace_selector: Result<Selector, String>,
-    object_selector: Result<Selector, String>,
-    rules: Vec<NamedRule>,
-    exclude: Vec<NamedRule>,
-    equivalent: bool,
-}
-
-impl Criteria {
-    fn compile(m: &MatchResources) -> Result<Self, String> {
-        // The API defaults both selectors; kube refuses to guess without them.
-        let selector = |s: Option<&_>, what: &str| match s {
-            Some(s) => Ok(Selector::parse(Some(s))),
-            None => Err(format!("a nil {what} selector is not supported")),
-        };
-        Ok(Self {
-            namespace_selector: selector(m.namespace_selector.as_ref(), "namespace")?,
-            object_selector: selector(m.object_selector.as_ref(), "object")?,
-            rules: m
-                .resource_rules
-                .iter()
-                .flatten()
-                .map(NamedRule::from_api)
-                .collect(),
-            exclude: m
-                .exclude_resource_rules
-                .iter()
-                .flatten()
-                .map(NamedRule::from_api)
-                .collect(),
-            equivalent: m.match_policy.as_deref() != Some("Exact"),
-        })
-    }
+fn criteria(m: &MatchResources) -> Result<Criteria, String> {
+    // The API defaults both selectors; kube refuses to guess without them.
+    let selector = |s: Option<&_>, what: &str| match s {
+        Some(s) => Ok(Selector::parse(Some(s))),
+        None => Err(format!("a nil {what} selector is not supported")),
+    };
+    Ok(Criteria {
+        namespace_selector: selector(m.namespace_selector.as_ref(), "namespace")?,
+        object_selector: selector(m.object_selector.as_ref(), "object")?,
+        rules: m
+            .resource_rules
+            .iter()
+            .flatten()
+            .map(NamedRule::from_api)
+            .collect(),
+        exclude: m
+            .exclude_resource_rules
+            .iter()
+            .flatten()
+            .map(NamedRule::from_api)
+            .collect(),
+        equivalent: m.match_policy.as_deref() != Some("Exact"),
+        all_without_rules: true,
+    })
 }
 
 /// One validation.
@@ -132,7 +122,7 @@ impl Policy {
                 )
             }),
             constraints: match &spec.match_constraints {
-                Some(m) => Criteria::compile(m),
+                Some(m) => criteria(m),
                 None => Err("policy contained no match constraints, a required field".into()),
             },
             ignore_failures: spec.failure_policy.as_deref() == Some("Ignore"),
@@ -170,7 +160,7 @@ impl Binding {
         Binding {
             name: name.to_string(),
             param_ref: spec.param_ref,
-            resources: spec.match_resources.as_ref().map(Criteria::compile),
+            resources: spec.match_resources.as_ref().map(criteria),
             actions: spec.validation_actions,
         }
     }
@@ -577,59 +567,6 @@ struct Denied {
 }
 
 impl Webhooks {
-    /// Does `criteria` take this request, and as which resource?
-    async fn criteria_match(
-        &self,
-        c: &Criteria,
-        attrs: &Attributes<'_>,
-        object: Option<&Value>,
-        ns: &mut NamespaceOnce,
-    ) -> Result<Option<Invocation>, String> {
-        let t = attrs.target;
-        let ns_match = match &c.namespace_selector {
-            _ if t.namespace.is_empty() => Ok(true),
-            Ok(sel) if sel.is_empty() => Ok(true),
-            Ok(sel) => ns
-                .labels(self, &t.namespace)
-                .await
-                .map(|l| sel.matches(&l))
-                .map_err(|e| e.message),
-            Err(e) => Err(e.clone()),
-        };
-        if matches!(ns_match, Ok(false)) {
-            return Ok(None);
-        }
-        let object_match = c
-            .object_selector
-            .as_ref()
-            .map(|sel| matching::object_selected(sel, object, attrs.old_object))
-            .map_err(Clone::clone);
-        if matches!(object_match, Ok(false)) {
-            return Ok(None);
-        }
-        if invocation(&c.exclude, c.equivalent, attrs).is_some() {
-            return Ok(None);
-        }
-        // No resource rules: everything the selectors take, as the request's resource.
-        let inv = if c.rules.is_empty() {
-            Some(Invocation {
-                group: t.rt.group.clone(),
-                version: t.version.clone(),
-                resource: t.rt.plural.clone(),
-                subresource: attrs.subresource.to_string(),
-                kind: attrs.kind.clone(),
-            })
-        } else {
-            invocation(&c.rules, c.equivalent, attrs)
-        };
-        let Some(inv) = inv else {
-            return Ok(None);
-        };
-        ns_match?;
-        object_match?;
-        Ok(Some(inv))
-    }
-
     /// kube's validating policy dispatcher: every matching policy and
     /// binding, params, evaluation, and the binding's actions; the first
     /// denial is the answer.
@@ -640,144 +577,28 @@ impl Webhooks {
         hooks: &[PolicyHook],
         ns: &mut NamespaceOnce,
     ) -> Result<(), ApiError> {
-        let t = attrs.target;
-        let mut denied: Vec<Denied> = Vec::new();
-        let config_error =
-            |denied: &mut Vec<Denied>, p: &Policy, b: Option<&Binding>, e: String| {
-                if p.ignore_failures {
-                    return;
-                }
-                let what = if b.is_some() { "binding" } else { "policy" };
-                denied.push(Denied {
-                    policy: p.name.clone(),
-                    binding: b.map(|b| b.name.clone()),
-                    message: format!("failed to configure {what}: {e}"),
-                    reason: String::new(),
-                });
-            };
+        let mut run = PolicyRun {
+            webhooks: self,
+            attrs,
+            object,
+            ns,
+            denied: Vec::new(),
+        };
         for hook in hooks {
             let policy = &hook.policy;
-            let inv = match &policy.constraints {
-                Err(e) => {
-                    config_error(&mut denied, policy, None, e.clone());
-                    continue;
-                }
-                Ok(c) => match self.criteria_match(c, attrs, object, ns).await {
-                    Err(e) => {
-                        config_error(&mut denied, policy, None, e);
-                        continue;
-                    }
-                    Ok(None) => continue,
-                    Ok(Some(inv)) => inv,
-                },
+            let Some(inv) = run.select(policy, None, &policy.constraints).await else {
+                continue;
             };
+            // Audit annotations by key, each value once, over all bindings.
             let mut published: BTreeMap<String, Vec<String>> = BTreeMap::new();
             for binding in &hook.bindings {
-                match &binding.resources {
-                    None => {}
-                    Some(Err(e)) => {
-                        config_error(&mut denied, policy, Some(binding), e.clone());
+                if let Some(resources) = &binding.resources {
+                    if run.select(policy, Some(binding), resources).await.is_none() {
                         continue;
                     }
-                    Some(Ok(c)) => match self.criteria_match(c, attrs, object, ns).await {
-                        Err(e) => {
-                            config_error(&mut denied, policy, Some(binding), e);
-                            continue;
-                        }
-                        Ok(None) => continue,
-                        Ok(Some(_)) => {}
-                    },
                 }
-                let params: Vec<Option<Value>> = match (&policy.param_kind, &binding.param_ref) {
-                    (Some(kind), Some(r)) => {
-                        let Some(source) = &self.params else {
-                            config_error(
-                                &mut denied,
-                                policy,
-                                Some(binding),
-                                "params are not available".into(),
-                            );
-                            continue;
-                        };
-                        match source.collect(kind, r, &t.namespace).await {
-                            Ok(ps) => ps.into_iter().map(Some).collect(),
-                            Err(e) => {
-                                config_error(&mut denied, policy, Some(binding), e);
-                                continue;
-                            }
-                        }
-                    }
-                    _ => vec![None],
-                };
-                let namespace = if t.namespace.is_empty() {
-                    None
-                } else {
-                    Some(ns.get(self, &t.namespace).await?.clone())
-                };
-                let request = Value::Object(review::request("", attrs, &inv));
-                let obj = versioned_opt(&t.rt, &t.version, &inv, object).await?;
-                let old = versioned_opt(&t.rt, &t.version, &inv, attrs.old_object).await?;
-                for param in &params {
-                    let result = policy.evaluate(&Inputs {
-                        object: obj.as_deref(),
-                        old: old.as_deref(),
-                        request: &request,
-                        params: param.as_ref(),
-                        namespace: namespace.as_ref(),
-                    });
-                    for (index, decision) in result.decisions.iter().enumerate() {
-                        let Decision::Deny { message, reason } = decision else {
-                            continue;
-                        };
-                        for action in &binding.actions {
-                            match action.as_str() {
-                                "Deny" => denied.push(Denied {
-                                    policy: policy.name.clone(),
-                                    binding: Some(binding.name.clone()),
-                                    message: message.clone(),
-                                    reason: reason.clone(),
-                                }),
-                                "Warn" => attrs.caller.warnings.add(&format!(
-                                    "Validation failed for ValidatingAdmissionPolicy '{}' with binding '{}': {message}",
-                                    policy.name, binding.name
-                                )),
-                                "Audit" => {
-                                    if let Some(annotate) = &attrs.caller.annotate {
-                                        let value = json!([{
-                                            "message": message,
-                                            "policy": policy.name,
-                                            "binding": binding.name,
-                                            "expressionIndex": index,
-                                            "validationActions": binding.actions,
-                                        }]);
-                                        annotate(
-                                            "validation.policy.admission.k8s.io/validation_failure",
-                                            &value.to_string(),
-                                        );
-                                    }
-                                }
-                                _ => {}
-                            }
-                        }
-                    }
-                    for a in result.annotations {
-                        match a {
-                            Annotation::Publish(k, v) => {
-                                let values = published.entry(k).or_default();
-                                if !values.contains(&v) {
-                                    values.push(v);
-                                }
-                            }
-                            Annotation::Exclude => {}
-                            Annotation::Error(message) => denied.push(Denied {
-                                policy: policy.name.clone(),
-                                binding: Some(binding.name.clone()),
-                                message,
-                                reason: String::new(),
-                            }),
-                        }
-                    }
-                }
+                run.evaluate_binding(policy, binding, &inv, &mut published)
+                    .await?;
             }
             if let Some(annotate) = &attrs.caller.annotate {
                 for (k, vs) in &published {
@@ -785,9 +606,179 @@ impl Webhooks {
                 }
             }
         }
-        let Some(d) = denied.into_iter().next() else {
+        run.answer()
+    }
+}
+
+/// One request's run through the policies, and the denials found so far.
+struct PolicyRun<'r, 'a> {
+    webhooks: &'r Webhooks,
+    attrs: &'r Attributes<'a>,
+    object: Option<&'r Value>,
+    ns: &'r mut NamespaceOnce,
+    denied: Vec<Denied>,
+}
+
+impl PolicyRun<'_, '_> {
+    /// A policy or binding that cannot be configured denies the request,
+    /// unless the policy ignores failures.
+    fn config_error(&mut self, p: &Policy, b: Option<&Binding>, e: String) {
+        if p.ignore_failures {
+            return;
+        }
+        let what = if b.is_some() { "binding" } else { "policy" };
+        self.denied.push(Denied {
+            policy: p.name.clone(),
+            binding: b.map(|b| b.name.clone()),
+            message: format!("failed to configure {what}: {e}"),
+            reason: String::new(),
+        });
+    }
+
+    /// The resource the policy's constraints (or the binding's resources)
+    /// take the request as; `None` when they do not, or cannot be told.
+    async fn select(
+        &mut self,
+        policy: &Policy,
+        binding: Option<&Binding>,
+        criteria: &Result<Criteria, String>,
+    ) -> Option<Invocation> {
+        let selected = match criteria {
+            Err(e) => Err(e.clone()),
+            Ok(c) => self
+                .webhooks
+                .select(c, self.attrs, self.object, self.ns)
+                .await
+                .map_err(Undecided::message),
+        };
+        selected.unwrap_or_else(|e| {
+            self.config_error(policy, binding, e);
+            None
+        })
+    }
+
+    /// The params a binding evaluates its policy with: each object its
+    /// `paramRef` names, or one evaluation without params.
+    async fn params(&mut self, policy: &Policy, binding: &Binding) -> Option<Vec<Option<Value>>> {
+        let (Some(kind), Some(r)) = (&policy.param_kind, &binding.param_ref) else {
+            return Some(vec![None]);
+        };
+        let Some(source) = &self.webhooks.params else {
+            self.config_error(policy, Some(binding), "params are not available".into());
+            return None;
+        };
+        match source.collect(kind, r, &self.attrs.target.namespace).await {
+            Ok(ps) => Some(ps.into_iter().map(Some).collect()),
+            Err(e) => {
+                self.config_error(policy, Some(binding), e);
+                None
+            }
+        }
+    }
+
+    /// Evaluates the policy once per param for a binding that takes the
+    /// request, and acts on what it decides.
+    async fn evaluate_binding(
+        &mut self,
+        policy: &Policy,
+        binding: &Binding,
+        inv: &Invocation,
+        published: &mut BTreeMap<String, Vec<String>>,
+    ) -> Result<(), ApiError> {
+        let Some(params) = self.params(policy, binding).await else {
             return Ok(());
         };
+        let t = self.attrs.target;
+        let namespace = if t.namespace.is_empty() {
+            None
+        } else {
+            Some(self.ns.get(self.webhooks, &t.namespace).await?.clone())
+        };
+        let request = Value::Object(review::request("", self.attrs, inv));
+        let obj = versioned_opt(&t.rt, &t.version, inv, self.object).await?;
+        let old = versioned_opt(&t.rt, &t.version, inv, self.attrs.old_object).await?;
+        for param in &params {
+            let result = policy.evaluate(&Inputs {
+                object: obj.as_deref(),
+                old: old.as_deref(),
+                request: &request,
+                params: param.as_ref(),
+                namespace: namespace.as_ref(),
+            });
+            for (index, decision) in result.decisions.iter().enumerate() {
+                if let Decision::Deny { message, reason } = decision {
+                    self.act(policy, binding, index, message, reason);
+                }
+            }
+            for a in result.annotations {
+                match a {
+                    Annotation::Publish(k, v) => {
+                        let values = published.entry(k).or_default();
+                        if !values.contains(&v) {
+                            values.push(v);
+                        }
+                    }
+                    Annotation::Exclude => {}
+                    Annotation::Error(message) => self.denied.push(Denied {
+                        policy: policy.name.clone(),
+                        binding: Some(binding.name.clone()),
+                        message,
+                        reason: String::new(),
+                    }),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A failed validation, as the binding's `validationActions` say: deny,
+    /// warn, or record an audit annotation.
+    fn act(
+        &mut self,
+        policy: &Policy,
+        binding: &Binding,
+        index: usize,
+        message: &str,
+        reason: &str,
+    ) {
+        for action in &binding.actions {
+            match action.as_str() {
+                "Deny" => self.denied.push(Denied {
+                    policy: policy.name.clone(),
+                    binding: Some(binding.name.clone()),
+                    message: message.to_string(),
+                    reason: reason.to_string(),
+                }),
+                "Warn" => self.attrs.caller.warnings.add(&format!(
+                    "Validation failed for ValidatingAdmissionPolicy '{}' with binding '{}': {message}",
+                    policy.name, binding.name
+                )),
+                "Audit" => {
+                    if let Some(annotate) = &self.attrs.caller.annotate {
+                        let value = json!([{
+                            "message": message,
+                            "policy": policy.name,
+                            "binding": binding.name,
+                            "expressionIndex": index,
+                            "validationActions": binding.actions,
+                        }]);
+                        annotate(
+                            "validation.policy.admission.k8s.io/validation_failure",
+                            &value.to_string(),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The first denial as kube answers it, or admitted.
+    fn answer(self) -> Result<(), ApiError> {
+        let Some(d) = self.denied.into_iter().next() else {
+            return Ok(());
+        };
+        let (attrs, t) = (self.attrs, self.attrs.target);
         let message = match &d.binding {
             Some(b) => format!(
                 "ValidatingAdmissionPolicy '{}' with binding '{b}' denied request: {}",
@@ -799,7 +790,8 @@ impl Webhooks {
             ),
         };
         let name = match attrs.name {
-            "" => object
+            "" => self
+                .object
                 .and_then(|o| o.meta_field("name"))
                 .and_then(Value::as_str)
                 .unwrap_or(""),

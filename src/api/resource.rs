@@ -185,20 +185,70 @@ fn deprecation_warning(state: &ApiState, req: &ResourceRequest) -> Option<String
     rt.version(&req.version)?.deprecation_warning.clone()
 }
 
+/// Resolves the request (resource, verb, scope, subresource) and runs its
+/// verb's handler.
 async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError> {
-    let req = &call.req;
-    let not_found = ApiError::not_found_path;
+    let (rt, verb) = resource_and_verb(state, &call.req)?;
+    // Counts the write request in flight for its whole handling (the
+    // store tells a lone writer from one of many by it).
+    let _writing =
+        (!matches!(verb, Verb::Get | Verb::List | Verb::Watch)).then(|| state.registry.writing());
+    let (target, sub) = target_of(&call.req, rt, verb)?;
+    if let Some(name) = &call.req.name {
+        state.registry.check_url_name(name)?;
+    }
+    let q = Query::parse(call.query);
+    let include = IncludeObject::parse(q.get("includeObject").unwrap_or(""))
+        .map_err(ApiError::bad_request)?;
+    let name = call.req.name.clone().unwrap_or_default();
+    let h = Handler {
+        state,
+        call: &call,
+        t: target,
+        sub,
+        q,
+        include,
+        name,
+    };
+    match verb {
+        Verb::Watch => h.watch().await,
+        Verb::List => h.list().await,
+        Verb::Get => h.get().await,
+        Verb::Create => h.create().await,
+        Verb::Update => h.update().await,
+        Verb::Patch => h.patch().await,
+        Verb::Delete => h.delete().await,
+        Verb::DeleteCollection => h.delete_collection().await,
+    }
+}
+
+/// The served resource a request addresses, and its verb (kube's 404 for
+/// a resource not served, 405 for a method with no verb).
+fn resource_and_verb(
+    state: &ApiState,
+    req: &ResourceRequest,
+) -> Result<(Arc<crate::registry::ResourceType>, Verb), ApiError> {
     let rt = state
         .registry
         .catalog()
         .find(&req.group, &req.version, &req.resource)
         .cloned()
-        .ok_or_else(not_found)?;
+        .ok_or_else(ApiError::not_found_path)?;
     let verb = req
         .verb
         .ok_or_else(|| ApiError::method_not_supported(&rt.group, &rt.plural, "this method"))?;
-    let _writing =
-        (!matches!(verb, Verb::Get | Verb::List | Verb::Watch)).then(|| state.registry.writing());
+    Ok((rt, verb))
+}
+
+/// The request's target and subresource, after kube's scope rules: no
+/// namespace on a cluster-scoped resource, all namespaces only to list and
+/// watch, subresources the version has, and only to get, update or patch.
+fn target_of(
+    req: &ResourceRequest,
+    rt: Arc<crate::registry::ResourceType>,
+    verb: Verb,
+) -> Result<(Target, Option<&'static str>), ApiError> {
+    let not_found = ApiError::not_found_path;
     if !rt.namespaced && req.namespace.is_some() {
         return Err(not_found());
     }
@@ -230,220 +280,282 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
             verb.as_str(),
         ));
     }
-    if let Some(name) = &req.name {
-        state.registry.check_url_name(name)?;
-    }
-    let q = Query::parse(call.query);
-    let accept = call
-        .headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok());
-    let include = IncludeObject::parse(q.get("includeObject").unwrap_or(""))
-        .map_err(ApiError::bad_request)?;
-    let name = req.name.clone().unwrap_or_default();
-    let reg = &state.registry;
+    Ok((t, sub))
+}
 
-    match verb {
-        Verb::Watch => {
-            let opts = ListOptions::parse(&q, req.legacy_watch)?;
-            let hook = call.initial_events_sent.clone();
-            super::watch::serve(state, &t, req.name.as_deref(), opts, accept, hook).await
+/// A resolved request: one method per verb.
+struct Handler<'a> {
+    state: &'a ApiState,
+    call: &'a Call<'a>,
+    t: Target,
+    /// `status` or `scale`.
+    sub: Option<&'static str>,
+    q: Query,
+    include: IncludeObject,
+    /// Empty for collections.
+    name: String,
+}
+
+impl Handler<'_> {
+    fn accept(&self) -> Option<&str> {
+        self.call
+            .headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+    }
+
+    /// The main resource or its status.
+    fn main_or_status(&self) -> Subresource {
+        if self.sub == Some("status") {
+            Subresource::Status
+        } else {
+            Subresource::Main
         }
-        Verb::List => {
-            let out = negotiate_for(accept, Shape::List)?;
-            let opts = ListOptions::parse(&q, false)?;
-            let at = opts.read_at()?;
-            let sel = Selectors::parse(&t, &opts.label_selector, &opts.field_selector)?;
-            let result = reg.list(&t, &sel, &at, opts.limit).await?;
-            Ok(response::list(
-                &t,
-                result.items,
-                ListMeta {
-                    resource_version: result.revision.to_string(),
-                    continue_token: result.continue_token,
-                    remaining: result.remaining,
-                },
-                &out,
-                include,
-            )
-            .await)
+    }
+
+    /// Create, update and patch options with the caller as sent.
+    fn write_options(
+        &self,
+        is_apply: bool,
+        kind: &str,
+    ) -> Result<crate::registry::WriteOptions, ApiError> {
+        let mut wo = write_options(&self.q, self.call.headers, is_apply, kind)?;
+        wo.caller = Some(write_caller(&self.call.caller, &self.q));
+        Ok(wo)
+    }
+
+    /// Delete options with the caller as sent.
+    fn delete_options(&self) -> Result<crate::registry::DeleteOptions, ApiError> {
+        let mut opts = delete_options(&self.q, &self.call.body)?;
+        opts.caller = Some(delete_caller(
+            &self.call.caller,
+            &self.q,
+            &self.call.body,
+            &opts,
+        ));
+        Ok(opts)
+    }
+
+    /// The object a write left, with the warnings it earned.
+    async fn written(
+        &self,
+        code: StatusCode,
+        item: &Item,
+        out: &super::negotiate::Output,
+        warnings: &[String],
+    ) -> Response {
+        with_warnings(
+            response::object(code, &self.t, item, out, self.include).await,
+            warnings,
+        )
+    }
+
+    async fn watch(&self) -> Result<Response, ApiError> {
+        let opts = ListOptions::parse(&self.q, self.call.req.legacy_watch)?;
+        let hook = self.call.initial_events_sent.clone();
+        let name = self.call.req.name.as_deref();
+        super::watch::serve(self.state, &self.t, name, opts, self.accept(), hook).await
+    }
+
+    async fn list(&self) -> Result<Response, ApiError> {
+        let out = negotiate_for(self.accept(), Shape::List)?;
+        let opts = ListOptions::parse(&self.q, false)?;
+        let at = opts.read_at()?;
+        let sel = Selectors::parse(&self.t, &opts.label_selector, &opts.field_selector)?;
+        let result = self
+            .state
+            .registry
+            .list(&self.t, &sel, &at, opts.limit)
+            .await?;
+        let meta = ListMeta {
+            resource_version: result.revision.to_string(),
+            continue_token: result.continue_token,
+            remaining: result.remaining,
+        };
+        Ok(response::list(&self.t, result.items, meta, &out, self.include).await)
+    }
+
+    async fn get(&self) -> Result<Response, ApiError> {
+        let opts = ListOptions::parse(&self.q, false)?;
+        let at = opts.get_read_at()?;
+        let item = self.state.registry.get(&self.t, &self.name, &at).await?;
+        if self.sub == Some("scale") {
+            return Ok(scale_response(&self.t, &item, StatusCode::OK));
         }
-        Verb::Get => {
-            let opts = ListOptions::parse(&q, false)?;
-            let at = opts.get_read_at()?;
-            let item = reg.get(&t, &name, &at).await?;
-            if sub == Some("scale") {
-                return Ok(scale_response(&t, &item, StatusCode::OK));
-            }
-            let out = negotiate_for(accept, Shape::Object)?;
-            Ok(response::object(StatusCode::OK, &t, &item, &out, include).await)
-        }
-        Verb::Create if rt.terminating => {
+        let out = negotiate_for(self.accept(), Shape::Object)?;
+        Ok(response::object(StatusCode::OK, &self.t, &item, &out, self.include).await)
+    }
+
+    async fn create(&self) -> Result<Response, ApiError> {
+        let rt = &self.t.rt;
+        if rt.terminating {
             let mut e = ApiError::method_not_supported(&rt.group, &rt.plural, "create");
             e.message = "create not allowed while custom resource definition is terminating".into();
-            Err(e)
+            return Err(e);
         }
-        Verb::Create => {
-            let out = negotiate(accept, true)?;
-            let mut wo = write_options(&q, call.headers, false, "CreateOptions")?;
-            wo.caller = Some(write_caller(&call.caller, &q));
-            let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
-            let dups = strict_later(&mut wo, dups);
-            let done = reg.create(&t, obj, &wo).await?;
-            Ok(with_warnings(
-                response::object(StatusCode::CREATED, &t, &done.item, &out, include).await,
-                &merge_warnings(dups, &done.warnings),
-            ))
-        }
-        Verb::Update => {
-            let out = negotiate(accept, true)?;
-            let mut wo = write_options(&q, call.headers, false, "UpdateOptions")?;
-            wo.caller = Some(write_caller(&call.caller, &q));
-            let (obj, dups) = decode_checked(call.headers, &call.body, &rt.kind, &wo)?;
-            let dups = strict_later(&mut wo, dups);
-            if sub == Some("scale") {
-                let spec = scale_spec(&t)?;
-                let done = reg
-                    .update_with(&t, &name, Subresource::Scale, &wo, |cur| {
-                        apply_scale(&spec, cur, &obj, &t.rt.kind, &t.rt.group)
-                    })
-                    .await?;
-                return Ok(scale_response(&t, &done.item, StatusCode::OK));
-            }
-            let sr = if sub == Some("status") {
-                Subresource::Status
-            } else {
-                Subresource::Main
-            };
-            let done = reg.update(&t, &name, obj, sr, &wo).await?;
-            Ok(with_warnings(
-                response::object(StatusCode::OK, &t, &done.item, &out, include).await,
-                &merge_warnings(dups, &done.warnings),
-            ))
-        }
-        Verb::Patch => {
-            let out = negotiate(accept, true)?;
-            let ct = content_type(call.headers);
-            let media = ct.split(';').next().unwrap_or("").trim();
-            let is_apply = matches!(
-                media,
-                "application/apply-patch+yaml" | "application/apply-patch+cbor"
-            );
-            let mut wo = write_options(&q, call.headers, is_apply, "PatchOptions")?;
-            wo.caller = Some(write_caller(&call.caller, &q));
-            let sr = if sub == Some("status") {
-                Subresource::Status
-            } else {
-                Subresource::Main
-            };
-            if is_apply {
-                let force = q.bool("force").unwrap_or(false);
-                let config = decode_apply_config(media, &call.body)?;
-                if sub == Some("scale") {
-                    // The Scale's replicas, applied as the main resource's
-                    // replicas path and owned "with subresource scale".
-                    let spec = scale_spec(&t)?;
-                    let parent = crate::registry::scale::scale_as_apply_config(
-                        &spec,
-                        &config,
-                        &t.api_version(),
-                        &rt.kind,
-                        &name,
-                    )?;
-                    let done = reg
-                        .apply(&t, &name, parent, force, Subresource::Scale, &wo)
-                        .await?;
-                    return Ok(scale_response(&t, &done.item, StatusCode::OK));
-                }
-                let done = reg.apply(&t, &name, config, force, sr, &wo).await?;
-                // kube: 201 when the apply created the object.
-                let code = if done.created {
-                    StatusCode::CREATED
-                } else {
-                    StatusCode::OK
-                };
-                return Ok(with_warnings(
-                    response::object(code, &t, &done.item, &out, include).await,
-                    &done.warnings,
-                ));
-            }
-            if q.get("force").is_some() {
-                return Err(ApiError::invalid(
-                    "meta.k8s.io",
-                    "PatchOptions",
-                    "",
-                    &[crate::status::FieldError::forbidden(
-                        "force",
-                        "may not be specified for non-apply patch",
-                    )],
-                ));
-            }
-            let kind = PatchType::from_content_type(ct)
-                .ok_or_else(|| ApiError::unsupported_media_type(PATCH_TYPES))?;
-            let body = call.body.clone();
-            if sub == Some("scale") {
-                let spec = scale_spec(&t)?;
-                let done = reg
-                    .update_with(&t, &name, Subresource::Scale, &wo, |cur| {
-                        let scale = patch::apply(kind, &to_scale(&spec, cur), &body)?;
-                        apply_scale(&spec, cur, &scale, &t.rt.kind, &t.rt.group)
-                    })
-                    .await?;
-                return Ok(scale_response(&t, &done.item, StatusCode::OK));
-            }
-            let done = reg
-                .update_with(&t, &name, sr, &wo, |cur| patch::apply(kind, cur, &body))
-                .await?;
-            Ok(with_warnings(
-                response::object(StatusCode::OK, &t, &done.item, &out, include).await,
-                &done.warnings,
-            ))
-        }
-        Verb::Delete => {
-            let out = negotiate(accept, true)?;
-            let mut opts = delete_options(&q, &call.body)?;
-            opts.caller = Some(delete_caller(&call.caller, &q, &call.body, &opts));
-            match reg.delete(&t, &name, &opts).await? {
-                DeleteOutcome::Pending(item) => {
-                    Ok(response::object(StatusCode::OK, &t, &item, &out, include).await)
-                }
-                DeleteOutcome::Deleted(item) => {
-                    let uid = item
-                        .value()
-                        .meta_field("uid")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    Ok(response::json_response(
-                        StatusCode::OK,
-                        &serde_json::json!({
-                            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                            "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": uid},
-                        }),
-                    ))
-                }
-            }
-        }
-        Verb::DeleteCollection => {
-            let out = negotiate(accept, true)?;
-            let lopts = ListOptions::parse(&q, false)?;
-            lopts.read_at()?;
-            let sel = Selectors::parse(&t, &lopts.label_selector, &lopts.field_selector)?;
-            let mut opts = delete_options(&q, &call.body)?;
-            opts.caller = Some(delete_caller(&call.caller, &q, &call.body, &opts));
-            let items: Vec<Item> = reg.delete_collection(&t, &sel, &opts).await?;
-            Ok(response::list(
-                &t,
-                items,
-                ListMeta {
-                    resource_version: reg.revision().to_string(),
-                    continue_token: None,
-                    remaining: None,
-                },
-                &out,
-                include,
-            )
+        let out = negotiate(self.accept(), true)?;
+        let mut wo = self.write_options(false, "CreateOptions")?;
+        let (obj, dups) = decode_checked(self.call.headers, &self.call.body, &rt.kind, &wo)?;
+        let dups = strict_later(&mut wo, dups);
+        let done = self.state.registry.create(&self.t, obj, &wo).await?;
+        let warnings = merge_warnings(dups, &done.warnings);
+        Ok(self
+            .written(StatusCode::CREATED, &done.item, &out, &warnings)
             .await)
+    }
+
+    async fn update(&self) -> Result<Response, ApiError> {
+        let (t, reg) = (&self.t, &self.state.registry);
+        let out = negotiate(self.accept(), true)?;
+        let mut wo = self.write_options(false, "UpdateOptions")?;
+        let (obj, dups) = decode_checked(self.call.headers, &self.call.body, &t.rt.kind, &wo)?;
+        let dups = strict_later(&mut wo, dups);
+        if self.sub == Some("scale") {
+            let spec = scale_spec(t)?;
+            let done = reg
+                .update_with(t, &self.name, Subresource::Scale, &wo, |cur| {
+                    apply_scale(&spec, cur, &obj, &t.rt.kind, &t.rt.group)
+                })
+                .await?;
+            return Ok(scale_response(t, &done.item, StatusCode::OK));
         }
+        let sr = self.main_or_status();
+        let done = reg.update(t, &self.name, obj, sr, &wo).await?;
+        let warnings = merge_warnings(dups, &done.warnings);
+        Ok(self
+            .written(StatusCode::OK, &done.item, &out, &warnings)
+            .await)
+    }
+
+    /// Server-side apply or a JSON, merge or strategic patch, by content type.
+    async fn patch(&self) -> Result<Response, ApiError> {
+        let ct = content_type(self.call.headers);
+        let media = ct.split(';').next().unwrap_or("").trim();
+        if matches!(
+            media,
+            "application/apply-patch+yaml" | "application/apply-patch+cbor"
+        ) {
+            self.apply(media).await
+        } else {
+            self.patch_with(ct).await
+        }
+    }
+
+    async fn apply(&self, media: &str) -> Result<Response, ApiError> {
+        let (t, reg, name) = (&self.t, &self.state.registry, &self.name);
+        let out = negotiate(self.accept(), true)?;
+        let wo = self.write_options(true, "PatchOptions")?;
+        let force = self.q.bool("force").unwrap_or(false);
+        let config = decode_apply_config(media, &self.call.body)?;
+        if self.sub == Some("scale") {
+            // The Scale's replicas, applied as the main resource's
+            // replicas path and owned "with subresource scale".
+            let spec = scale_spec(t)?;
+            let parent = crate::registry::scale::scale_as_apply_config(
+                &spec,
+                &config,
+                &t.api_version(),
+                &t.rt.kind,
+                name,
+            )?;
+            let done = reg
+                .apply(t, name, parent, force, Subresource::Scale, &wo)
+                .await?;
+            return Ok(scale_response(t, &done.item, StatusCode::OK));
+        }
+        let sr = self.main_or_status();
+        let done = reg.apply(t, name, config, force, sr, &wo).await?;
+        // kube: 201 when the apply created the object.
+        let code = if done.created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        Ok(self.written(code, &done.item, &out, &done.warnings).await)
+    }
+
+    /// A JSON, merge or strategic merge patch of content type `ct`.
+    async fn patch_with(&self, ct: &str) -> Result<Response, ApiError> {
+        let (t, reg, name) = (&self.t, &self.state.registry, &self.name);
+        let out = negotiate(self.accept(), true)?;
+        let wo = self.write_options(false, "PatchOptions")?;
+        if self.q.get("force").is_some() {
+            return Err(ApiError::invalid(
+                "meta.k8s.io",
+                "PatchOptions",
+                "",
+                &[crate::status::FieldError::forbidden(
+                    "force",
+                    "may not be specified for non-apply patch",
+                )],
+            ));
+        }
+        let kind = PatchType::from_content_type(ct)
+            .ok_or_else(|| ApiError::unsupported_media_type(PATCH_TYPES))?;
+        let body = &self.call.body;
+        if self.sub == Some("scale") {
+            let spec = scale_spec(t)?;
+            let done = reg
+                .update_with(t, name, Subresource::Scale, &wo, |cur| {
+                    let scale = patch::apply(kind, &to_scale(&spec, cur), body)?;
+                    apply_scale(&spec, cur, &scale, &t.rt.kind, &t.rt.group)
+                })
+                .await?;
+            return Ok(scale_response(t, &done.item, StatusCode::OK));
+        }
+        let sr = self.main_or_status();
+        let done = reg
+            .update_with(t, name, sr, &wo, |cur| patch::apply(kind, cur, body))
+            .await?;
+        Ok(self
+            .written(StatusCode::OK, &done.item, &out, &done.warnings)
+            .await)
+    }
+
+    async fn delete(&self) -> Result<Response, ApiError> {
+        let out = negotiate(self.accept(), true)?;
+        let opts = self.delete_options()?;
+        match self
+            .state
+            .registry
+            .delete(&self.t, &self.name, &opts)
+            .await?
+        {
+            DeleteOutcome::Pending(item) => {
+                Ok(response::object(StatusCode::OK, &self.t, &item, &out, self.include).await)
+            }
+            DeleteOutcome::Deleted(item) => {
+                let uid = item
+                    .value()
+                    .meta_field("uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let rt = &self.t.rt;
+                Ok(response::json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                        "details": {"name": self.name, "group": rt.group, "kind": rt.plural, "uid": uid},
+                    }),
+                ))
+            }
+        }
+    }
+
+    async fn delete_collection(&self) -> Result<Response, ApiError> {
+        let reg = &self.state.registry;
+        let out = negotiate(self.accept(), true)?;
+        let lopts = ListOptions::parse(&self.q, false)?;
+        lopts.read_at()?;
+        let sel = Selectors::parse(&self.t, &lopts.label_selector, &lopts.field_selector)?;
+        let opts = self.delete_options()?;
+        let items: Vec<Item> = reg.delete_collection(&self.t, &sel, &opts).await?;
+        let meta = ListMeta {
+            resource_version: reg.revision().to_string(),
+            continue_token: None,
+            remaining: None,
+        };
+        Ok(response::list(&self.t, items, meta, &out, self.include).await)
     }
 }
 

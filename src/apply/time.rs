@@ -1,35 +1,17 @@
 //! managedFields timestamps: RFC 3339 as Go's `time.RFC3339` reads it, and
-//! `metav1.Time`'s second-precision UTC form, over unix seconds (civil-date
-//! arithmetic after Howard Hinnant's `days_from_civil`/`civil_from_days`).
+//! `metav1.Time`'s second-precision UTC form, over unix seconds; the
+//! calendar is chrono's.
 
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+use chrono::NaiveDate;
 
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (
-        if m <= 2 {
-            yoe + era * 400 + 1
-        } else {
-            yoe + era * 400
-        },
-        m,
-        d,
-    )
+/// Unix seconds at the start of a day; `None` for a day that does not exist.
+fn day_start(y: i64, m: i64, d: i64) -> Option<i64> {
+    let date = NaiveDate::from_ymd_opt(
+        i32::try_from(y).ok()?,
+        u32::try_from(m).ok()?,
+        u32::try_from(d).ok()?,
+    )?;
+    Some(date.and_hms_opt(0, 0, 0)?.and_utc().timestamp())
 }
 
 /// Parses RFC 3339 (as Go's `time.RFC3339` accepts) into unix seconds.
@@ -86,24 +68,18 @@ pub(super) fn parse_time(s: &str) -> Option<i64> {
         }
         _ => return None,
     };
-    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se - offset;
+    let secs = day_start(y, mo, d)? + h * 3600 + mi * 60 + se - offset;
     // An offset can move the instant out of years 0000-9999, which
     // format_time could not write in a form this function reads back.
-    let first = days_from_civil(0, 1, 1) * 86_400;
-    let last = days_from_civil(9999, 12, 31) * 86_400 + 86_399;
+    let first = day_start(0, 1, 1)?;
+    let last = day_start(9999, 12, 31)? + 86_399;
     (first..=last).contains(&secs).then_some(secs)
 }
 
 /// Formats unix seconds as kube writes `metav1.Time`: UTC, second precision.
+/// Every time `parse_time` gives lies within years 0000-9999.
 pub(super) fn format_time(secs: i64) -> String {
-    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
-    let rem = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    crate::timestamps::rfc3339_secs(secs).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -117,5 +93,19 @@ mod tests {
         assert_eq!(format_time(t), "2024-02-29T12:34:56Z");
         assert_eq!(parse_time("2024-02-29T14:34:56.123+02:00"), Some(t));
         assert_eq!(parse_time("2024-02-29 12:34:56Z"), None);
+        // Days a month does not have, as Go's time.Parse refuses them.
+        assert_eq!(parse_time("2023-02-29T00:00:00Z"), None);
+        assert_eq!(parse_time("2024-04-31T00:00:00Z"), None);
+        assert_eq!(
+            format_time(parse_time("2024-12-31T23:59:59Z").expect("time")),
+            "2024-12-31T23:59:59Z"
+        );
+        // The years format_time can write, whatever the offset.
+        assert_eq!(parse_time("0000-01-01T00:30:00+01:00"), None);
+        assert_eq!(
+            format_time(parse_time("0000-01-01T00:00:00Z").expect("time")),
+            "0000-01-01T00:00:00Z"
+        );
+        assert_eq!(parse_time("9999-12-31T23:30:00-01:00"), None);
     }
 }

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 
 use super::event::{Event, EventList};
 use super::Sink;
+use crate::backoff::Backoff;
 
 #[derive(Debug, Clone)]
 pub struct Batching {
@@ -137,7 +138,8 @@ async fn send_with_retries<C>(
             return;
         }
     };
-    let mut backoff = initial_backoff;
+    // k8s.io/apiserver's webhook retry backoff: ×1.5 a try, uncapped.
+    let mut backoff = Backoff::new(initial_backoff, Duration::MAX).growth(3, 2);
     for attempt in 1..=SEND_ATTEMPTS {
         let mut req = http::Request::post(url.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -165,8 +167,7 @@ async fn send_with_retries<C>(
         };
         tracing::warn!(attempt, events = batch.len(), error = %outcome, "audit webhook send failed");
         if attempt < SEND_ATTEMPTS {
-            tokio::time::sleep(backoff).await;
-            backoff = backoff.mul_f64(1.5);
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
     tracing::error!(

@@ -1,21 +1,28 @@
-//! When a failed step runs again: kube-runtime's default watcher backoff
-//! (0.8 s doubling to 30 s, jittered), reset by a success.
+//! When a failed step runs again: as kube-runtime's default watcher backoff
+//! (0.8 s doubling to 30 s, each delay plus up to itself again), reset by a
+//! success.
 
 use std::time::Duration;
 
-use kube::runtime::utils::Backoff as _;
-use kube::runtime::watcher::DefaultBackoff;
 use tokio::time::Instant;
 
-/// The backoff never runs dry; this only guards the `Option`.
-const LONGEST: Duration = Duration::from_secs(30);
+use crate::backoff::{Backoff, Jitter};
 
 /// A step that runs when due: now (something changed) or after a backoff
 /// (it failed).
-#[derive(Default)]
 pub(super) struct Retry {
-    backoff: DefaultBackoff,
+    backoff: Backoff,
     due: Option<Instant>,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::new(Duration::from_millis(800), Duration::from_secs(30))
+                .jitter(Jitter::Added),
+            due: None,
+        }
+    }
 }
 
 impl Retry {
@@ -31,7 +38,7 @@ impl Retry {
 
     /// Schedules the next attempt; returns how long until then.
     pub(super) fn failed(&mut self) -> Duration {
-        let wait = self.backoff.next().unwrap_or(LONGEST);
+        let wait = self.backoff.next_delay();
         self.due = Some(Instant::now() + wait);
         wait
     }

@@ -4,7 +4,7 @@
 //! that fill them are at the end.
 
 use std::fmt::Write as _;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use super::apf::Apf;
 
@@ -171,39 +171,7 @@ fn trim_fraction(value: u128, unit: u128) -> String {
 
 /// Go's `t.UTC().Format(time.RFC3339Nano)`.
 pub fn rfc3339_nano(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let nanos = d.subsec_nanos();
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, mo, da) = civil_from_days(days);
-    let mut out = format!(
-        "{y:04}-{mo:02}-{da:02}T{:02}:{:02}:{:02}",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    );
-    if nanos > 0 {
-        let f = format!("{nanos:09}");
-        out.push('.');
-        out.push_str(f.trim_end_matches('0'));
-    }
-    out.push('Z');
-    out
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+    crate::timestamps::rfc3339_nano(&chrono::DateTime::<chrono::Utc>::from(t))
 }
 
 /// Seat-seconds the way kube prints them: 8 decimals and "ss".
@@ -367,6 +335,7 @@ mod tests {
 
     #[test]
     fn timestamps() {
+        use std::time::UNIX_EPOCH;
         assert_eq!(rfc3339_nano(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         let t = UNIX_EPOCH + Duration::new(1_700_000_000, 120_000_000);
         assert_eq!(rfc3339_nano(t), "2023-11-14T22:13:20.12Z");

@@ -22,6 +22,7 @@ use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 
 use crate::apiextensions::catalog::Catalog;
+use crate::backoff::Backoff;
 use crate::registry::Registry;
 
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -78,20 +79,19 @@ pub fn spawn(
     tokio::spawn(async move {
         let api: kube::Api<APIService> = kube::Api::all(client);
         let mut changes = registry.live_catalog().subscribe();
-        let mut backoff = Duration::from_secs(1);
+        let mut backoff = Backoff::new(Duration::from_secs(1), RESYNC);
         loop {
             let wait = if !ready() || registry.is_follower() {
                 Duration::from_millis(100)
             } else {
                 match sync(&api, &registry.catalog(), &target).await {
                     Ok(()) => {
-                        backoff = Duration::from_secs(1);
+                        backoff.reset();
                         RESYNC
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "keeping the host's APIServices");
-                        let w = backoff;
-                        backoff = (backoff * 2).min(RESYNC);
+                        let w = backoff.next_delay();
+                        tracing::warn!(error = %e, retry_in = ?w, "keeping the host's APIServices");
                         w
                     }
                 }

@@ -9,7 +9,6 @@
 //! - `forward`: writes from followers to the leader, identities in headers.
 //! - `internal`: the internal endpoint (plain HTTP/2, shared-secret bearer).
 
-pub mod backoff;
 pub mod forward;
 pub mod internal;
 pub mod lease;
@@ -27,8 +26,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Identity;
+use crate::backoff::{Backoff, Jitter};
 use crate::storage::{Engine, StorageError, Store};
-use backoff::Backoff;
 use lease::{EpochFence, Lease, Observed, Outcome};
 
 /// The shared secret replicas present to each other, created by the first one.
@@ -40,11 +39,13 @@ const ANSWER_MARGIN: Duration = Duration::from_millis(100);
 /// keys unless resolved: tikv-client's lock TTL for small transactions
 /// (fixed in tikv-client 0.4). Every write locks the revision counter.
 pub const STORE_LOCK_TTL: Duration = Duration::from_secs(3);
-/// Retrying the leader's stream (and backfilling) while it is unreachable.
-const FOLLOW_BACKOFF: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
+/// Retrying the leader's stream (and backfilling) while it is unreachable;
+/// jittered so that followers do not hammer a dead address in step.
+const FOLLOW_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).jitter(Jitter::Equal);
 /// Retrying a forward to a leader that refused the connection.
-const FORWARD_BACKOFF: (Duration, Duration) =
-    (Duration::from_millis(20), Duration::from_millis(250));
+const FORWARD_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(20), Duration::from_millis(250)).jitter(Jitter::Equal);
 
 #[derive(Debug, Clone)]
 pub struct ReplicaConfig {
@@ -664,7 +665,7 @@ impl Replica {
     /// capped) while it keeps failing; a new leader is tried at once.
     async fn follow_loop(self: Arc<Self>) {
         let mut changes = self.view.subscribe();
-        let mut backoff = Backoff::new(FOLLOW_BACKOFF.0, FOLLOW_BACKOFF.1);
+        let mut backoff = FOLLOW_BACKOFF;
         loop {
             let view = changes.borrow_and_update().clone();
             if view.leading {
@@ -814,7 +815,7 @@ impl Replica {
         let patience = now + self.cfg.leader_patience();
         let give_up = deadline.map_or(patience, |d| d.min(patience));
         let mut changes = self.view.subscribe();
-        let mut backoff = Backoff::new(FORWARD_BACKOFF.0, FORWARD_BACKOFF.1);
+        let mut backoff = FORWARD_BACKOFF;
         loop {
             if let Some(local) = self.begin_local_write() {
                 return Routed::Local(buffered.into_request(), local);

@@ -19,6 +19,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backoff::Backoff;
 use crate::units::{parse_bytes, parse_duration};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -110,7 +111,7 @@ pub async fn accept_loop<F, Fut>(
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let mut backoff = Duration::ZERO;
+    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
     let mut last_log: Option<Instant> = None;
     let mut suppressed = 0u64;
     loop {
@@ -127,25 +128,21 @@ pub async fn accept_loop<F, Fut>(
         };
         match accepted {
             Ok((tcp, peer)) => {
-                backoff = Duration::ZERO;
+                backoff.reset();
                 let _ = tcp.set_nodelay(true);
                 conns.tasks.spawn(serve(tcp, peer, permit));
             }
             Err(e) => {
                 drop(permit);
-                backoff = if backoff.is_zero() {
-                    Duration::from_millis(5)
-                } else {
-                    (backoff * 2).min(Duration::from_secs(1))
-                };
+                let wait = backoff.next_delay();
                 if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    tracing::warn!(error = %e, suppressed, retry_in = ?backoff, "accept failed");
+                    tracing::warn!(error = %e, suppressed, retry_in = ?wait, "accept failed");
                     last_log = Some(Instant::now());
                     suppressed = 0;
                 } else {
                     suppressed += 1;
                 }
-                tokio::time::sleep(backoff).await;
+                tokio::time::sleep(wait).await;
             }
         }
     }

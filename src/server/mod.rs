@@ -22,6 +22,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::api::{self, ApiState};
+use crate::backoff::Backoff;
 use crate::flowcontrol::{self, Apf};
 use crate::registry::{gc, Catalog, Registry};
 use crate::storage::{StorageError, Store};
@@ -131,12 +132,106 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
     move |source| ServerError::Io { what, source }
 }
 
+/// Starts the server in its phases: the catalog, the store, the registry
+/// with its watch cache, admission, background upkeep, flow control, the
+/// listeners with their certificates and delegation, then the controllers
+/// that act on the host. Each phase adds its tasks and readiness checks.
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
+    install_process_globals();
+    let (mut catalog, mut sources) = load_catalog(&cfg)?;
+    pki::private_dir(&cfg.data_dir)?;
+    let (store, replica, internal_listener) = open_store(&cfg).await?;
+    if sources.serve_definitions {
+        // Before the watch cache loads the objects the stored definitions define.
+        serve_stored_definitions(&mut catalog, &store).await;
+    }
+    tracing::info!(resources = catalog.resources.len(), "catalog loaded");
+    let mut w = Wiring {
+        cfg: &cfg,
+        readiness: Arc::new(crate::api::health::Readiness::default()),
+        tasks: Vec::new(),
+    };
+    // Standalone, admission webhooks are configured through kshard's own API;
+    // behind a host, by the host's objects.
+    let admission_host = cfg.host_for(&None);
+    let (registry, host) = w
+        .start_registry(catalog, &store, admission_host.as_ref())
+        .await?;
+    let host_client = host.as_ref().map(|(c, _)| c.clone());
+    w.follow_host_definitions(host_client.as_ref(), &mut sources)?;
+    w.start_admission(&registry, host, admission_host.is_none())
+        .await;
+    let shutting_down = w.start_upkeep(&registry, &store, replica.as_ref()).await;
+    let connections = conn::Connections::default();
+    let host_definitions = sources.host.clone();
+    w.follow_definitions(sources, &registry, &connections);
+    let apf = w.start_flow_control();
+    let (listener, addr, pki, kubeconfig) = listen_with_certificates(&cfg).await?;
+    let mut delegation = delegation(&cfg, &w.readiness, &pki, addr).await?;
+    w.tasks.extend(std::mem::take(&mut delegation.tasks));
+    let auth = delegation.auth.clone();
+    let (app, body_limits) = w
+        .request_stack(&registry, &apf, replica.as_ref(), delegation, &connections)
+        .await?;
+    let limits = Arc::new(cfg.connections.clone());
+    let listeners = Listeners {
+        public: listener,
+        internal: internal_listener,
+        limits: limits.clone(),
+        connections: connections.clone(),
+    };
+    let insecure_addr = w
+        .serve(listeners, app, replica.as_ref(), &pki, &auth)
+        .await?;
+    if let (true, Some(client)) = (cfg.manage_apiservices, &host_client) {
+        let task = keep_apiservices(&cfg, client, &registry, &pki, host_definitions);
+        w.tasks.push(task);
+    }
+    if cfg.flowcontrol_controller {
+        w.tasks
+            .extend(start_flowcontrol_controller(&cfg, &kubeconfig, &apf).await);
+    }
+    tracing::info!(%addr, kubeconfig = %kubeconfig.display(), "kshard is serving");
+    Ok(Running {
+        addr,
+        insecure_addr,
+        kubeconfig,
+        registry,
+        store,
+        apf,
+        readiness: w.readiness,
+        body_limits,
+        tasks: w.tasks,
+        connections,
+        shutting_down,
+        replica,
+        limits,
+    })
+}
+
+type Tasks = Vec<tokio::task::JoinHandle<()>>;
+
+/// What the phases of [`start`] build up: the background tasks and the
+/// readiness checks.
+struct Wiring<'a> {
+    cfg: &'a ServeConfig,
+    readiness: Arc<crate::api::health::Readiness>,
+    tasks: Tasks,
+}
+
+/// Process-wide state every later phase relies on.
+fn install_process_globals() {
     // Only the ring provider is compiled in; installing it again is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
     // The recorder first: metrics recorded before it is installed are lost
     // (a replica's first election round reports the leader before serving).
     let _ = metrics::handle();
+}
+
+/// The catalog from the definition files, with the built-in definitions
+/// kshard serves for itself when nothing else provides them; and the
+/// sources the definitions watcher follows afterwards.
+fn load_catalog(cfg: &ServeConfig) -> Result<(Catalog, crate::definitions::Sources), ServerError> {
     let mut sources = crate::definitions::Sources {
         paths: cfg.crds.clone(),
         builtin: Vec::new(),
@@ -144,45 +239,46 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         host: None,
     };
     let mut catalog = Catalog::load(&cfg.crds)?;
+    let mut add_builtin = |catalog: &mut Catalog, name: &str, manifests: String| {
+        let builtin = (PathBuf::from(name), manifests);
+        catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;
+        sources.builtin.push(builtin);
+        Ok::<_, ServerError>(())
+    };
     // Standalone, definitions are API objects too (`kubectl apply -f
     // crd.yaml`); behind a host, the host serves apiextensions.k8s.io.
-    if cfg.host_for(&None).is_none()
+    let standalone = cfg.host_for(&None).is_none();
+    let serve_definitions = standalone
         && catalog
             .find(
                 crate::apiextensions::crd_resource::GROUP,
                 "v1",
                 crate::apiextensions::crd_resource::PLURAL,
             )
-            .is_none()
-    {
-        let builtin = (
-            std::path::PathBuf::from("<built-in apiextensions.k8s.io CRD>"),
+            .is_none();
+    if serve_definitions {
+        add_builtin(
+            &mut catalog,
+            "<built-in apiextensions.k8s.io CRD>",
             crate::apiextensions::crd_resource::api_manifest(),
-        );
-        catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;
-        sources.builtin.push(builtin);
-        sources.serve_definitions = true;
+        )?;
     }
     // Behind a host, flow-control objects live in the host like any other
     // configuration; standalone, kshard serves them itself.
-    let flowcontrol_host = cfg.host_for(&cfg.flowcontrol_kubeconfig.clone());
-    if flowcontrol_host.is_none()
+    if cfg.host_for(&cfg.flowcontrol_kubeconfig.clone()).is_none()
         && catalog
             .find("flowcontrol.kshard.dev", "v1", "flowschemas")
             .is_none()
     {
         // Standalone, flow control is configured through kshard's own API.
-        let builtin = (
-            std::path::PathBuf::from("<built-in flowcontrol.kshard.dev CRDs>"),
+        add_builtin(
+            &mut catalog,
+            "<built-in flowcontrol.kshard.dev CRDs>",
             crate::controller::crd::manifests_yaml(),
-        );
-        catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;
-        sources.builtin.push(builtin);
+        )?;
     }
-    // Standalone, admission webhooks are configured through kshard's own API;
-    // behind a host, by the host's objects.
-    let admission_host = cfg.host_for(&None);
-    if admission_host.is_none()
+    // Standalone, admission webhooks are configured through kshard's own API.
+    if standalone
         && catalog
             .find(
                 crate::admission::config::GROUP,
@@ -191,16 +287,28 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
             )
             .is_none()
     {
-        let builtin = (
-            std::path::PathBuf::from("<built-in admissionregistration.k8s.io CRDs>"),
+        add_builtin(
+            &mut catalog,
+            "<built-in admissionregistration.k8s.io CRDs>",
             crate::admission::crd::manifests_yaml(),
-        );
-        catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;
-        sources.builtin.push(builtin);
+        )?;
     }
-    pki::private_dir(&cfg.data_dir)?;
+    sources.serve_definitions = serve_definitions;
+    Ok((catalog, sources))
+}
 
-    let engine = open_engine_retrying(&cfg).await?;
+/// The store, and on a shared store this replica with its internal listener.
+async fn open_store(
+    cfg: &ServeConfig,
+) -> Result<
+    (
+        Arc<Store>,
+        Option<Arc<crate::replica::Replica>>,
+        Option<TcpListener>,
+    ),
+    ServerError,
+> {
+    let engine = open_engine_retrying(cfg).await?;
     // The embedded store belongs to this process alone: no lease, no peers.
     let shared_store = cfg
         .store
@@ -208,177 +316,344 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         .is_some_and(|s| !matches!(s, "" | "embedded"));
     // Several replicas: the store checks this replica's lease fence in every
     // write transaction, and the replica is built whole around that store.
-    let (store, replica, internal_listener) = if shared_store {
-        let (rcfg, listener) = replica_config(&cfg).await?;
+    if shared_store {
+        let (rcfg, listener) = replica_config(cfg).await?;
         let fence = crate::replica::Replica::fence_for(&rcfg);
         let store = Store::open_fenced(engine.clone(), Some(fence.clone()))?;
         let replica = crate::replica::Replica::new(rcfg, engine, fence, store.clone())
             .await
             .map_err(|e| ServerError::Config(e.to_string()))?;
-        (store, Some(replica), Some(listener))
+        Ok((store, Some(replica), Some(listener)))
     } else {
-        (Store::open(engine)?, None, None)
-    };
-    if sources.serve_definitions {
-        // Before the watch cache loads the objects the stored definitions define.
-        let stored = crate::definitions::stored::stored_in(&store).await;
-        let refused = crate::definitions::stored::add_stored(&mut catalog, &stored);
-        for (name, reason) in refused {
-            tracing::warn!(definition = %name, %reason, "a stored definition is not served");
+        Ok((Store::open(engine)?, None, None))
+    }
+}
+
+/// Adds the definitions stored through kshard's own CRD API to the catalog.
+async fn serve_stored_definitions(catalog: &mut Catalog, store: &Store) {
+    let stored = crate::definitions::stored::stored_in(store).await;
+    let refused = crate::definitions::stored::add_stored(catalog, &stored);
+    for (name, reason) in refused {
+        tracing::warn!(definition = %name, %reason, "a stored definition is not served");
+    }
+}
+
+/// The host's client and its namespace lifecycle, behind a host.
+type HostAdmission = (
+    kube::Client,
+    Arc<crate::host::namespaces::NamespaceLifecycle>,
+);
+
+impl Wiring<'_> {
+    /// The watch cache over the store, and the registry over both; behind a
+    /// host, creates pass its namespace lifecycle (kube's admission).
+    async fn start_registry(
+        &mut self,
+        catalog: Catalog,
+        store: &Arc<Store>,
+        admission_host: Option<&Option<PathBuf>>,
+    ) -> Result<(Arc<Registry>, Option<HostAdmission>), ServerError> {
+        let live_catalog = crate::apiextensions::live::LiveCatalog::new(catalog);
+        let on_load = crate::registry::read_defaulter(live_catalog.clone());
+        let history = crate::watch::HistoryLimits {
+            window: self.cfg.watch_cache_history,
+            bytes: self.cfg.watch_cache_history_bytes,
+            events: self.cfg.watch_history,
+            watcher_bytes: self.cfg.watch_buffer_bytes,
+            watcher_grace: self.cfg.watch_buffer_grace,
+        };
+        let cache = Cache::start_with(store.clone(), history, Some(on_load)).await?;
+        // Behind a host: webhook configurations and namespace labels come from
+        // the host too.
+        let host = match admission_host {
+            Some(h) => {
+                let client = crate::host::client(h.as_deref()).await?;
+                let (lifecycle, task) =
+                    crate::host::namespaces::NamespaceLifecycle::spawn(client.clone());
+                self.tasks.push(task);
+                let synced = lifecycle.clone();
+                self.readiness
+                    .add("namespace-informer-sync", move || synced.is_synced());
+                Some((client, lifecycle))
+            }
+            None => None,
+        };
+        let admission = host
+            .as_ref()
+            .map(|(_, l)| l.clone() as Arc<dyn crate::registry::admission::CreateAdmission>);
+        let registry = Registry::new(live_catalog, store.clone(), cache, admission);
+        Ok((registry, host))
+    }
+
+    /// Behind a host, definitions are managed through its API too
+    /// (ShardResourceDefinitions), served once the first list is loaded.
+    fn follow_host_definitions(
+        &mut self,
+        host_client: Option<&kube::Client>,
+        sources: &mut crate::definitions::Sources,
+    ) -> Result<(), ServerError> {
+        if let Some(client) = host_client {
+            let (defs, task) = crate::definitions::host::HostDefinitions::spawn(
+                client.clone(),
+                self.cfg.host_definitions_selector.as_deref(),
+            );
+            self.tasks.push(task);
+            let loaded = defs.clone();
+            self.readiness
+                .add("host-definitions-sync", move || loaded.is_loaded());
+            sources.host = Some(defs);
+        } else if self.cfg.manage_apiservices {
+            return Err(ServerError::Config(
+                "--manage-apiservices needs a host cluster (--kubeconfig, or running in a pod)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Admission webhooks and policies: their configuration followed from
+    /// kshard's own objects or the host's, their params and namespaces; the
+    /// registry calls them from then on.
+    async fn start_admission(
+        &mut self,
+        registry: &Arc<Registry>,
+        host: Option<HostAdmission>,
+        standalone: bool,
+    ) {
+        let host_client = host.as_ref().map(|(c, _)| c.clone());
+        let (source, namespaces, task): (_, Arc<dyn crate::admission::Namespaces>, _) = match host {
+            Some((client, lifecycle)) => {
+                let (source, task) = crate::admission::config::Source::host(client);
+                (source, lifecycle, task)
+            }
+            None => {
+                let (source, task) = crate::admission::config::Source::local(registry.clone());
+                (source, Arc::new(crate::admission::ImplicitNamespaces), task)
+            }
+        };
+        self.tasks.push(task);
+        // Params of admission policies are kshard's own objects (a weak
+        // reference: the registry holds the admission); behind a host, objects
+        // of kinds kshard does not serve are the host's.
+        let local_params = crate::admission::policy::RegistryParams(Arc::downgrade(registry));
+        let params: Arc<dyn crate::admission::policy::Params> = match host_client {
+            Some(client) => Arc::new(crate::admission::policy::HostParams {
+                local: local_params,
+                client,
+            }),
+            None => Arc::new(local_params),
+        };
+        let webhooks = Arc::new(crate::admission::Webhooks::new(
+            source,
+            crate::admission::webhook::Clients::new(&self.cfg.admission_webhook_resolve),
+            namespaces,
+            Some(params),
+        ));
+        let synced = webhooks.clone();
+        self.readiness
+            .add("admission-webhook-configuration-sync", move || {
+                synced.is_synced()
+            });
+        let described = webhooks.clone();
+        self.readiness.add_info(move || {
+            let missing = described.missing();
+            if missing.is_empty() {
+                return String::new();
+            }
+            missing
+                .iter()
+                .map(|(kind, why)| format!("admission: not following the host's {kind}: {why}"))
+                .collect::<Vec<_>>()
+                .join("\ninfo: ")
+        });
+        if standalone {
+            // Standalone the configuration is kshard's own, already in the watch
+            // cache: serve only once it is read, as listening waits for the caches.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !webhooks.is_synced() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+        registry.set_admission(webhooks);
+    }
+
+    /// The garbage collector, compaction, the storage probe, the replica's
+    /// election and stream, and the readiness checks that go with them; returns
+    /// the flag a graceful shutdown raises to fail `/readyz`.
+    async fn start_upkeep(
+        &mut self,
+        registry: &Arc<Registry>,
+        store: &Arc<Store>,
+        replica: Option<&Arc<crate::replica::Replica>>,
+    ) -> Arc<std::sync::atomic::AtomicBool> {
+        self.tasks.push(gc::spawn(registry.clone()));
+        self.tasks
+            .push(store.spawn_compactor(self.cfg.compaction_interval));
+        // A real read through the engine, for liveness and readiness alike (kube's
+        // `etcd` check): a store that cannot answer within the deadline fails both.
+        let probe = store.clone();
+        self.readiness
+            .add_async("storage", crate::api::health::Probe::Live, move || {
+                let store = probe.clone();
+                async move { store.probe().await.is_ok() }
+            });
+        // Listening starts after the watch caches are loaded.
+        self.readiness.add("watch-cache-sync", || true);
+        if let Some(r) = replica {
+            self.tasks.extend(r.start().await);
+            let r = r.clone();
+            let described = r.clone();
+            self.readiness
+                .add("replica-caught-up", move || r.caught_up());
+            self.readiness.add_info(move || described.describe());
+        }
+        let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = shutting_down.clone();
+        self.readiness.add("shutdown", move || {
+            !stopping.load(std::sync::atomic::Ordering::Acquire)
+        });
+        shutting_down
+    }
+
+    /// Definitions change without a restart: the files are followed, and
+    /// discovery, OpenAPI and every request use the catalog of the moment.
+    fn follow_definitions(
+        &mut self,
+        sources: crate::definitions::Sources,
+        registry: &Arc<Registry>,
+        connections: &conn::Connections,
+    ) {
+        if !self.cfg.crds.is_empty() || sources.serve_definitions || sources.host.is_some() {
+            self.tasks.push(crate::definitions::spawn_watcher(
+                sources,
+                registry.clone(),
+                std::time::Duration::from_millis(500),
+                connections.stop.clone(),
+            ));
         }
     }
-    tracing::info!(resources = catalog.resources.len(), "catalog loaded");
-    let live_catalog = crate::apiextensions::live::LiveCatalog::new(catalog);
-    let on_load = crate::registry::read_defaulter(live_catalog.clone());
-    let history = crate::watch::HistoryLimits {
-        window: cfg.watch_cache_history,
-        bytes: cfg.watch_cache_history_bytes,
-        events: cfg.watch_history,
-        watcher_bytes: cfg.watch_buffer_bytes,
-        watcher_grace: cfg.watch_buffer_grace,
-    };
-    let cache = Cache::start_with(store.clone(), history, Some(on_load)).await?;
-    let readiness = Arc::new(crate::api::health::Readiness::default());
-    let mut tasks = Vec::new();
-    // Behind a host: creates pass its namespace lifecycle (kube's admission),
-    // and webhook configurations and namespace labels come from the host.
-    let host = match &admission_host {
-        Some(h) => {
-            let client = crate::host::client(h.as_deref()).await?;
-            let (lifecycle, task) =
-                crate::host::namespaces::NamespaceLifecycle::spawn(client.clone());
-            tasks.push(task);
-            let synced = lifecycle.clone();
-            readiness.add("namespace-informer-sync", move || synced.is_synced());
-            Some((client, lifecycle))
-        }
-        None => None,
-    };
-    let admission = host
-        .as_ref()
-        .map(|(_, l)| l.clone() as Arc<dyn crate::registry::admission::CreateAdmission>);
-    let registry = Registry::new(live_catalog.clone(), store.clone(), cache, admission);
-    let host_client = host.as_ref().map(|(c, _)| c.clone());
-    // Behind a host, definitions are managed through its API too
-    // (ShardResourceDefinitions), served once the first list is loaded.
-    if let Some(client) = &host_client {
-        let (defs, task) = crate::definitions::host::HostDefinitions::spawn(
-            client.clone(),
-            cfg.host_definitions_selector.as_deref(),
+
+    /// API Priority and Fairness with its metrics and borrowing rounds.
+    fn start_flow_control(&mut self) -> Arc<Apf> {
+        let apf = Apf::new(flowcontrol::ServerConfig {
+            max_requests_inflight: self.cfg.max_requests_inflight,
+            max_mutating_requests_inflight: self.cfg.max_mutating_requests_inflight,
+        });
+        self.tasks.extend(metrics::spawn_upkeep());
+        apf.set_observer(Arc::new(metrics::Observer));
+        self.tasks.push(apf.spawn_borrowing_loop());
+        apf
+    }
+
+    /// The API and the server's own endpoints behind the request layers,
+    /// and the body limits those layers share.
+    async fn request_stack(
+        &self,
+        registry: &Arc<Registry>,
+        apf: &Arc<Apf>,
+        replica: Option<&Arc<crate::replica::Replica>>,
+        delegation: Delegation,
+        connections: &conn::Connections,
+    ) -> Result<(Router, Arc<layers::body::BodyLimits>), ServerError> {
+        let cfg = self.cfg;
+        let auditor = crate::audit::Auditor::from_options(&cfg.audit)
+            .await
+            .map_err(|e| ServerError::Config(e.to_string()))?;
+        let body_limits = Arc::new(layers::body::BodyLimits::new(
+            cfg.connections.max_request_body_bytes,
+            cfg.connections.max_buffered_request_body_bytes,
+        ));
+        let state = Arc::new(ApiState {
+            registry: registry.clone(),
+            readiness: self.readiness.clone(),
+            bookmark_interval: cfg.bookmark_interval,
+            min_request_timeout: cfg.connections.min_request_timeout,
+            request_timeout: cfg.connections.request_timeout,
+            stop_watches: connections.stop.clone(),
+            serve_reviews: !cfg.delegated(),
+        });
+        let app = app(
+            state,
+            layers::Parts {
+                apf: apf.clone(),
+                registry: registry.clone(),
+                auth: delegation.auth,
+                authz: delegation.authz,
+                replica: replica.cloned(),
+                auditor,
+                request_timeout: cfg.connections.request_timeout,
+                body: body_limits.clone(),
+            },
         );
-        tasks.push(task);
-        let loaded = defs.clone();
-        readiness.add("host-definitions-sync", move || loaded.is_loaded());
-        sources.host = Some(defs);
-    } else if cfg.manage_apiservices {
-        return Err(ServerError::Config(
-            "--manage-apiservices needs a host cluster (--kubeconfig, or running in a pod)".into(),
-        ));
+        Ok((app, body_limits))
     }
-    let (source, namespaces, task): (_, Arc<dyn crate::admission::Namespaces>, _) = match host {
-        Some((client, lifecycle)) => {
-            let (source, task) = crate::admission::config::Source::host(client);
-            (source, lifecycle, task)
+
+    /// Serves the app: to other replicas on the internal listener, over TLS on
+    /// the public one, and in plain HTTP when asked (whose address it returns).
+    async fn serve(
+        &mut self,
+        listeners: Listeners,
+        app: Router,
+        replica: Option<&Arc<crate::replica::Replica>>,
+        pki: &pki::Pki,
+        auth: &crate::auth::Authenticator,
+    ) -> Result<Option<SocketAddr>, ServerError> {
+        let Listeners {
+            public,
+            internal,
+            limits,
+            connections,
+        } = listeners;
+        if let (Some(r), Some(l)) = (replica, internal) {
+            let internal =
+                crate::replica::internal::router(r.clone(), app.clone(), connections.stop.clone());
+            self.tasks.push(tokio::spawn(serve_plain(
+                l,
+                internal,
+                limits.clone(),
+                connections.clone(),
+            )));
         }
-        None => {
-            let (source, task) = crate::admission::config::Source::local(registry.clone());
-            (source, Arc::new(crate::admission::ImplicitNamespaces), task)
+
+        let serving = match (&self.cfg.tls_cert_file, &self.cfg.tls_private_key_file) {
+            (Some(c), Some(k)) => tls::ReloadingCert::new(c.clone(), k.clone())?,
+            (None, None) => tls::ReloadingCert::new(pki.server_cert(), pki.server_key())?,
+            _ => {
+                return Err(ServerError::Config(
+                    "--tls-cert-file and --tls-private-key-file go together".into(),
+                ))
+            }
+        };
+        let tls = tls::server_config(Arc::new(serving), !auth.is_dev())
+            .map_err(|e| ServerError::Tls(e.to_string()))?;
+        self.tasks.push(tokio::spawn(serve_tls(
+            public,
+            tls,
+            app.clone(),
+            limits.clone(),
+            connections.clone(),
+        )));
+
+        let mut insecure_addr = None;
+        if let Some(a) = self.cfg.insecure_listen {
+            let l = TcpListener::bind(a)
+                .await
+                .map_err(io(format!("listening on {a}")))?;
+            insecure_addr = Some(l.local_addr().map_err(io("local address"))?);
+            tracing::warn!(addr = %a, "serving plain HTTP without authentication: every request is the admin");
+            let app = app.layer(axum::Extension(layers::InsecureListener));
+            self.tasks
+                .push(tokio::spawn(serve_plain(l, app, limits, connections)));
         }
-    };
-    tasks.push(task);
-    // Params of admission policies are kshard's own objects (a weak
-    // reference: the registry holds the admission); behind a host, objects
-    // of kinds kshard does not serve are the host's.
-    let local_params = crate::admission::policy::RegistryParams(Arc::downgrade(&registry));
-    let params: Arc<dyn crate::admission::policy::Params> = match host_client.clone() {
-        Some(client) => Arc::new(crate::admission::policy::HostParams {
-            local: local_params,
-            client,
-        }),
-        None => Arc::new(local_params),
-    };
-    let webhooks = Arc::new(crate::admission::Webhooks::new(
-        source,
-        crate::admission::webhook::Clients::new(&cfg.admission_webhook_resolve),
-        namespaces,
-        Some(params),
-    ));
-    let synced = webhooks.clone();
-    readiness.add("admission-webhook-configuration-sync", move || {
-        synced.is_synced()
-    });
-    let described = webhooks.clone();
-    readiness.add_info(move || {
-        let missing = described.missing();
-        if missing.is_empty() {
-            return String::new();
-        }
-        missing
-            .iter()
-            .map(|(kind, why)| format!("admission: not following the host's {kind}: {why}"))
-            .collect::<Vec<_>>()
-            .join("\ninfo: ")
-    });
-    if admission_host.is_none() {
-        // Standalone the configuration is kshard's own, already in the watch
-        // cache: serve only once it is read, as listening waits for the caches.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !webhooks.is_synced() && std::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        Ok(insecure_addr)
     }
-    registry.set_admission(webhooks);
-    tasks.push(gc::spawn(registry.clone()));
-    tasks.push(store.spawn_compactor(cfg.compaction_interval));
-    // A real read through the engine, for liveness and readiness alike (kube's
-    // `etcd` check): a store that cannot answer within the deadline fails both.
-    let probe = store.clone();
-    readiness.add_async("storage", crate::api::health::Probe::Live, move || {
-        let store = probe.clone();
-        async move { store.probe().await.is_ok() }
-    });
-    // Listening starts after the watch caches are loaded.
-    readiness.add("watch-cache-sync", || true);
-    if let Some(r) = &replica {
-        tasks.extend(r.start().await);
-        let r = r.clone();
-        let described = r.clone();
-        readiness.add("replica-caught-up", move || r.caught_up());
-        readiness.add_info(move || described.describe());
-    }
-    let shutting_down = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stopping = shutting_down.clone();
-    readiness.add("shutdown", move || {
-        !stopping.load(std::sync::atomic::Ordering::Acquire)
-    });
-    let connections = conn::Connections::default();
-    // Definitions change without a restart: the files are followed, and
-    // discovery, OpenAPI and every request use the catalog of the moment.
-    let host_definitions = sources.host.clone();
-    if !cfg.crds.is_empty() || sources.serve_definitions || sources.host.is_some() {
-        tasks.push(crate::definitions::spawn_watcher(
-            sources,
-            registry.clone(),
-            std::time::Duration::from_millis(500),
-            connections.stop.clone(),
-        ));
-    }
-    let state = Arc::new(ApiState {
-        registry: registry.clone(),
-        readiness: readiness.clone(),
-        bookmark_interval: cfg.bookmark_interval,
-        min_request_timeout: cfg.connections.min_request_timeout,
-        request_timeout: cfg.connections.request_timeout,
-        stop_watches: connections.stop.clone(),
-        serve_reviews: !cfg.delegated(),
-    });
-    let apf = Apf::new(flowcontrol::ServerConfig {
-        max_requests_inflight: cfg.max_requests_inflight,
-        max_mutating_requests_inflight: cfg.max_mutating_requests_inflight,
-    });
-    tasks.extend(metrics::spawn_upkeep());
-    apf.set_observer(Arc::new(metrics::Observer));
-    tasks.push(apf.spawn_borrowing_loop());
+}
+
+/// The public listener, the dev PKI with the address it got among the
+/// certificate's names, and the admin kubeconfig pointing at it.
+async fn listen_with_certificates(
+    cfg: &ServeConfig,
+) -> Result<(TcpListener, SocketAddr, pki::Pki, PathBuf), ServerError> {
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(io(format!("listening on {}", cfg.listen)))?;
@@ -401,125 +676,65 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         &format!("https://{host}:{}", addr.port()),
         &kubeconfig,
     )?;
-    let delegation = delegation(&cfg, &readiness, &pki, addr).await?;
-    tasks.extend(delegation.tasks);
-    let auth = delegation.auth;
-    let limits = Arc::new(cfg.connections.clone());
-    let auditor = crate::audit::Auditor::from_options(&cfg.audit)
-        .await
-        .map_err(|e| ServerError::Config(e.to_string()))?;
-    let body_limits = Arc::new(layers::body::BodyLimits::new(
-        cfg.connections.max_request_body_bytes,
-        cfg.connections.max_buffered_request_body_bytes,
-    ));
-    let app = app(
-        state.clone(),
-        layers::Parts {
-            apf: apf.clone(),
-            registry: registry.clone(),
-            auth: auth.clone(),
-            authz: delegation.authz,
-            replica: replica.clone(),
-            auditor,
-            request_timeout: cfg.connections.request_timeout,
-            body: body_limits.clone(),
-        },
-    );
-    if let (Some(r), Some(l)) = (&replica, internal_listener) {
-        let internal =
-            crate::replica::internal::router(r.clone(), app.clone(), connections.stop.clone());
-        tasks.push(tokio::spawn(serve_plain(
-            l,
-            internal,
-            limits.clone(),
-            connections.clone(),
-        )));
-    }
+    Ok((listener, addr, pki, kubeconfig))
+}
 
-    let serving = match (&cfg.tls_cert_file, &cfg.tls_private_key_file) {
-        (Some(c), Some(k)) => tls::ReloadingCert::new(c.clone(), k.clone())?,
-        (None, None) => tls::ReloadingCert::new(pki.server_cert(), pki.server_key())?,
-        _ => {
-            return Err(ServerError::Config(
-                "--tls-cert-file and --tls-private-key-file go together".into(),
-            ))
-        }
+/// The sockets the app is served on, and what every connection shares.
+struct Listeners {
+    public: TcpListener,
+    /// The replicas' internal endpoint, on a shared store.
+    internal: Option<TcpListener>,
+    limits: Arc<conn::ConnectionLimits>,
+    connections: conn::Connections,
+}
+
+/// Keeps the host's APIServices in step with the catalog, once the host's
+/// definitions are loaded.
+fn keep_apiservices(
+    cfg: &ServeConfig,
+    client: &kube::Client,
+    registry: &Arc<Registry>,
+    pki: &pki::Pki,
+    host_definitions: Option<crate::definitions::host::HostDefinitions>,
+) -> tokio::task::JoinHandle<()> {
+    let target = crate::host::apiservices::Target {
+        namespace: cfg.apiservice_service_namespace.clone(),
+        name: cfg.apiservice_service_name.clone(),
+        port: cfg.apiservice_service_port,
+        ca_file: apiservice_ca_file(cfg, pki),
     };
-    let tls = tls::server_config(Arc::new(serving), !auth.is_dev())
-        .map_err(|e| ServerError::Tls(e.to_string()))?;
-    tasks.push(tokio::spawn(serve_tls(
-        listener,
-        tls,
-        app.clone(),
-        limits.clone(),
-        connections.clone(),
-    )));
+    tracing::info!(ca = %target.ca_file.display(), service = %format!("{}/{}", target.namespace, target.name), "keeping the host's APIServices in step");
+    let ready: Arc<dyn Fn() -> bool + Send + Sync> = match host_definitions {
+        Some(h) => Arc::new(move || h.is_loaded()),
+        None => Arc::new(|| true),
+    };
+    crate::host::apiservices::spawn(client.clone(), registry.clone(), target, ready)
+}
 
-    let mut insecure_addr = None;
-    if let Some(a) = cfg.insecure_listen {
-        let l = TcpListener::bind(a)
+/// The flow-control controller, against the host's objects or kshard's own
+/// (through the admin kubeconfig); without a client the built-in
+/// configuration stays in force.
+async fn start_flowcontrol_controller(
+    cfg: &ServeConfig,
+    kubeconfig: &std::path::Path,
+    apf: &Arc<Apf>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let client = match cfg.host_for(&cfg.flowcontrol_kubeconfig.clone()) {
+        Some(host) => crate::host::client(host.as_deref())
             .await
-            .map_err(io(format!("listening on {a}")))?;
-        insecure_addr = Some(l.local_addr().map_err(io("local address"))?);
-        tracing::warn!(addr = %a, "serving plain HTTP without authentication: every request is the admin");
-        let app = app.layer(axum::Extension(layers::InsecureListener));
-        tasks.push(tokio::spawn(serve_plain(
-            l,
-            app,
-            limits.clone(),
-            connections.clone(),
-        )));
-    }
-    if let (true, Some(client)) = (cfg.manage_apiservices, &host_client) {
-        let target = crate::host::apiservices::Target {
-            namespace: cfg.apiservice_service_namespace.clone(),
-            name: cfg.apiservice_service_name.clone(),
-            port: cfg.apiservice_service_port,
-            ca_file: apiservice_ca_file(&cfg, &pki),
-        };
-        tracing::info!(ca = %target.ca_file.display(), service = %format!("{}/{}", target.namespace, target.name), "keeping the host's APIServices in step");
-        let ready: Arc<dyn Fn() -> bool + Send + Sync> = match host_definitions {
-            Some(h) => Arc::new(move || h.is_loaded()),
-            None => Arc::new(|| true),
-        };
-        tasks.push(crate::host::apiservices::spawn(
-            client.clone(),
-            registry.clone(),
-            target,
-            ready,
-        ));
-    }
-    if cfg.flowcontrol_controller {
-        let client = match &flowcontrol_host {
-            Some(host) => crate::host::client(host.as_deref())
-                .await
-                .map_err(|e| e.to_string()),
-            None => controller_client(&kubeconfig).await,
-        };
-        match client {
-            Ok(client) => tasks.push(crate::controller::spawn(client, apf.clone())),
-            Err(e) => tracing::error!(
+            .map_err(|e| e.to_string()),
+        None => controller_client(kubeconfig).await,
+    };
+    match client {
+        Ok(client) => Some(crate::controller::spawn(client, apf.clone())),
+        Err(e) => {
+            tracing::error!(
                 error = %e,
                 "flow-control controller not started; built-in configuration stays in force"
-            ),
+            );
+            None
         }
     }
-    tracing::info!(%addr, kubeconfig = %kubeconfig.display(), "kshard is serving");
-    Ok(Running {
-        addr,
-        insecure_addr,
-        kubeconfig,
-        registry,
-        store,
-        apf,
-        readiness,
-        body_limits,
-        tasks,
-        connections,
-        shutting_down,
-        replica,
-        limits,
-    })
 }
 
 /// The CA the host's aggregator verifies kshard with: the flag; else the
@@ -549,7 +764,7 @@ fn apiservice_ca_file(cfg: &ServeConfig, pki: &pki::Pki) -> PathBuf {
 async fn open_engine_retrying(
     cfg: &ServeConfig,
 ) -> Result<Arc<dyn crate::storage::Engine>, ServerError> {
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let store = cfg.store.clone();
         let path = cfg.data_dir.join("store.redb");
@@ -561,9 +776,9 @@ async fn open_engine_retrying(
         .map_err(|e| ServerError::Config(format!("opening the store: {e}")))?;
         match opened {
             Err(StorageError::Unavailable(why)) => {
-                tracing::error!(retry_in = ?backoff, "{why}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                let wait = backoff.next_delay();
+                tracing::error!(retry_in = ?wait, "{why}");
+                tokio::time::sleep(wait).await;
             }
             other => return Ok(other?),
         }

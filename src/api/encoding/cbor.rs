@@ -32,7 +32,7 @@
 //!   unreadable as stored JSON. Kube allows 10000 levels.
 
 use base64::Engine as _;
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde_json::{Map, Number, Value};
 
 /// Media type of single CBOR bodies.
@@ -619,8 +619,7 @@ fn rfc3339_tag(v: &Value) -> Result<Value, CborError> {
             "{s:?}: year outside of range [0,9999]"
         )));
     }
-    let text = t.to_rfc3339_opts(SecondsFormat::AutoSi, true);
-    Ok(Value::String(trim_fraction(&text)))
+    Ok(Value::String(crate::timestamps::rfc3339_nano(&t)))
 }
 
 /// Tag 1: seconds since the epoch (integer or float) as an RFC3339Nano UTC
@@ -644,25 +643,7 @@ fn epoch_tag(v: &Value) -> Result<Value, CborError> {
     let t = DateTime::<Utc>::from_timestamp(secs, nanos)
         .filter(|t| (0..=9999).contains(&chrono::Datelike::year(t)))
         .ok_or_else(|| CborError::InvalidTime(format!("{secs}: year outside of range [0,9999]")))?;
-    let text = t.to_rfc3339_opts(SecondsFormat::AutoSi, true);
-    Ok(Value::String(trim_fraction(&text)))
-}
-
-/// Drops trailing zeros of the fractional second (chrono prints 3, 6 or 9
-/// digits; Go's RFC3339Nano prints only the significant ones).
-fn trim_fraction(s: &str) -> String {
-    let Some(dot) = s.find('.') else {
-        return s.to_owned();
-    };
-    let zone = s[dot..]
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or(s.len(), |i| dot + i);
-    let fraction = s[dot + 1..zone].trim_end_matches('0');
-    if fraction.is_empty() {
-        format!("{}{}", &s[..dot], &s[zone..])
-    } else {
-        format!("{}.{}{}", &s[..dot], fraction, &s[zone..])
-    }
+    Ok(Value::String(crate::timestamps::rfc3339_nano(&t)))
 }
 
 #[cfg(test)]
