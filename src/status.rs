@@ -425,6 +425,19 @@ impl ApiError {
             ),
         )
     }
+    /// The 406 of kube's handlers for its built-in kinds (`NewNotAcceptableError`
+    /// of the serializer negotiation), which words it otherwise.
+    pub fn not_acceptable_representations(available: &[&str]) -> Self {
+        Self::new(
+            406,
+            "NotAcceptable",
+            format!(
+                "406: Not Acceptable\n\nAvailable representations: {}",
+                available.join(", ")
+            ),
+        )
+        .with_details(Details::default())
+    }
     pub fn unsupported_media_type(accepted: &[&str]) -> Self {
         Self::new(
             415,

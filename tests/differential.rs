@@ -387,8 +387,13 @@ fn answer_of(parts: &http::response::Parts, body: &[u8], text: bool, norm: &mut 
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .collect()
     };
+    let protobuf = header("content-type")
+        .first()
+        .is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf"));
     let body = if text {
         json!(norm.text(&String::from_utf8_lossy(body)))
+    } else if protobuf && body.starts_with(b"k8s\0") {
+        protobuf_tree(&body[4..])
     } else if body.is_empty() {
         Value::Null
     } else {
@@ -403,6 +408,73 @@ fn answer_of(parts: &http::response::Parts, body: &[u8], text: bool, norm: &mut 
         "warning": header("warning"),
         "body": body,
     })
+}
+
+/// A protobuf body as a comparable tree, read by its wire format alone (no
+/// schema): each field as `"<number>"` with its values in order; a length-
+/// delimited field that reads as a message is a subtree, otherwise text.
+/// A varint in the range of Unix seconds of this era is a time (the seconds
+/// of a `metav1.Time`), which differs between the servers' answers.
+fn protobuf_tree(b: &[u8]) -> Value {
+    fn varint(b: &[u8], i: &mut usize) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let c = *b.get(*i)?;
+            *i += 1;
+            v |= u64::from(c & 0x7f) << shift;
+            if c < 0x80 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    fn message(b: &[u8]) -> Option<Vec<(u64, Value)>> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            let key = varint(b, &mut i)?;
+            let (field, wire) = (key >> 3, key & 7);
+            if field == 0 {
+                return None;
+            }
+            let v = match wire {
+                0 => {
+                    let n = varint(b, &mut i)?;
+                    if (1_500_000_000..4_000_000_000).contains(&n) {
+                        json!("<time>")
+                    } else {
+                        json!(n)
+                    }
+                }
+                2 => {
+                    let len = usize::try_from(varint(b, &mut i)?).ok()?;
+                    let bytes = b.get(i..i.checked_add(len)?)?;
+                    i += len;
+                    match message(bytes).filter(|m| !m.is_empty()) {
+                        Some(m) => tree(m),
+                        None => json!(String::from_utf8_lossy(bytes)),
+                    }
+                }
+                _ => return None,
+            };
+            out.push((field, v));
+        }
+        Some(out)
+    }
+    fn tree(fields: Vec<(u64, Value)>) -> Value {
+        let mut o = serde_json::Map::new();
+        for (f, v) in fields {
+            let entry = o.entry(f.to_string()).or_insert_with(|| json!([]));
+            if let Some(a) = entry.as_array_mut() {
+                a.push(v);
+            }
+        }
+        Value::Object(o)
+    }
+    match message(b) {
+        Some(m) => tree(m),
+        None => json!(String::from_utf8_lossy(b)),
+    }
 }
 
 /// What differs between two values, one line per path.
