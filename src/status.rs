@@ -59,6 +59,17 @@ impl FieldErrorKind {
     }
 }
 
+/// Go's strconv words for a number that does not parse: too many digits
+/// is a range error, anything else a syntax error.
+pub fn go_parse_failure(e: &std::num::ParseIntError) -> &'static str {
+    match e.kind() {
+        std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow => {
+            "value out of range"
+        }
+        _ => "invalid syntax",
+    }
+}
+
 /// Renders a string value as Go's `%q` would (close enough for names and keys).
 pub fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
@@ -413,6 +424,19 @@ impl ApiError {
                 accepted.join(", ")
             ),
         )
+    }
+    /// The 406 of kube's handlers for its built-in kinds (`NewNotAcceptableError`
+    /// of the serializer negotiation), which words it otherwise.
+    pub fn not_acceptable_representations(available: &[&str]) -> Self {
+        Self::new(
+            406,
+            "NotAcceptable",
+            format!(
+                "406: Not Acceptable\n\nAvailable representations: {}",
+                available.join(", ")
+            ),
+        )
+        .with_details(Details::default())
     }
     pub fn unsupported_media_type(accepted: &[&str]) -> Self {
         Self::new(

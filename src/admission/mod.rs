@@ -12,6 +12,7 @@
 //! - [`crd`]: the built-in CRDs that serve those kinds standalone;
 //! - [`matching`]: rules, selectors, match policy, match conditions;
 //! - [`review`]: the AdmissionReview sent and the answer's checks;
+//! - [`validation`]: kube's validation of the webhook configurations kshard stores;
 //! - [`webhook`]: the HTTPS call (clients, CA bundles, timeouts, errors);
 //! - [`policy`]: ValidatingAdmissionPolicy and its bindings, in CEL;
 //! - `dispatch`: the mutating (in order, with reinvocation) and validating
@@ -23,6 +24,7 @@ mod dispatch;
 pub mod matching;
 pub mod policy;
 pub mod review;
+pub mod validation;
 pub mod webhook;
 
 use std::sync::Arc;

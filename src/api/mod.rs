@@ -240,10 +240,13 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             &openapi::v3_root(catalog),
             "application/json",
         ),
-        Route::OpenApiV3GroupVersion(g, v) => match openapi::v3_group_version(catalog, &g, &v) {
-            Some(doc) => etagged(&parts.headers, &doc, "application/json"),
-            None => error_response(&ApiError::not_found_path()),
-        },
+        Route::OpenApiV3GroupVersion(g, v) => openapi_v3(
+            &parts.method,
+            &parts.headers,
+            accept.as_deref(),
+            &parts.uri,
+            openapi::v3_group_version(catalog, &g, &v),
+        ),
         Route::NotFound => error_response(&ApiError::not_found_path()),
     }
 }
@@ -355,6 +358,80 @@ fn openapi_v2(
             r
         }
     };
+    r.headers_mut()
+        .insert(header::VARY, HeaderValue::from_static("Accept"));
+    r
+}
+
+/// `/openapi/v3/<group>/<version>` as kube-openapi's v3 handler serves it:
+/// an unknown group-version is a bare 404, a form the client cannot take a
+/// bare 406; a `hash` query that is not the document's redirects (301) to
+/// the current one, and one that is makes the answer cacheable for a year;
+/// If-None-Match the document's ETag is a 304 (412 unless GET or HEAD).
+fn openapi_v3(
+    method: &http::Method,
+    headers: &HeaderMap,
+    accept: Option<&str>,
+    uri: &http::Uri,
+    doc: Option<Value>,
+) -> Response {
+    let bare = |code: StatusCode| {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = code;
+        r
+    };
+    let Some(doc) = doc else {
+        return bare(StatusCode::NOT_FOUND);
+    };
+    if !openapi::v3_accepts_json(accept) {
+        return bare(StatusCode::NOT_ACCEPTABLE);
+    }
+    let json = serde_json::to_vec(&doc).unwrap_or_default();
+    let etag = discovery::etag(&json);
+    let hash = etag.trim_matches('"');
+    let asked = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "hash")
+        .map(|(_, v)| v.into_owned())
+        .filter(|v| !v.is_empty());
+    let mut r = match asked.as_deref() {
+        Some(h) if h != hash => {
+            let mut r = bare(StatusCode::MOVED_PERMANENTLY);
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(response::JSON),
+            );
+            // The same path with the current hash as its only query.
+            let location = format!("{}?hash={hash}", uri.path());
+            if let Ok(v) = HeaderValue::from_str(&location) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
+            r
+        }
+        _ if openapi::if_none_match(headers, &etag) => bare(
+            if method == http::Method::GET || method == http::Method::HEAD {
+                StatusCode::NOT_MODIFIED
+            } else {
+                StatusCode::PRECONDITION_FAILED
+            },
+        ),
+        _ => bytes_response(StatusCode::OK, response::JSON, json),
+    };
+    if asked.as_deref() == Some(hash) && r.status() == StatusCode::OK {
+        r.headers_mut().insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("public, immutable"),
+        );
+        // Go's time.RFC1123, which names the zone `UTC`.
+        let expires = (chrono::Utc::now() + chrono::Duration::days(365))
+            .format("%a, %d %b %Y %H:%M:%S UTC")
+            .to_string();
+        if let Ok(v) = HeaderValue::from_str(&expires) {
+            r.headers_mut().insert(header::EXPIRES, v);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        r.headers_mut().insert(header::ETAG, v);
+    }
     r.headers_mut()
         .insert(header::VARY, HeaderValue::from_static("Accept"));
     r

@@ -158,6 +158,42 @@ fn pick(accept: Option<&str>, allow_meta: bool) -> Result<(Output, &'static str)
     Err(ApiError::not_acceptable(ACCEPTED))
 }
 
+/// The form of a built-in kind's answer (the identity reviews), which,
+/// unlike a custom resource, has a protobuf form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltinOutput {
+    Json,
+    Yaml,
+    Cbor,
+    Protobuf,
+}
+
+/// The client's most preferred plain media type kshard writes a built-in
+/// kind in; none is kube's 406.
+pub fn negotiate_builtin(accept: Option<&str>) -> Result<BuiltinOutput, ApiError> {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Ok(BuiltinOutput::Json);
+    };
+    for r in parse(accept) {
+        if r.q <= 0.0 || !r.as_.is_empty() {
+            continue;
+        }
+        match r.media.as_str() {
+            "application/json" | "*/*" | "application/*" => return Ok(BuiltinOutput::Json),
+            "application/yaml" => return Ok(BuiltinOutput::Yaml),
+            "application/cbor" => return Ok(BuiltinOutput::Cbor),
+            "application/vnd.kubernetes.protobuf" => return Ok(BuiltinOutput::Protobuf),
+            _ => {}
+        }
+    }
+    Err(ApiError::not_acceptable_representations(&[
+        "application/json",
+        "application/yaml",
+        "application/vnd.kubernetes.protobuf",
+        "application/cbor",
+    ]))
+}
+
 /// How a Status error is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorMedia {

@@ -136,6 +136,7 @@ fn kind_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
         .and_then(|v| v.schema.clone())
         .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
     unfold_int_or_string(&mut schema);
+    go_numbers(&mut schema);
     let root_preserves = schema
         .get("x-kubernetes-preserve-unknown-fields")
         .and_then(Value::as_bool)
@@ -146,14 +147,20 @@ fn kind_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
         if !v3 {
             to_openapi_v2(o);
         }
+        // After the v2 conversion: an embedded node it left without a type
+        // (one that preserves unknown fields) gets nothing in v2.
+        for_each_child(o, &mut |c| add_embedded_type_meta(v3, c));
         let props = o
             .entry("properties")
             .or_insert_with(|| json!({}))
             .as_object_mut()
             .map(|p| {
-                p.insert("apiVersion".into(), json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."}));
-                p.insert("kind".into(), json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."}));
-                p.insert("metadata".into(), wrap_ref(v3, meta_ref(v3, "ObjectMeta")));
+                p.insert("apiVersion".into(), type_meta_property("apiVersion"));
+                p.insert("kind".into(), type_meta_property("kind"));
+                p.insert(
+                    "metadata".into(),
+                    described_ref(v3, meta_ref(v3, "ObjectMeta"), OBJECT_META_DESCRIPTION),
+                );
             });
         let _ = props;
     }
@@ -162,22 +169,106 @@ fn kind_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
             "x-kubernetes-group-version-kind".into(),
             json!([{"group": rt.group, "version": version, "kind": rt.kind}]),
         );
-        // kube publishes the version's selectableFields (paths without the
-        // leading dot) so clients know which field selectors are served.
-        let selectable: Vec<Value> = v
-            .map(|v| v.selectable_fields.as_slice())
-            .unwrap_or_default()
-            .iter()
-            .map(|f| json!({"fieldPath": f.trim_start_matches('.')}))
-            .collect();
-        if !selectable.is_empty() {
-            o.insert(
-                "x-kubernetes-selectable-fields".into(),
-                Value::Array(selectable),
-            );
-        }
+        add_selectable_fields(rt, version, o);
     }
     schema
+}
+
+/// kube publishes the version's selectableFields (paths without the
+/// leading dot) on the kind and its list, so clients know which field
+/// selectors are served.
+fn add_selectable_fields(rt: &ResourceType, version: &str, o: &mut Map<String, Value>) {
+    let selectable: Vec<Value> = rt
+        .version(version)
+        .map(|v| v.selectable_fields.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|f| json!({"fieldPath": f.trim_start_matches('.')}))
+        .collect();
+    if !selectable.is_empty() {
+        o.insert(
+            "x-kubernetes-selectable-fields".into(),
+            Value::Array(selectable),
+        );
+    }
+}
+
+const OBJECT_META_DESCRIPTION: &str = "Standard object's metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata";
+const LIST_META_DESCRIPTION: &str = "Standard list metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds";
+
+/// `apiVersion` and `kind` as kube's builder adds them to every CR kind and list.
+fn type_meta_property(name: &str) -> Value {
+    let description = if name == "apiVersion" {
+        "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources"
+    } else {
+        "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"
+    };
+    json!({"type": "string", "description": description})
+}
+
+/// A reference with a description beside it: v3 wraps the reference in
+/// `allOf` (a `$ref` takes no siblings there), v2 keeps it bare.
+fn described_ref(v3: bool, r: Value, description: &str) -> Value {
+    if v3 {
+        json!({"allOf": [r], "description": description})
+    } else {
+        let mut r = r;
+        r["description"] = json!(description);
+        r
+    }
+}
+
+/// Numbers as Go's encoding/json writes the float64s of kube's schema
+/// type (`minimum`, `maximum`, `multipleOf`): an integral value without a
+/// fraction (`0`, not serde's `0.0`), below 1e21 where Go switches to
+/// exponents.
+fn go_numbers(v: &mut Value) {
+    match v {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
+                if f.fract() == 0.0 && f.abs() < 1e21 {
+                    // Integral and below 1e21: exact in an i128 range; i64
+                    // covers all but the largest, which stay as they are.
+                    #[allow(clippy::cast_possible_truncation)]
+                    let i = f as i64;
+                    if i as f64 == f {
+                        *v = json!(i);
+                    }
+                }
+            }
+        }
+        Value::Object(o) => o.values_mut().for_each(go_numbers),
+        Value::Array(a) => a.iter_mut().for_each(go_numbers),
+        _ => {}
+    }
+}
+
+/// kube's builder gives every `x-kubernetes-embedded-resource` object node
+/// below the root `apiVersion`, `kind` and `metadata` properties (its own
+/// wording) and requires `kind` and `apiVersion`.
+fn add_embedded_type_meta(v3: bool, o: &mut Map<String, Value>) {
+    if o.get("x-kubernetes-embedded-resource")
+        .and_then(Value::as_bool)
+        == Some(true)
+        && o.get("type").and_then(Value::as_str) == Some("object")
+    {
+        if let Value::Object(props) = o.entry("properties").or_insert_with(|| json!({})) {
+            props.insert("apiVersion".into(), json!({"type": "string", "description": "apiVersion defines the versioned schema of this representation of an object. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources"}));
+            props.insert("kind".into(), json!({"type": "string", "description": "kind is a string value representing the type of this object. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"}));
+            props.insert(
+                "metadata".into(),
+                described_ref(v3, meta_ref(v3, "ObjectMeta"), OBJECT_META_DESCRIPTION),
+            );
+        }
+        if let Value::Array(req) = o.entry("required").or_insert_with(|| json!([])) {
+            for k in ["kind", "apiVersion"] {
+                if !req.iter().any(|r| r == k) {
+                    req.push(json!(k));
+                }
+            }
+        }
+    }
+    for_each_child(o, &mut |c| add_embedded_type_meta(v3, c));
 }
 
 /// The structural children of a schema node: properties, items and
@@ -341,18 +432,26 @@ fn list_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
     } else {
         "#/definitions/"
     };
-    json!({
+    let mut list = json!({
         "type": "object",
         "required": ["items"],
         "description": format!("{} is a list of {}", rt.list_kind, rt.kind),
         "properties": {
-            "apiVersion": {"type": "string"},
-            "items": {"type": "array", "items": {"$ref": format!("{prefix}{}", definition_name(&rt.group, version, &rt.kind))}},
-            "kind": {"type": "string"},
-            "metadata": wrap_ref(v3, meta_ref(v3, "ListMeta")),
+            "apiVersion": type_meta_property("apiVersion"),
+            "items": {
+                "type": "array",
+                "description": format!("List of {}. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md", rt.plural),
+                "items": {"$ref": format!("{prefix}{}", definition_name(&rt.group, version, &rt.kind))},
+            },
+            "kind": type_meta_property("kind"),
+            "metadata": described_ref(v3, meta_ref(v3, "ListMeta"), LIST_META_DESCRIPTION),
         },
         "x-kubernetes-group-version-kind": [{"group": rt.group, "version": version, "kind": rt.list_kind}],
-    })
+    });
+    if let Some(o) = list.as_object_mut() {
+        add_selectable_fields(rt, version, o);
+    }
+    list
 }
 
 fn query_param(v3: bool, name: &str, description: &str, type_: &str) -> Value {
@@ -547,10 +646,6 @@ fn paths_for(rt: &ResourceType, version: &str, v3: bool) -> Map<String, Value> {
     paths
 }
 
-fn has_scale(rt: &ResourceType, version: &str) -> bool {
-    rt.version(version).is_some_and(|v| v.scale.is_some())
-}
-
 fn definitions_for(rt: &ResourceType, version: &str, v3: bool, out: &mut Map<String, Value>) {
     out.insert(
         definition_name(&rt.group, version, &rt.kind),
@@ -594,20 +689,439 @@ pub fn v3_group_version(catalog: &Catalog, group: &str, version: &str) -> Option
         return None;
     }
     let mut paths = Map::new();
-    let mut schemas = meta_definitions(true);
+    let mut schemas = Map::new();
     for rt in &resources {
-        paths.extend(paths_for(rt, version, true));
+        paths.extend(v3::paths_for(rt, version));
         definitions_for(rt, version, true, &mut schemas);
     }
-    if resources.iter().any(|rt| has_scale(rt, version)) {
-        scale_definitions(true, &mut schemas);
-    }
+    v3::add_shared_schemas(&paths, &mut schemas);
+    // kube's CRD documents carry the title and version of its CRD builder.
     Some(json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": env!("CARGO_PKG_VERSION")},
+        "info": {"title": "Kubernetes CRD Swagger", "version": "v0.1.0"},
         "paths": paths,
         "components": {"schemas": schemas},
     }))
+}
+
+/// The OpenAPI v3 document of a CR group-version as kube-apiserver 1.36
+/// answers `/openapi/v3/apis/<group>/<version>` (apiextensions-apiserver's
+/// builder, then kube-openapi's v3 conversion): each operation with its
+/// description, parameters, request body and responses, the parameters all
+/// operations of a path share moved to the path, and kube's own shared types.
+mod v3 {
+    use std::sync::LazyLock;
+
+    use serde_json::{json, Map, Value};
+
+    use super::{definition_name, operation_naming, AUTOSCALING, META};
+    use crate::registry::ResourceType;
+
+    /// kube-apiserver v1.36.2's texts: its query and path parameters by
+    /// name (the patch form of `fieldManager` as `fieldManager/patch`) and
+    /// the shared types a CR document refers to (`io.k8s.*` schemas), as its
+    /// `/openapi/v3/apis/demo.kshard.dev/v1` answers them. The differential
+    /// test compares whole documents against the running reference, so a
+    /// drift shows there.
+    static KUBE: LazyLock<Value> = LazyLock::new(|| {
+        serde_json::from_str(include_str!("openapi_v3_kube.json")).unwrap_or_default()
+    });
+
+    fn param(name: &str) -> Value {
+        KUBE["parameters"][name].clone()
+    }
+
+    /// Adds the shared schemas the paths and the CR schemas refer to,
+    /// and those they refer to in turn.
+    pub fn add_shared_schemas(paths: &Map<String, Value>, schemas: &mut Map<String, Value>) {
+        let Some(shared) = KUBE["schemas"].as_object() else {
+            return;
+        };
+        let mut wanted = Vec::new();
+        paths.values().for_each(|p| collect_refs(p, &mut wanted));
+        schemas.values().for_each(|s| collect_refs(s, &mut wanted));
+        while let Some(name) = wanted.pop() {
+            if schemas.contains_key(&name) {
+                continue;
+            }
+            if let Some(s) = shared.get(&name) {
+                collect_refs(s, &mut wanted);
+                schemas.insert(name, s.clone());
+            }
+        }
+    }
+
+    /// What an operation answers and takes.
+    struct Op<'a> {
+        /// `x-kubernetes-action`.
+        action: &'a str,
+        /// The verb the operation ID starts with.
+        verb: &'a str,
+        /// After the verb in the operation ID (`NamespacedWidgetStatus`).
+        rest: String,
+        description: String,
+        /// Query parameters of its own (path parameters and `pretty` are
+        /// every operation's).
+        params: &'a [&'a str],
+        /// The request body's schema and media types, and whether required.
+        body: Option<(String, &'a [&'a str], bool)>,
+        /// Answer codes and the schema answered.
+        responses: &'a [&'a str],
+        answer: String,
+    }
+
+    const LIST_PARAMS: &[&str] = &[
+        "allowWatchBookmarks",
+        "continue",
+        "fieldSelector",
+        "labelSelector",
+        "limit",
+        "resourceVersion",
+        "resourceVersionMatch",
+        "sendInitialEvents",
+        "shardSelector",
+        "timeoutSeconds",
+        "watch",
+    ];
+    const WRITE_PARAMS: &[&str] = &["dryRun", "fieldManager", "fieldValidation"];
+    const PATCH_PARAMS: &[&str] = &["dryRun", "fieldManager/patch", "fieldValidation", "force"];
+    const DELETE_PARAMS: &[&str] = &[
+        "dryRun",
+        "gracePeriodSeconds",
+        "ignoreStoreReadErrorWithClusterBreakingPotential",
+        "orphanDependents",
+        "propagationPolicy",
+    ];
+    const OBJECT_TYPES: &[&str] = &["application/json", "application/yaml"];
+    const PATCH_TYPES: &[&str] = &[
+        "application/apply-patch+yaml",
+        "application/json-patch+json",
+        "application/merge-patch+json",
+    ];
+
+    fn content(types: &[&str], schema: &str) -> Value {
+        let mut c = Map::new();
+        for t in types {
+            c.insert(
+                (*t).to_string(),
+                json!({"schema": {"$ref": format!("#/components/schemas/{schema}")}}),
+            );
+        }
+        Value::Object(c)
+    }
+
+    fn operation(
+        rt: &ResourceType,
+        version: &str,
+        shared: &[Value],
+        op: Op,
+    ) -> (Value, Vec<Value>) {
+        let (tag, id) = operation_naming(rt, version, op.verb, &op.rest);
+        let mut responses = Map::new();
+        for code in op.responses {
+            let description = match *code {
+                "201" => "Created",
+                "202" => "Accepted",
+                _ => "OK",
+            };
+            responses.insert(
+                (*code).to_string(),
+                json!({"description": description, "content": content(OBJECT_TYPES, &op.answer)}),
+            );
+        }
+        responses.insert("401".into(), json!({"description": "Unauthorized"}));
+        let mut o = json!({
+            "description": op.description,
+            "operationId": id,
+            "tags": [tag],
+            "responses": responses,
+            "x-kubernetes-action": op.action,
+            "x-kubernetes-group-version-kind": {"group": rt.group, "version": version, "kind": rt.kind},
+        });
+        if let Some((schema, types, required)) = op.body {
+            o["requestBody"] = json!({"content": content(types, &schema)});
+            if required {
+                o["requestBody"]["required"] = json!(true);
+            }
+        }
+        let mut params: Vec<Value> = shared.to_vec();
+        params.extend(op.params.iter().map(|p| param(p)));
+        (o, params)
+    }
+
+    /// The article kube's descriptions put before a kind (padded with
+    /// spaces): none for a plural-looking one (`Settings`, not `Class`),
+    /// `an` before a vowel.
+    fn article(kind: &str) -> &'static str {
+        if kind.ends_with('s') && !kind.ends_with("ss") {
+            " "
+        } else if kind
+            .chars()
+            .next()
+            .is_some_and(|c| "aeiou".contains(c.to_ascii_lowercase()))
+        {
+            " an "
+        } else {
+            " a "
+        }
+    }
+
+    /// kube-openapi's v3 paths: the parameters every operation of a path
+    /// has move to the path, each list sorted by name (and location).
+    fn path_item(ops: Vec<(&str, (Value, Vec<Value>))>) -> Value {
+        let key = |p: &Value| {
+            (
+                p["name"].as_str().unwrap_or_default().to_string(),
+                p["in"].as_str().unwrap_or_default().to_string(),
+            )
+        };
+        let common: Vec<Value> = ops
+            .first()
+            .map(|(_, (_, first))| {
+                first
+                    .iter()
+                    .filter(|p| ops.iter().all(|(_, (_, ps))| ps.contains(p)))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut item = Map::new();
+        for (method, (mut o, params)) in ops {
+            let mut own: Vec<Value> = params.into_iter().filter(|p| !common.contains(p)).collect();
+            if !own.is_empty() {
+                own.sort_by_key(key);
+                o["parameters"] = Value::Array(own);
+            }
+            item.insert(method.to_string(), o);
+        }
+        if !common.is_empty() {
+            let mut common = common;
+            common.sort_by_key(key);
+            item.insert("parameters".into(), Value::Array(common));
+        }
+        Value::Object(item)
+    }
+
+    /// The paths of one served version of a CRD: the collection (and,
+    /// namespaced, the all-namespaces list), the item, and the `/status`
+    /// and `/scale` subresources the version enables.
+    pub fn paths_for(rt: &ResourceType, version: &str) -> Map<String, Value> {
+        let kind_def = definition_name(&rt.group, version, &rt.kind);
+        let list_def = definition_name(&rt.group, version, &rt.list_kind);
+        let status_def = format!("{META}.Status");
+        let scale_def = format!("{AUTOSCALING}.Scale");
+        let delete_def = format!("{META}.DeleteOptions");
+        let patch_def = format!("{META}.Patch");
+        let kind = &rt.kind;
+        let base = format!("/apis/{}/{}", rt.group, version);
+        let ns = if rt.namespaced { "Namespaced" } else { "" };
+        let coll = if rt.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}", rt.plural)
+        } else {
+            format!("{base}/{}", rt.plural)
+        };
+        let name_param = {
+            let mut p = param("namespace");
+            p["name"] = json!("name");
+            p["description"] = json!(format!("name of the {kind}"));
+            p
+        };
+        let mut coll_shared = vec![param("pretty")];
+        if rt.namespaced {
+            coll_shared.push(param("namespace"));
+        }
+        let mut item_shared = coll_shared.clone();
+        item_shared.push(name_param);
+        let op = |shared: &[Value], o: Op| operation(rt, version, shared, o);
+
+        let mut paths = Map::new();
+        paths.insert(
+            coll.clone(),
+            path_item(vec![
+                (
+                    "get",
+                    op(
+                        &coll_shared,
+                        Op {
+                            action: "list",
+                            verb: "list",
+                            rest: format!("{ns}{kind}"),
+                            description: format!("list objects of kind {kind}"),
+                            params: LIST_PARAMS,
+                            body: None,
+                            responses: &["200"],
+                            answer: list_def.clone(),
+                        },
+                    ),
+                ),
+                (
+                    "post",
+                    op(
+                        &coll_shared,
+                        Op {
+                            action: "post",
+                            verb: "create",
+                            rest: format!("{ns}{kind}"),
+                            description: format!("create{}{kind}", article(kind)),
+                            params: WRITE_PARAMS,
+                            body: Some((kind_def.clone(), OBJECT_TYPES, true)),
+                            responses: &["200", "201", "202"],
+                            answer: kind_def.clone(),
+                        },
+                    ),
+                ),
+                (
+                    "delete",
+                    op(
+                        &coll_shared,
+                        Op {
+                            action: "deletecollection",
+                            verb: "deletecollection",
+                            rest: format!("{ns}{kind}"),
+                            description: format!("delete collection of {kind}"),
+                            // kube's CR handler publishes the list options
+                            // here (and no DeleteOptions body).
+                            params: LIST_PARAMS,
+                            body: None,
+                            responses: &["200"],
+                            answer: status_def.clone(),
+                        },
+                    ),
+                ),
+            ]),
+        );
+        // The item and its subresources: get, put and patch (and delete
+        // for the item itself).
+        let mut item_paths = vec![("", "", kind_def.clone())];
+        if let Some(v) = rt.version(version) {
+            if v.status_subresource {
+                item_paths.push(("/status", "status", kind_def.clone()));
+            }
+            if v.scale.is_some() {
+                item_paths.push(("/scale", "scale", scale_def.clone()));
+            }
+        }
+        for (suffix, sub, def) in item_paths {
+            let of = if sub.is_empty() {
+                String::new()
+            } else {
+                format!("{sub} of ")
+            };
+            let titled: String = sub
+                .chars()
+                .take(1)
+                .flat_map(char::to_uppercase)
+                .chain(sub.chars().skip(1))
+                .collect();
+            let rest = format!("{ns}{kind}{titled}");
+            let mut ops = vec![
+                (
+                    "get",
+                    op(
+                        &item_shared,
+                        Op {
+                            action: "get",
+                            verb: "read",
+                            rest: rest.clone(),
+                            description: format!("read {of}the specified {kind}"),
+                            params: &["resourceVersion"],
+                            body: None,
+                            responses: &["200"],
+                            answer: def.clone(),
+                        },
+                    ),
+                ),
+                (
+                    "put",
+                    op(
+                        &item_shared,
+                        Op {
+                            action: "put",
+                            verb: "replace",
+                            rest: rest.clone(),
+                            description: format!("replace {of}the specified {kind}"),
+                            params: WRITE_PARAMS,
+                            body: Some((def.clone(), OBJECT_TYPES, true)),
+                            responses: &["200", "201"],
+                            answer: def.clone(),
+                        },
+                    ),
+                ),
+                (
+                    "patch",
+                    op(
+                        &item_shared,
+                        Op {
+                            action: "patch",
+                            verb: "patch",
+                            rest: rest.clone(),
+                            description: format!("partially update {of}the specified {kind}"),
+                            params: PATCH_PARAMS,
+                            body: Some((patch_def.clone(), PATCH_TYPES, true)),
+                            responses: &["200"],
+                            answer: def.clone(),
+                        },
+                    ),
+                ),
+            ];
+            if sub.is_empty() {
+                ops.push((
+                    "delete",
+                    op(
+                        &item_shared,
+                        Op {
+                            action: "delete",
+                            verb: "delete",
+                            rest: rest.clone(),
+                            description: format!("delete{}{kind}", article(kind)),
+                            params: DELETE_PARAMS,
+                            body: Some((delete_def.clone(), OBJECT_TYPES, false)),
+                            responses: &["200", "202"],
+                            answer: status_def.clone(),
+                        },
+                    ),
+                ));
+            }
+            paths.insert(format!("{coll}/{{name}}{suffix}"), path_item(ops));
+        }
+        if rt.namespaced {
+            paths.insert(
+                format!("{base}/{}", rt.plural),
+                path_item(vec![(
+                    "get",
+                    op(
+                        &[param("pretty")],
+                        Op {
+                            action: "list",
+                            verb: "list",
+                            rest: format!("{kind}ForAllNamespaces"),
+                            description: format!("list objects of kind {kind}"),
+                            params: LIST_PARAMS,
+                            body: None,
+                            responses: &["200"],
+                            answer: list_def,
+                        },
+                    ),
+                )]),
+            );
+        }
+        paths
+    }
+
+    fn collect_refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                if let Some(Value::String(r)) = o.get("$ref") {
+                    if let Some(name) = r.strip_prefix("#/components/schemas/") {
+                        out.push(name.to_string());
+                    }
+                }
+                o.values().for_each(|c| collect_refs(c, out));
+            }
+            Value::Array(a) => a.iter().for_each(|c| collect_refs(c, out)),
+            _ => {}
+        }
+    }
 }
 
 /// `/openapi/v3`: one entry per group-version, with a hash query so clients can cache.
@@ -734,6 +1248,21 @@ pub fn negotiate_v2(accept: Option<&str>) -> Option<V2Form> {
             .iter()
             .find(|(sub, _)| c.subtype == *sub || c.subtype == "*")
             .map(|(_, form)| *form)
+    })
+}
+
+/// Whether `/openapi/v3/<group>/<version>` can answer in JSON: as for v2,
+/// the first sorted range naming JSON or gnostic's v3 protobuf picks the
+/// form. kshard writes no v3 protobuf, so a range for it is passed over
+/// (a client that takes JSON next gets JSON; one that takes only protobuf
+/// gets the 406 kube gives a range it cannot serve).
+pub fn v3_accepts_json(accept: Option<&str>) -> bool {
+    let header = match accept {
+        None | Some("") => "*/*",
+        Some(h) => h,
+    };
+    parse_accept(header).iter().any(|c| {
+        (c.type_ == "application" || c.type_ == "*") && (c.subtype == "json" || c.subtype == "*")
     })
 }
 
@@ -948,6 +1477,182 @@ mod tests {
             json!(["demoKshardDev_v1"])
         );
         assert_eq!(valid_operation_id("apps.k8s-io", true), "AppsK8sIo");
+    }
+
+    fn catalog_of(crd: &str) -> Catalog {
+        let mut c = Catalog::default();
+        c.add_manifests(std::path::Path::new("c.yaml"), crd)
+            .expect("crd");
+        c
+    }
+
+    #[test]
+    fn v3_parameters_shared_by_every_operation_sit_on_the_path() {
+        let c = catalog_of(include_str!("../../crds/examples/widgets.yaml"));
+        let doc = v3_group_version(&c, "demo.kshard.dev", "v1").expect("gv");
+        let names = |v: &Value| -> Vec<String> {
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|p| p["name"].as_str().unwrap_or_default().to_string())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let ns = "/apis/demo.kshard.dev/v1/namespaces/{namespace}/widgets";
+        let item = format!("{ns}/{{name}}");
+        assert_eq!(
+            names(&doc["paths"][ns]["parameters"]),
+            ["namespace", "pretty"]
+        );
+        assert_eq!(
+            names(&doc["paths"][&item]["parameters"]),
+            ["name", "namespace", "pretty"]
+        );
+        assert_eq!(
+            names(&doc["paths"][&item]["get"]["parameters"]),
+            ["resourceVersion"]
+        );
+        assert_eq!(
+            names(&doc["paths"][&item]["patch"]["parameters"]),
+            ["dryRun", "fieldManager", "fieldValidation", "force"]
+        );
+        assert_eq!(
+            doc["paths"][&item]["parameters"][0]["description"],
+            "name of the Widget"
+        );
+        assert_eq!(doc["paths"][&item]["parameters"][0]["in"], "path");
+        // The all-namespaces list has one operation: everything is shared.
+        let all = &doc["paths"]["/apis/demo.kshard.dev/v1/widgets"];
+        assert!(all["get"].get("parameters").is_none());
+        assert_eq!(names(&all["parameters"]).len(), 12);
+        assert_eq!(all["get"]["description"], "list objects of kind Widget");
+        let post = &doc["paths"][ns]["post"];
+        assert_eq!(post["requestBody"]["required"], true);
+        assert_eq!(
+            post["responses"]["201"]["content"]["application/yaml"]["schema"]["$ref"],
+            "#/components/schemas/dev.kshard.demo.v1.Widget"
+        );
+        assert_eq!(
+            post["responses"]["401"],
+            json!({"description": "Unauthorized"})
+        );
+        let delete = &doc["paths"][&item]["delete"];
+        assert!(delete["requestBody"].get("required").is_none());
+        assert_eq!(delete["description"], "delete a Widget");
+        // Shared types: those referred to, and theirs in turn.
+        let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+        for name in ["meta.v1.ShardInfo", "meta.v1.Patch", "meta.v1.StatusCause"] {
+            assert!(
+                schemas.contains_key(&format!("io.k8s.apimachinery.pkg.apis.{name}")),
+                "{name}"
+            );
+        }
+        assert!(schemas.contains_key("io.k8s.api.autoscaling.v1.ScaleSpec"));
+        assert_eq!(doc["info"]["title"], "Kubernetes CRD Swagger");
+    }
+
+    #[test]
+    fn kube_texts_parse() {
+        let kube: Value = serde_json::from_str(include_str!("openapi_v3_kube.json")).expect("JSON");
+        assert_eq!(kube["parameters"].as_object().map(Map::len), Some(22));
+        assert!(kube["schemas"]["io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"].is_object());
+    }
+
+    #[test]
+    fn articles_and_embedded_resources_as_kube_writes_them() {
+        let c = catalog_of(
+            r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: settings.e.kshard.dev}
+spec:
+  group: e.kshard.dev
+  scope: Cluster
+  names: {plural: settings, singular: settings, kind: Settings}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          n: {type: integer, minimum: 0, maximum: 1.5}
+          obj:
+            type: object
+            x-kubernetes-embedded-resource: true
+            required: [data, kind]
+            properties: {data: {type: string}}
+          free:
+            type: object
+            x-kubernetes-embedded-resource: true
+            x-kubernetes-preserve-unknown-fields: true
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: edges.e.kshard.dev}
+spec:
+  group: e.kshard.dev
+  scope: Cluster
+  names: {plural: edges, singular: edge, kind: Edge}
+  versions:
+  - {name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object}}}
+"#,
+        );
+        let doc = v3_group_version(&c, "e.kshard.dev", "v1").expect("gv");
+        let p = &doc["paths"];
+        assert_eq!(
+            p["/apis/e.kshard.dev/v1/settings"]["post"]["description"],
+            "create Settings"
+        );
+        assert_eq!(
+            p["/apis/e.kshard.dev/v1/edges"]["post"]["description"],
+            "create an Edge"
+        );
+        assert_eq!(
+            p["/apis/e.kshard.dev/v1/edges/{name}"]["delete"]["description"],
+            "delete an Edge"
+        );
+        let props = &doc["components"]["schemas"]["dev.kshard.e.v1.Settings"]["properties"];
+        // Integral float64s without a fraction, as Go writes them.
+        assert_eq!(
+            serde_json::to_string(&props["n"]["minimum"]).expect("json"),
+            "0"
+        );
+        assert_eq!(props["n"]["maximum"], json!(1.5));
+        assert_eq!(
+            props["obj"]["required"],
+            json!(["data", "kind", "apiVersion"])
+        );
+        assert_eq!(
+            props["obj"]["properties"]["metadata"]["allOf"][0]["$ref"],
+            "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+        );
+        assert_eq!(props["free"]["required"], json!(["kind", "apiVersion"]));
+        // v2 first drops the type of a node that preserves unknown fields,
+        // and such a node then gets nothing.
+        let v2doc = v2(&c);
+        let v2props = &v2doc["definitions"]["dev.kshard.e.v1.Settings"]["properties"];
+        assert_eq!(
+            v2props["obj"]["required"],
+            json!(["data", "kind", "apiVersion"])
+        );
+        assert!(v2props["free"].get("required").is_none());
+    }
+
+    #[test]
+    fn v3_is_served_as_json_when_the_client_takes_it() {
+        assert!(v3_accepts_json(None));
+        assert!(v3_accepts_json(Some("*/*")));
+        assert!(v3_accepts_json(Some("application/json")));
+        assert!(v3_accepts_json(Some(
+            "application/com.github.proto-openapi.spec.v3@v1.0+protobuf, application/json"
+        )));
+        assert!(!v3_accepts_json(Some("application/yaml")));
+        assert!(!v3_accepts_json(Some(
+            "application/com.github.proto-openapi.spec.v3@v1.0+protobuf"
+        )));
     }
 
     #[test]

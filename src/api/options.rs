@@ -41,10 +41,11 @@ impl Query {
     fn int(&self, k: &str) -> Result<Option<i64>, ApiError> {
         match self.get(k) {
             None | Some("") => Ok(None),
-            Some(v) => v.parse::<i64>().map(Some).map_err(|_| {
+            Some(v) => v.parse::<i64>().map(Some).map_err(|e| {
                 ApiError::bad_request(format!(
-                    "strconv.ParseInt: parsing {}: invalid syntax",
-                    quote(v)
+                    "strconv.ParseInt: parsing {}: {}",
+                    quote(v),
+                    crate::status::go_parse_failure(&e)
                 ))
             }),
         }
@@ -62,16 +63,14 @@ pub struct ListOptions {
     pub limit: Option<usize>,
     pub continue_: String,
     pub send_initial_events: Option<bool>,
-    pub timeout_seconds: Option<u64>,
+    /// As sent: 0 is unset, a negative value a deadline already past.
+    pub timeout_seconds: Option<i64>,
 }
 
 impl ListOptions {
     pub fn parse(q: &Query, watch_by_path: bool) -> Result<Self, ApiError> {
         let limit = q.int("limit")?.filter(|l| *l > 0).map(|l| l as usize);
-        let timeout_seconds = q
-            .int("timeoutSeconds")?
-            .filter(|t| *t > 0)
-            .map(|t| t as u64);
+        let timeout_seconds = q.int("timeoutSeconds")?;
         Ok(Self {
             label_selector: q.str("labelSelector"),
             field_selector: q.str("fieldSelector"),
@@ -212,6 +211,9 @@ pub fn write_options(
 
 /// DeleteOptions from the query and an optional JSON body.
 pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteOptions, ApiError> {
+    // kube decodes the query's parameters first: a grace period that is
+    // not a number is a 400 whether or not the object exists.
+    q.int("gracePeriodSeconds")?;
     let mut opts = crate::registry::DeleteOptions {
         dry_run: dry_run(q, "DeleteOptions")?,
         ..Default::default()

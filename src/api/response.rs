@@ -119,7 +119,7 @@ impl axum::response::IntoResponse for ApiError {
     }
 }
 
-fn cbor_response(code: StatusCode, value: &Value) -> Response {
+pub fn cbor_response(code: StatusCode, value: &Value) -> Response {
     bytes_response(code, cbor::MEDIA_TYPE, cbor::to_cbor(value))
 }
 
@@ -166,7 +166,7 @@ fn proto_meta_response(code: StatusCode, v: &str, value: &Value, list: bool) -> 
     }
 }
 
-fn yaml_response(code: StatusCode, value: &Value) -> Response {
+pub fn yaml_response(code: StatusCode, value: &Value) -> Response {
     match serde_saphyr::to_string(value) {
         Ok(s) => bytes_response(code, "application/yaml", s),
         Err(e) => error_response(&ApiError::internal(e)),

@@ -8,8 +8,9 @@
 use http::{HeaderMap, Method, StatusCode};
 use serde_json::{json, Map, Value};
 
+use super::negotiate::{negotiate_builtin, BuiltinOutput};
 use super::request::ResourceRequest;
-use super::response::{error_response, json_response};
+use super::response::{cbor_response, error_for, error_response, json_response, yaml_response};
 use crate::apply::{FieldManager, MergeSchema};
 use crate::auth::Identity;
 use crate::authz::{Attributes, Authorizer, Decision};
@@ -68,19 +69,52 @@ pub async fn handle(review: &Review, call: Call<'_>) -> axum::response::Response
     if call.method != Method::POST {
         return error_response(&ApiError::method_not_allowed());
     }
+    let accept = call
+        .headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    // kube's create handler picks the answer's form before reading the body.
+    let form = match negotiate_builtin(accept) {
+        Ok(f) => f,
+        Err(e) => return error_response(&e),
+    };
     let result = match review.resource {
         SELF_SUBJECT_REVIEWS => Ok((self_subject_review(&call.user), Vec::new())),
         _ => self_subject_access_review(&call).await,
     };
     match result {
         Ok((v, warnings)) => {
-            let mut resp = json_response(StatusCode::CREATED, &v);
+            let mut resp = answer(form, review, &v);
             for w in &warnings {
                 super::response::warn(&mut resp, w);
             }
             resp
         }
-        Err(e) => error_response(&e),
+        Err(e) => error_for(accept, &e),
+    }
+}
+
+/// A review's answer (201) in the negotiated form.
+fn answer(form: BuiltinOutput, review: &Review, v: &Value) -> axum::response::Response {
+    let code = StatusCode::CREATED;
+    match form {
+        BuiltinOutput::Json => json_response(code, v),
+        BuiltinOutput::Yaml => yaml_response(code, v),
+        BuiltinOutput::Cbor => cbor_response(code, v),
+        BuiltinOutput::Protobuf => {
+            let encoded = match review.resource {
+                SELF_SUBJECT_REVIEWS => proto::encode_self_subject_review(v),
+                _ => proto::encode_self_subject_access_review(v),
+            };
+            match encoded {
+                Ok(bytes) => super::response::bytes_response(
+                    code,
+                    super::encoding::protobuf::MEDIA_TYPE,
+                    bytes,
+                ),
+                Err(e) => error_response(&ApiError::internal(e)),
+            }
+        }
     }
 }
 
@@ -309,7 +343,9 @@ mod proto {
     use prost::Message;
     use serde_json::{json, Map, Value};
 
-    use crate::api::encoding::protobuf::decode_envelope;
+    use crate::api::encoding::protobuf::{
+        decode_envelope, encode_object, object_meta_from_json, ObjectMeta,
+    };
     use crate::status::ApiError;
 
     #[derive(Clone, PartialEq, Message)]
@@ -373,6 +409,194 @@ mod proto {
         pub path: Option<String>,
         #[prost(string, optional, tag = "2")]
         pub verb: Option<String>,
+    }
+
+    // The answers, as kube writes them: Go's plain (non-pointer) strings
+    // and bools always, pointers when set.
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct AccessReviewOut {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, optional, tag = "2")]
+        pub spec: Option<Spec>,
+        #[prost(message, optional, tag = "3")]
+        pub status: Option<AccessReviewStatus>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct AccessReviewStatus {
+        #[prost(bool, optional, tag = "1")]
+        pub allowed: Option<bool>,
+        #[prost(string, optional, tag = "2")]
+        pub reason: Option<String>,
+        #[prost(string, optional, tag = "3")]
+        pub evaluation_error: Option<String>,
+        #[prost(bool, optional, tag = "4")]
+        pub denied: Option<bool>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct SelfSubjectReviewOut {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+        #[prost(message, optional, tag = "2")]
+        pub status: Option<SelfSubjectReviewStatus>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct SelfSubjectReviewStatus {
+        #[prost(message, optional, tag = "1")]
+        pub user_info: Option<UserInfo>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct UserInfo {
+        #[prost(string, optional, tag = "1")]
+        pub username: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        pub uid: Option<String>,
+        #[prost(string, repeated, tag = "3")]
+        pub groups: Vec<String>,
+        /// `map<string, ExtraValue> extra = 4`, sorted by key as Go writes it.
+        #[prost(message, repeated, tag = "4")]
+        pub extra: Vec<ExtraEntry>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct ExtraEntry {
+        #[prost(string, optional, tag = "1")]
+        pub key: Option<String>,
+        #[prost(message, optional, tag = "2")]
+        pub value: Option<ExtraValue>,
+    }
+
+    #[derive(Clone, PartialEq, Message)]
+    pub struct ExtraValue {
+        #[prost(string, repeated, tag = "1")]
+        pub items: Vec<String>,
+    }
+
+    fn text(v: &Value, k: &str) -> Option<String> {
+        Some(
+            v.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        )
+    }
+
+    fn texts(v: Option<&Value>) -> Vec<String> {
+        v.and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn selector_out(v: &Value) -> SelectorAttributes {
+        SelectorAttributes {
+            raw_selector: text(v, "rawSelector"),
+            requirements: v
+                .get("requirements")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .map(|r| Requirement {
+                            key: text(r, "key"),
+                            operator: text(r, "operator"),
+                            values: texts(r.get("values")),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    fn metadata(v: &Value) -> Result<Option<ObjectMeta>, String> {
+        object_meta_from_json(v.get("metadata").unwrap_or(&Value::Null))
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    /// A SelfSubjectAccessReview answer (its JSON form) in protobuf.
+    pub fn encode_self_subject_access_review(v: &Value) -> Result<Vec<u8>, String> {
+        let spec = &v["spec"];
+        let resource_attributes = spec.get("resourceAttributes").map(|r| ResourceAttributes {
+            namespace: text(r, "namespace"),
+            verb: text(r, "verb"),
+            group: text(r, "group"),
+            version: text(r, "version"),
+            resource: text(r, "resource"),
+            subresource: text(r, "subresource"),
+            name: text(r, "name"),
+            field_selector: r.get("fieldSelector").map(selector_out),
+            label_selector: r.get("labelSelector").map(selector_out),
+        });
+        let non_resource_attributes =
+            spec.get("nonResourceAttributes")
+                .map(|n| NonResourceAttributes {
+                    path: text(n, "path"),
+                    verb: text(n, "verb"),
+                });
+        let status = &v["status"];
+        let msg = AccessReviewOut {
+            metadata: metadata(v)?,
+            spec: Some(Spec {
+                resource_attributes,
+                non_resource_attributes,
+            }),
+            status: Some(AccessReviewStatus {
+                allowed: Some(status["allowed"].as_bool().unwrap_or(false)),
+                reason: text(status, "reason"),
+                evaluation_error: text(status, "evaluationError"),
+                denied: Some(status["denied"].as_bool().unwrap_or(false)),
+            }),
+        };
+        Ok(encode_object(
+            "authorization.k8s.io/v1",
+            "SelfSubjectAccessReview",
+            &msg,
+        ))
+    }
+
+    /// A SelfSubjectReview answer (its JSON form) in protobuf.
+    pub fn encode_self_subject_review(v: &Value) -> Result<Vec<u8>, String> {
+        let info = &v["status"]["userInfo"];
+        let extra = info
+            .get("extra")
+            .and_then(Value::as_object)
+            .map(|m| {
+                // serde_json's map is ordered by key, as Go writes map entries.
+                m.iter()
+                    .map(|(k, items)| ExtraEntry {
+                        key: Some(k.clone()),
+                        value: Some(ExtraValue {
+                            items: texts(Some(items)),
+                        }),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let msg = SelfSubjectReviewOut {
+            metadata: metadata(v)?,
+            status: Some(SelfSubjectReviewStatus {
+                user_info: Some(UserInfo {
+                    username: text(info, "username"),
+                    uid: text(info, "uid"),
+                    groups: texts(info.get("groups")),
+                    extra,
+                }),
+            }),
+        };
+        Ok(encode_object(
+            "authentication.k8s.io/v1",
+            "SelfSubjectReview",
+            &msg,
+        ))
     }
 
     fn strings(out: &mut Map<String, Value>, fields: &[(&str, &Option<String>)]) {

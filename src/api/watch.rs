@@ -25,10 +25,14 @@ use crate::watch::{frame, Conversion, EventRun, Filter, Subscription, WatchEvent
 
 /// How long a watch lasts: the client's `timeoutSeconds`, else (kube's
 /// rule, which also treats 0 as unset) a random time in [min, 2×min) of `--min-request-timeout`, which
-/// spreads reconnects out.
-fn watch_timeout(asked: Option<u64>, min_request_timeout: Duration) -> Duration {
+/// spreads reconnects out. A negative one is a deadline already past: kube
+/// ends such a watch at once.
+fn watch_timeout(asked: Option<i64>, min_request_timeout: Duration) -> Duration {
     match asked {
-        Some(secs) if secs > 0 => Duration::from_secs(secs.min(MAX_WATCH_TIMEOUT_SECS)),
+        Some(secs) if secs < 0 => Duration::ZERO,
+        Some(secs) if secs > 0 => {
+            Duration::from_secs(secs.unsigned_abs().min(MAX_WATCH_TIMEOUT_SECS))
+        }
         _ => {
             let spread = f64::from(uuid::Uuid::new_v4().as_bytes()[0]) / 256.0;
             min_request_timeout
@@ -754,8 +758,10 @@ mod tests {
     fn watch_timeout_is_the_clients_or_spread_over_min_to_twice_min() {
         let min = Duration::from_secs(1800);
         assert_eq!(watch_timeout(Some(5), min), Duration::from_secs(5));
+        assert_eq!(watch_timeout(Some(-1), min), Duration::ZERO);
+        assert_eq!(watch_timeout(Some(i64::MIN), min), Duration::ZERO);
         assert_eq!(
-            watch_timeout(Some(u64::MAX), min),
+            watch_timeout(Some(i64::MAX), min),
             Duration::from_secs(MAX_WATCH_TIMEOUT_SECS),
             "huge values are capped, not overflowed"
         );

@@ -66,9 +66,16 @@ fn list_options_invalid(errs: &[FieldError]) -> ApiError {
 
 /// A `resourceVersion` query parameter.
 pub fn parse_revision(rv: &str) -> Result<Revision, ApiError> {
-    rv.parse::<Revision>().map_err(|_| {
+    // Go's ParseUint takes no sign, and says which of syntax or range failed.
+    let parsed = if rv.starts_with('+') {
+        Err("invalid syntax")
+    } else {
+        rv.parse::<Revision>()
+            .map_err(|e| crate::status::go_parse_failure(&e))
+    };
+    parsed.map_err(|why| {
         ApiError::bad_request(format!(
-            "invalid resource version: resourceVersion: Invalid value: {}: strconv.ParseUint: parsing {}: invalid syntax",
+            "invalid resource version: resourceVersion: Invalid value: {}: strconv.ParseUint: parsing {}: {why}",
             quote(rv),
             quote(rv)
         ))

@@ -235,7 +235,17 @@ impl Registry {
             t.rt.strategy()
                 .validate(obj, old, sub == Subresource::Status),
         );
-        if let Some(schema) = &schema {
+        // The webhook configurations kshard stores standalone are kube's
+        // built-in types: kube's own validation, in its words and order,
+        // instead of list-type and CEL checks (their schema has neither).
+        let webhooks = crate::admission::crd::webhook_configuration_kind(&t.rt.group, &t.rt.plural);
+        if let Some(mutating) = webhooks {
+            let from = errs.len();
+            errs.extend(crate::admission::validation::webhook_configuration(
+                obj, mutating,
+            ));
+            ratchet(&mut errs, from);
+        } else if let Some(schema) = &schema {
             let from = errs.len();
             schema.validate_structure(obj, old, &mut errs);
             ratchet(&mut errs, from);

@@ -989,7 +989,7 @@ fn go_url(raw: &str) -> Result<GoUrl<'_>, String> {
 }
 
 /// apiserver's `ValidateWebhookURL` (https only).
-fn webhook_url(u: &str, at: &str, errs: &mut Vec<FieldError>) {
+pub(crate) fn webhook_url(u: &str, at: &str, errs: &mut Vec<FieldError>) {
     const FORM: &str = "; desired format: https://host[/path]";
     let parsed = match go_url(u) {
         Ok(p) => p,
@@ -1035,12 +1035,15 @@ fn webhook_url(u: &str, at: &str, errs: &mut Vec<FieldError>) {
     }
 }
 
-/// apiserver's `ValidateWebhookService`.
-fn webhook_service(s: &Value, at: &str, errs: &mut Vec<FieldError>) {
-    if str_at(s, "name").is_empty() {
+/// apiserver's `ValidateWebhookService`. kube-apiserver 1.36 names the
+/// other field of the two when one is missing (a missing namespace is
+/// `service.name: Required value`, and the reverse), for CRD conversion and
+/// admission webhooks alike: the running server says so, so kshard does.
+pub(crate) fn webhook_service(s: &Value, at: &str, errs: &mut Vec<FieldError>) {
+    if str_at(s, "namespace").is_empty() {
         errs.push(required(format!("{at}.name"), ""));
     }
-    if str_at(s, "namespace").is_empty() {
+    if str_at(s, "name").is_empty() {
         errs.push(required(format!("{at}.namespace"), ""));
     }
     let port = s.get("port").and_then(Value::as_i64).unwrap_or(443);
