@@ -23,6 +23,7 @@ pub mod scope;
 pub mod server;
 pub mod status;
 pub mod storage;
+pub mod traces;
 pub mod units;
 pub mod watch;
 pub mod webhook_tls;
