@@ -13,7 +13,7 @@ use clap::{Args, FromArgMatches};
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {
     /// Log format: `text`, or `json` (one object per line with kube's keys:
-    /// ts, caller, msg, v, err), as kube-apiserver's flag.
+    /// ts, logger, caller, msg, v, err), as kube-apiserver's flag.
     #[arg(long, value_enum, default_value = "text")]
     pub logging_format: crate::logging::LogFormat,
     /// Where the embedded store, certificates and kubeconfig live.
