@@ -474,12 +474,31 @@ impl Span {
         }
     }
 
+    /// A child of this span, started now.
+    pub fn start_child(
+        &self,
+        name: &'static str,
+        kind: SpanKind,
+        attributes: Vec<KeyValue>,
+    ) -> Span {
+        match tracer() {
+            Some(tracer) => Self::start(tracer, &self.cx, name, kind, None, attributes),
+            // A span exists only while tracing is installed, which is for good.
+            None => Span { cx: Context::new() },
+        }
+    }
+
     pub fn context(&self) -> &Context {
         &self.cx
     }
 
     pub fn set_attribute(&self, kv: KeyValue) {
         self.cx.span().set_attribute(kv);
+    }
+
+    /// Writes this span into `headers` as `traceparent` (an outgoing call's).
+    pub fn inject(&self, headers: &mut http::HeaderMap) {
+        propagator().inject_context(&self.cx, &mut opentelemetry_http::HeaderInjector(headers));
     }
 
     /// Marks the span failed with `message`.

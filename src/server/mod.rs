@@ -122,6 +122,10 @@ impl Running {
             r.resign().await;
         }
         self.store.close();
+        // The last requests' spans, before the process exits.
+        if crate::traces::enabled() {
+            let _ = tokio::task::spawn_blocking(crate::traces::flush).await;
+        }
         tracing::info!("stopped");
     }
 }
@@ -134,6 +138,17 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     // Only the ring provider is compiled in; installing it again is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // First, as kube-apiserver: a tracing file it would refuse stops the start.
+    if let Some(path) = &cfg.tracing_config_file {
+        let tracing = crate::traces::TracingConfiguration::load(path)
+            .map_err(|e| ServerError::Config(format!("--tracing-config-file: {e}")))?;
+        let instance = cfg
+            .replica_id
+            .clone()
+            .unwrap_or_else(crate::replica::default_replica_id);
+        crate::traces::install(&tracing, &instance)
+            .map_err(|e| ServerError::Config(format!("--tracing-config-file: {e}")))?;
+    }
     // The recorder first: metrics recorded before it is installed are lost
     // (a replica's first election round reports the leader before serving).
     let _ = metrics::handle();
