@@ -105,8 +105,9 @@ impl TracingConfiguration {
     /// defaults, missing `apiVersion` and `kind` are this type's, unknown
     /// and repeated fields are errors.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let cfg: Option<Self> =
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Decode(e.to_string()))?;
+        // One line, as kube's: the source snippet would repeat the file.
+        let cfg: Option<Self> = serde_saphyr::from_str(text)
+            .map_err(|e| ConfigError::Decode(e.without_snippet().to_string()))?;
         let cfg = cfg.unwrap_or_default();
         let kind = cfg.kind.as_deref().unwrap_or(KIND);
         let version_known = match cfg.api_version.as_deref() {
