@@ -714,3 +714,123 @@ async fn behind_the_host_kshards_spans_continue_the_aggregators_trace() {
     assert_eq!(parent.expect("parent").trace_id(), ours.trace_id());
     assert!(collector.of_trace(hers).is_empty());
 }
+
+/// A conversion webhook's call is a span of the reading request's trace
+/// (kube's `Call conversion webhook`, with the POST inside), and the
+/// webhook receives the POST's span as `traceparent`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conversion_webhook_call_is_in_the_readers_trace() {
+    use base64::Engine as _;
+    let (collector, endpoint, _task) = Collector::start().await;
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let recorded = seen.clone();
+    let app = axum::Router::new().route(
+        "/convert",
+        axum::routing::post(move |headers: http::HeaderMap, body: axum::body::Bytes| {
+            let recorded = recorded.clone();
+            async move {
+                recorded.lock().expect("seen").push(
+                    headers
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .map(String::from),
+                );
+                let review: Value = serde_json::from_slice(&body).unwrap_or_default();
+                let req = &review["request"];
+                let desired = req["desiredAPIVersion"].clone();
+                let objects: Vec<Value> = req["objects"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|o| {
+                        let mut o = o.clone();
+                        o["apiVersion"] = desired.clone();
+                        o
+                    })
+                    .collect();
+                let answer = json!({
+                    "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+                    "response": {"uid": req["uid"], "convertedObjects": objects,
+                                 "result": {"status": "Success"}},
+                });
+                (
+                    [(http::header::CONTENT_TYPE, "application/json")],
+                    answer.to_string(),
+                )
+            }
+        }),
+    );
+    let ca = common::host::Ca::new("webhook-ca");
+    let (addr, _hook) = common::host::serve_https(&ca, &["127.0.0.1"], app).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let version = |name: &str, storage: bool| {
+        format!(
+            "\n  - name: {name}\n    served: true\n    storage: {storage}\n    schema:\n      openAPIV3Schema:\n        type: object\n        properties:\n          spec: {{type: object, properties: {{colour: {{type: string}}}}}}"
+        )
+    };
+    let crd = format!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: gadgets.gadgets.kshard.dev}}\nspec:\n  group: gadgets.kshard.dev\n  scope: Namespaced\n  names: {{plural: gadgets, singular: gadget, kind: Gadget}}\n  conversion:\n    strategy: Webhook\n    webhook:\n      conversionReviewVersions: [v1]\n      clientConfig:\n        url: https://127.0.0.1:{}/convert\n        caBundle: {}\n  versions:{}{}\n",
+        addr.port(),
+        base64::engine::general_purpose::STANDARD.encode(&ca.pem),
+        version("v1", true),
+        version("v2", false),
+    );
+    let crd_file = dir.path().join("gadgets.yaml");
+    std::fs::write(&crd_file, crd).expect("crd");
+    let file = config(
+        dir.path(),
+        &format!("endpoint: {endpoint}\nsamplingRatePerMillion: 1000000\n"),
+    );
+    let data = dir.path().join("data");
+    let crds = crd_file.display().to_string();
+    let _kshard = common::spawn_kshard_with(
+        &data,
+        &["--crds", &crds, "--tracing-config-file", &file],
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
+    );
+    let client = common::client_for(&data.join("kubeconfig")).await;
+    let v1 = "/apis/gadgets.kshard.dev/v1/namespaces/default/gadgets";
+    let gadget = json!({"apiVersion": "gadgets.kshard.dev/v1", "kind": "Gadget",
+                        "metadata": {"name": "g1"}, "spec": {"colour": "red"}});
+    let (code, _, body) = common::send(&client, "POST", v1, &[], Some(&gadget)).await;
+    assert_eq!(code, 201, "{body}");
+    seen.lock().expect("seen").clear();
+
+    let trace_id = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let (code, _, body) = common::send(
+        &client,
+        "GET",
+        "/apis/gadgets.kshard.dev/v2/namespaces/default/gadgets/g1",
+        &[("traceparent", &traceparent(trace_id, "00f067aa0ba902b7"))],
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("gadgets.kshard.dev/v2"), "{body}");
+    let spans = collector
+        .wait_for(trace_id, &["Get", "Call conversion webhook", "HTTP POST"])
+        .await;
+    let call = by_name(&spans, "Call conversion webhook");
+    assert_eq!(
+        call.attr("desired-api-version").as_deref(),
+        Some("gadgets.kshard.dev/v2")
+    );
+    assert_eq!(call.attr("object-count").as_deref(), Some("1"));
+    // Under the handler's span, directly or through the read's steps.
+    let ids: HashMap<String, &Received> = spans.iter().map(|s| (s.id(), s)).collect();
+    let mut up = call.parent();
+    let mut chain = Vec::new();
+    while let Some(s) = ids.get(&up) {
+        chain.push(s.span.name.clone());
+        up = s.parent();
+    }
+    assert!(chain.contains(&"Get".to_string()), "{chain:?}");
+    let post = by_name(&spans, "HTTP POST");
+    assert_eq!(post.parent(), call.id());
+    let sent = seen.lock().expect("seen").clone();
+    assert!(
+        sent.contains(&Some(traceparent(trace_id, &post.id()))),
+        "the webhook's traceparent: {sent:?}, the POST span {}",
+        post.id()
+    );
+}
