@@ -834,3 +834,99 @@ async fn a_conversion_webhook_call_is_in_the_readers_trace() {
         post.id()
     );
 }
+
+/// Several replicas: a write a follower forwards continues its trace on
+/// the leader (the leader's server span is the child of the follower's
+/// `forward to leader` span, and the commit is the leader's).
+#[cfg(feature = "tikv")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_forwarded_to_the_leader_continues_the_followers_trace() {
+    use common::replicas::{shared_store, spawn_replica_with, wait_ready};
+    let (collector, endpoint, _task) = Collector::start().await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = config(
+        dir.path(),
+        &format!("endpoint: {endpoint}\nsamplingRatePerMillion: 1000000\n"),
+    );
+    let (_double, pd, shard) = shared_store();
+    let flags = ["--tracing-config-file", file.as_str()];
+    let replicas = [
+        spawn_replica_with(dir.path(), "r0", &pd, &shard, &flags),
+        spawn_replica_with(dir.path(), "r1", &pd, &shard, &flags),
+    ];
+    let mut clients = Vec::new();
+    for r in &replicas {
+        let c = r.client().await;
+        wait_ready(&c, PATIENCE).await;
+        clients.push(c);
+    }
+    // One of the two follows: a write through each, in its own trace.
+    let traces = [
+        "6bf92f3577b34da6a3ce929d0e0e4701",
+        "6bf92f3577b34da6a3ce929d0e0e4702",
+    ];
+    let caller = "00f067aa0ba902b7";
+    for (i, c) in clients.iter().enumerate() {
+        let (code, _, body) = common::send(
+            c,
+            "POST",
+            WIDGETS,
+            &[("traceparent", &traceparent(traces[i], caller))],
+            Some(&widget(&format!("w{i}"))),
+        )
+        .await;
+        assert_eq!(code, 201, "{body}");
+    }
+    let mut forwarded = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, async {
+        loop {
+            forwarded = traces
+                .iter()
+                .map(|t| collector.of_trace(t))
+                .find(|spans| {
+                    ["forward to leader", "storage commit"]
+                        .iter()
+                        .all(|n| spans.iter().any(|s| s.span.name == *n))
+                        && spans.iter().filter(|s| s.span.name == "Create").count() == 1
+                        && spans
+                            .iter()
+                            .filter(|s| s.span.kind == SpanKind::Server as i32)
+                            .count()
+                            == 2
+                })
+                .unwrap_or_default();
+            if !forwarded.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        !forwarded.is_empty(),
+        "no forwarded write's trace: {:#?}",
+        collector
+            .spans()
+            .iter()
+            .map(|s| (s.trace_id(), s.span.name.clone()))
+            .collect::<Vec<_>>()
+    );
+    let servers: Vec<&Received> = forwarded
+        .iter()
+        .filter(|s| s.span.kind == SpanKind::Server as i32)
+        .collect();
+    let follower = servers
+        .iter()
+        .find(|s| s.parent() == caller)
+        .expect("the follower's server span, the caller's child");
+    let forward = by_name(&forwarded, "forward to leader");
+    assert_eq!(forward.parent(), follower.id());
+    assert_eq!(forward.span.kind, SpanKind::Client as i32);
+    let leader = servers
+        .iter()
+        .find(|s| s.parent() == forward.id())
+        .expect("the leader's server span, the forward's child");
+    let create = by_name(&forwarded, "Create");
+    assert_eq!(create.parent(), leader.id());
+    assert_eq!(by_name(&forwarded, "storage commit").parent(), create.id());
+}
