@@ -27,6 +27,7 @@ pub mod server;
 pub mod status;
 pub mod storage;
 pub mod timestamps;
+pub mod traces;
 pub mod units;
 pub mod watch;
 pub mod webhook_tls;

@@ -1,9 +1,13 @@
 //! Logs as kube-apiserver writes them: text by default, or with
 //! `--logging-format=json` one JSON object per line with kube's keys
-//! (k8s.io/component-base's JSON format): `ts` (seconds since the epoch, a
-//! float), `caller` (`file:line`), `msg`, `v` (the verbosity: 0 for info and
-//! warnings, absent on errors, as zapr omits it), `err` for the error of an
-//! error, then the event's own fields by name.
+//! (k8s.io/component-base's JSON format, zap's encoder behind zapr), in its
+//! order: `ts` (milliseconds since the epoch, a float: component-base's
+//! `epochMillisTimeEncoder`), `logger` (the event's target, where zap puts a
+//! named logger's name), `caller` (zap's short caller: `dir/file:line`),
+//! `msg`, `v` (the verbosity: 0 for info and warnings, absent on errors, as
+//! zapr omits it), the event's own fields by name, and on an error its
+//! `error` field as `err`, last (zapr's `ErrorKey`). A field named `error`
+//! on another level is `err` in its place, as kube's `"err", err` pairs are.
 
 use std::fmt::Write as _;
 
@@ -100,25 +104,44 @@ pub fn json_line(event: &Event<'_>, now: std::time::SystemTime) -> Value {
     let mut line = Map::new();
     let ts = now
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
+        .map(|d| d.as_nanos() as f64 / 1e6)
         .unwrap_or_default();
     line.insert("ts".into(), Value::from(ts));
+    line.insert("logger".into(), Value::String(meta.target().to_string()));
     if let (Some(file), Some(l)) = (meta.file(), meta.line()) {
-        line.insert("caller".into(), Value::String(format!("{file}:{l}")));
+        line.insert(
+            "caller".into(),
+            Value::String(format!("{}:{l}", short_caller(file))),
+        );
     }
     let msg = fields
         .0
-        .remove("msg")
+        .shift_remove("msg")
         .unwrap_or(Value::String(String::new()));
     line.insert("msg".into(), msg);
-    if let Some(v) = verbosity(meta.level()) {
-        line.insert("v".into(), Value::from(v));
+    match verbosity(meta.level()) {
+        Some(v) => {
+            line.insert("v".into(), Value::from(v));
+            line.extend(fields.0);
+        }
+        None => {
+            let err = fields.0.shift_remove("err");
+            line.extend(fields.0);
+            if let Some(err) = err {
+                line.insert("err".into(), err);
+            }
+        }
     }
-    if let Some(err) = fields.0.remove("err") {
-        line.insert("err".into(), err);
-    }
-    line.extend(fields.0);
     Value::Object(line)
+}
+
+/// zap's `ShortCallerEncoder`: the file's directory and name, no more
+/// (`server/mod.rs`, `src/lib.rs` of a dependency).
+fn short_caller(file: &str) -> &str {
+    match file.rmatch_indices(['/', '\\']).nth(1) {
+        Some((i, _)) => &file[i + 1..],
+        None => file,
+    }
 }
 
 impl<S, N> FormatEvent<S, N> for KubeJson
@@ -180,9 +203,71 @@ mod tests {
         assert_eq!(lines[0]["err"], "disk full");
         assert_eq!(lines[0]["kind"], "wal");
         assert!(lines[0].get("v").is_none(), "{}", lines[0]);
+        // kube's order: zapr writes the error after the key/value pairs.
+        let keys: Vec<&str> = lines[0]
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["ts", "logger", "caller", "msg", "kind", "err"]);
+        assert_eq!(lines[0]["logger"], module_path!());
+        assert!(
+            lines[0]["caller"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("src/logging.rs:")),
+            "{}",
+            lines[0]
+        );
         assert_eq!(
             (&lines[1]["v"], &lines[1]["n"]),
             (&Value::from(4), &Value::from(3))
         );
+    }
+
+    #[test]
+    fn ts_is_milliseconds_since_the_epoch_as_kube_writes_it() {
+        // component-base's own test: 123 ns after the epoch is "ts":0.000123.
+        let buf = Buffer::default();
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .event_format(Fixed)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || tracing::info!("at the epoch"));
+        let text = String::from_utf8(buf.0.lock().expect("buf").clone()).expect("utf8");
+        let line: Value = serde_json::from_str(text.trim()).expect("json");
+        assert_eq!(line["ts"], Value::from(0.000123));
+        assert_eq!(line["v"], Value::from(0));
+    }
+
+    /// The JSON line at a fixed time.
+    struct Fixed;
+
+    impl<S, N> FormatEvent<S, N> for Fixed
+    where
+        S: Subscriber + for<'a> LookupSpan<'a>,
+        N: for<'a> FormatFields<'a> + 'static,
+    {
+        fn format_event(
+            &self,
+            _ctx: &FmtContext<'_, S, N>,
+            mut writer: Writer<'_>,
+            event: &Event<'_>,
+        ) -> std::fmt::Result {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(123);
+            writeln!(writer, "{}", json_line(event, at))
+        }
+    }
+
+    #[test]
+    fn callers_are_zaps_short_form() {
+        assert_eq!(short_caller("src/server/mod.rs"), "server/mod.rs");
+        assert_eq!(short_caller("src/lib.rs"), "src/lib.rs");
+        assert_eq!(
+            short_caller("/root/.cargo/registry/src/x/h2-0.4.20/src/proto/mod.rs"),
+            "proto/mod.rs"
+        );
+        assert_eq!(short_caller("main.rs"), "main.rs");
     }
 }

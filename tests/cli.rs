@@ -142,15 +142,23 @@ fn json_logs_carry_kubes_keys() {
     let _ = child.kill();
     let _ = child.wait();
     let serving = serving.unwrap_or_else(|| panic!("no 'kshard is serving' line: {lines:?}"));
+    // Milliseconds since the epoch, as component-base writes them.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as f64;
     assert!(
-        serving["ts"].as_f64().is_some_and(|t| t > 1.7e9),
+        serving["ts"]
+            .as_f64()
+            .is_some_and(|t| t > now_ms - 600_000.0 && t <= now_ms),
         "{serving}"
     );
+    assert_eq!(serving["logger"], "kshard::server", "{serving}");
     assert_eq!(serving["v"], 0, "{serving}");
     assert!(
         serving["caller"]
             .as_str()
-            .is_some_and(|c| c.contains(".rs:")),
+            .is_some_and(|c| c.starts_with("server/mod.rs:")),
         "{serving}"
     );
     // The event's own fields follow by name.
@@ -161,5 +169,9 @@ fn json_logs_carry_kubes_keys() {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(&keys[..4], ["ts", "caller", "msg", "v"], "{serving}");
+    assert_eq!(
+        &keys[..5],
+        ["ts", "logger", "caller", "msg", "v"],
+        "{serving}"
+    );
 }

@@ -349,7 +349,9 @@ impl Webhooks {
 
     /// A webhook call, up to its checked answer: the dry-run rule, the
     /// review in the webhook's version, the POST, the answer's checks, its
-    /// audit annotations and warnings.
+    /// audit annotations and warnings. In a traced request it is kube's
+    /// `Call mutating webhook` / `Call validating webhook` span, with the
+    /// POST's span inside.
     async fn exchange(
         &self,
         hook: &Hook,
@@ -357,6 +359,52 @@ impl Webhooks {
         attrs: &Attributes<'_>,
         object: Option<&Value>,
         mutating: bool,
+    ) -> Result<review::Answer, HookError> {
+        let uid = uuid::Uuid::new_v4().to_string();
+        let name = if mutating {
+            "Call mutating webhook"
+        } else {
+            "Call validating webhook"
+        };
+        let span =
+            crate::traces::Span::child_with(name, opentelemetry::trace::SpanKind::Internal, || {
+                use opentelemetry::KeyValue;
+                let t = attrs.target;
+                vec![
+                    KeyValue::new("configuration", hook.configuration.clone()),
+                    KeyValue::new("webhook", hook.name.clone()),
+                    // Go's GroupVersionResource.String().
+                    KeyValue::new(
+                        "resource",
+                        format!("{}/{}, Resource={}", t.rt.group, t.version, t.rt.plural),
+                    ),
+                    KeyValue::new("subresource", attrs.subresource.to_string()),
+                    KeyValue::new("operation", attrs.operation.as_str()),
+                    KeyValue::new("UID", uid.clone()),
+                ]
+            });
+        let outcome = crate::traces::in_span(
+            &span,
+            self.exchange_with(hook, inv, attrs, object, mutating, uid),
+        )
+        .await;
+        if let (Some(span), Err(e)) = (&span, &outcome) {
+            span.fail(match e {
+                HookError::Calling(f) => f.reason.clone(),
+                HookError::Final(e) => e.message.clone(),
+            });
+        }
+        outcome
+    }
+
+    async fn exchange_with(
+        &self,
+        hook: &Hook,
+        inv: &Invocation,
+        attrs: &Attributes<'_>,
+        object: Option<&Value>,
+        mutating: bool,
+        uid: String,
     ) -> Result<review::Answer, HookError> {
         if attrs.dry_run {
             match hook.side_effects.as_str() {
@@ -373,7 +421,6 @@ impl Webhooks {
         let version = ReviewVersion::pick(&hook.review_versions).ok_or_else(|| {
             calling("could not create admission objects: webhook does not accept known AdmissionReview versions (v1, v1beta1)")
         })?;
-        let uid = uuid::Uuid::new_v4().to_string();
         let t = attrs.target;
         let obj = versioned_opt(&t.rt, &t.version, inv, object)
             .await

@@ -157,11 +157,28 @@ impl Clients {
         let timeout = format!("{}s", hook.timeout.as_secs().max(1));
         let url = format!("{}?timeout={timeout}", d.url);
         let failed = |why: String| CallFailure::new(format!("failed to call webhook: {why}"));
-        let req = http::Request::post(format!("https://{}{}?timeout={timeout}", d.dial, d.path))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json, */*")
-            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-            .map_err(|e| failed(e.to_string()))?;
+        let mut req =
+            http::Request::post(format!("https://{}{}?timeout={timeout}", d.dial, d.path))
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .header(http::header::ACCEPT, "application/json, */*")
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                .map_err(|e| failed(e.to_string()))?;
+        // kube's webhook client (otelhttp's transport): a client span, whose
+        // context the webhook receives as `traceparent`.
+        let span = crate::traces::Span::child_with(
+            "HTTP POST",
+            opentelemetry::trace::SpanKind::Client,
+            || {
+                vec![
+                    opentelemetry::KeyValue::new("http.request.method", "POST"),
+                    opentelemetry::KeyValue::new("url.full", url.clone()),
+                ]
+            },
+        );
+        match &span {
+            Some(s) => s.inject(req.headers_mut()),
+            None => crate::traces::inject(req.headers_mut()),
+        }
         let exchange = async {
             let resp = client
                 .request(req)
@@ -181,10 +198,29 @@ impl Clients {
             Ok::<_, String>((status, text, bytes))
         };
         let (status, text, bytes) = match tokio::time::timeout(hook.timeout, exchange).await {
-            Err(_) => return Err(failed(format!("Post {url:?}: context deadline exceeded"))),
-            Ok(Err(why)) => return Err(failed(format!("Post {url:?}: {why}"))),
+            Err(_) => {
+                let why = format!("Post {url:?}: context deadline exceeded");
+                if let Some(s) = &span {
+                    s.fail(why.clone());
+                }
+                return Err(failed(why));
+            }
+            Ok(Err(why)) => {
+                let why = format!("Post {url:?}: {why}");
+                if let Some(s) = &span {
+                    s.fail(why.clone());
+                }
+                return Err(failed(why));
+            }
             Ok(Ok(r)) => r,
         };
+        if let Some(s) = &span {
+            s.set_attribute(opentelemetry::KeyValue::new(
+                "http.response.status_code",
+                i64::from(status.as_u16()),
+            ));
+        }
+        drop(span);
         if !status.is_success() {
             return Err(failed(unexpected_status(status.as_u16(), text, &bytes)));
         }

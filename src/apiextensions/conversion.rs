@@ -241,14 +241,57 @@ impl Webhook {
             str_at(first, "/apiVersion"),
             str_at(first, "/kind")
         );
-        let failed = |e: String| format!("conversion webhook for {gvk} failed: {e}");
         let uid = uuid::Uuid::new_v4().to_string();
+        // In a traced request: kube's span for the call, and the POST's
+        // (otelhttp's), whose context the webhook receives as `traceparent`.
+        let span = crate::traces::Span::child_with(
+            "Call conversion webhook",
+            opentelemetry::trace::SpanKind::Internal,
+            || {
+                use opentelemetry::KeyValue;
+                vec![
+                    KeyValue::new("kind", gvk.clone()),
+                    KeyValue::new("desired-api-version", desired.to_string()),
+                    KeyValue::new("object-count", objs.len() as i64),
+                    KeyValue::new("UID", uid.clone()),
+                ]
+            },
+        );
+        let post = span.as_ref().map(|s| {
+            s.start_child(
+                "HTTP POST",
+                opentelemetry::trace::SpanKind::Client,
+                vec![
+                    opentelemetry::KeyValue::new("http.request.method", "POST"),
+                    opentelemetry::KeyValue::new("url.full", self.url.clone()),
+                ],
+            )
+        });
+        let converted = self
+            .review_with(objs, bodies, desired, &gvk, &uid, post.as_ref())
+            .await;
+        if let (Some(span), Err(e)) = (&span, &converted) {
+            span.fail(e.clone());
+        }
+        converted
+    }
+
+    async fn review_with(
+        &self,
+        objs: &[&Value],
+        bodies: &[Vec<u8>],
+        desired: &str,
+        gvk: &str,
+        uid: &str,
+        post: Option<&crate::traces::Span>,
+    ) -> Result<Vec<Value>, String> {
+        let failed = |e: String| format!("conversion webhook for {gvk} failed: {e}");
         // The objects' JSON is joined into the review as is: each object was
         // encoded once already to size the batch.
         let mut body = format!(
             r#"{{"apiVersion":"apiextensions.k8s.io/{}","kind":"ConversionReview","request":{{"uid":{},"desiredAPIVersion":{},"objects":["#,
             self.review_version,
-            Value::from(uid.as_str()),
+            Value::from(uid),
             Value::from(desired),
         )
         .into_bytes();
@@ -261,11 +304,15 @@ impl Webhook {
             body.extend_from_slice(b);
         }
         body.extend_from_slice(b"]}}");
-        let req = http::Request::post(&self.url)
+        let mut req = http::Request::post(&self.url)
             .header("content-type", "application/json")
             .header("accept", "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| failed(e.to_string()))?;
+        match post {
+            Some(s) => s.inject(req.headers_mut()),
+            None => crate::traces::inject(req.headers_mut()),
+        }
         let resp = tokio::time::timeout(TIMEOUT, self.client.request(req))
             .await
             .map_err(|_| failed(format!("Post {:?}: context deadline exceeded", self.url)))?

@@ -53,6 +53,18 @@ impl Identity {
     }
 }
 
+/// How a request's user was established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// A front proxy (the host's aggregator) named the user in `X-Remote-*` headers.
+    FrontProxy,
+    ClientCertificate,
+    Token,
+    Anonymous,
+    /// The dev authenticator (no delegation configured).
+    Dev,
+}
+
 /// The dev authenticator: the admin identity, or whom the admin impersonates.
 pub fn authenticate_dev(headers: &HeaderMap) -> Identity {
     let admin = Identity::dev_admin();
@@ -250,14 +262,14 @@ impl Authenticator {
         &self,
         headers: &mut HeaderMap,
         peer: Option<&PeerCertificates>,
-    ) -> Result<Identity, Unauthorized> {
+    ) -> Result<(Identity, Via), Unauthorized> {
         let Authenticator::Delegating {
             config,
             tokens,
             anonymous,
         } = self
         else {
-            return Ok(authenticate_dev(headers));
+            return Ok((authenticate_dev(headers), Via::Dev));
         };
         // Credentials presented but not accepted are 401, never anonymous
         // (kube's union of authenticators fails on their error).
@@ -265,9 +277,13 @@ impl Authenticator {
         let config = config.get();
         let chain: &[CertificateDer<'static>] = peer.map(|p| p.0.as_slice()).unwrap_or(&[]);
         let mut identity = None;
+        let mut via = Via::Anonymous;
         if let Some(rh) = &config.request_header {
             if is_trusted_proxy(rh, chain) {
                 identity = from_request_headers(rh, headers);
+                if identity.is_some() {
+                    via = Via::FrontProxy;
+                }
             }
             // The headers are only ever trusted above; never pass them on.
             strip_request_headers(headers, rh);
@@ -281,6 +297,7 @@ impl Authenticator {
                     None => rejected = true,
                     // kube: a certificate without a common name names no user.
                     Some(s) if !s.common_name.is_empty() => {
+                        via = Via::ClientCertificate;
                         identity = Some(Identity {
                             user: s.common_name.clone(),
                             groups: s.organizations.clone(),
@@ -297,6 +314,7 @@ impl Authenticator {
                 match reviewer.review(&token).await {
                     Ok(Some(id)) => {
                         headers.remove(http::header::AUTHORIZATION);
+                        via = Via::Token;
                         identity = Some(id);
                     }
                     Ok(None) => rejected = true,
@@ -312,11 +330,11 @@ impl Authenticator {
                 if !id.groups.iter().any(|g| g == GROUP_AUTHENTICATED) {
                     id.groups.push(GROUP_AUTHENTICATED.into());
                 }
-                Ok(id)
+                Ok((id, via))
             }
             None if rejected => Err(Unauthorized),
             None => match anonymous {
-                Anonymous::Allowed => Ok(anonymous_identity()),
+                Anonymous::Allowed => Ok((anonymous_identity(), Via::Anonymous)),
                 // As kube with --anonymous-auth=false: probes too.
                 Anonymous::Refused => Err(Unauthorized),
             },

@@ -281,6 +281,23 @@ impl Registry {
         opts: &WriteOptions,
         warnings: &mut Vec<String>,
     ) -> Result<(), ApiError> {
+        let span = crate::traces::Span::child("mutating admission");
+        let result = crate::traces::in_span(
+            &span,
+            self.admit_mutating_now(t, step, object, opts, warnings),
+        )
+        .await;
+        failed(span, result)
+    }
+
+    async fn admit_mutating_now(
+        &self,
+        t: &Target,
+        step: &Step<'_>,
+        object: Option<&mut Value>,
+        opts: &WriteOptions,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), ApiError> {
         if step.op == Operation::Create {
             if let (Some(check), Some(obj)) = (&self.admission, object.as_deref()) {
                 let name = match meta_str(obj, "name") {
@@ -313,7 +330,13 @@ impl Registry {
             return Ok(());
         };
         let before = caller.warnings.len();
-        let result = validate(hooks.as_ref(), t, step, object, opts.dry_run, caller).await;
+        let span = crate::traces::Span::child("validating admission");
+        let result = crate::traces::in_span(
+            &span,
+            validate(hooks.as_ref(), t, step, object, opts.dry_run, caller),
+        )
+        .await;
+        let result = failed(span, result);
         warnings.extend(caller.warnings.since(before));
         result
     }
@@ -331,9 +354,29 @@ impl Registry {
         let (Some(hooks), Some(caller)) = (self.webhooks.get(), caller) else {
             return Ok(());
         };
-        mutate(hooks.as_ref(), t, step, None, dry_run, caller).await?;
-        validate(hooks.as_ref(), t, step, None, dry_run, caller).await
+        let span = crate::traces::Span::child("mutating admission");
+        let result = crate::traces::in_span(
+            &span,
+            mutate(hooks.as_ref(), t, step, None, dry_run, caller),
+        )
+        .await;
+        failed(span, result)?;
+        let span = crate::traces::Span::child("validating admission");
+        let result = crate::traces::in_span(
+            &span,
+            validate(hooks.as_ref(), t, step, None, dry_run, caller),
+        )
+        .await;
+        failed(span, result)
     }
+}
+
+/// Ends an admission phase's span, marked failed with the refusal.
+fn failed(span: Option<crate::traces::Span>, result: Result<(), ApiError>) -> Result<(), ApiError> {
+    if let (Some(span), Err(e)) = (&span, &result) {
+        span.fail(e.message.clone());
+    }
+    result
 }
 
 async fn mutate(

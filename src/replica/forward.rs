@@ -131,6 +131,9 @@ fn forwardable(name: &HeaderName) -> bool {
             | "host"
             | "authorization"
             | "content-length"
+            // The follower's own span goes instead (`Replica::send`).
+            | "traceparent"
+            | "tracestate"
     ) && !n.starts_with("impersonate-")
         && !n.starts_with("x-kshard-")
 }

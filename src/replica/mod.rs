@@ -893,10 +893,25 @@ impl Replica {
         changes: &mut watch::Receiver<View>,
     ) -> Sent {
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let out = match buffered.to_leader(&leader.address, &self.secret, identity, left) {
+        let mut out = match buffered.to_leader(&leader.address, &self.secret, identity, left) {
             Ok(r) => r,
             Err(e) => return Sent::Unsendable(e.to_string()),
         };
+        // The leader's spans continue this request's trace.
+        let span = crate::traces::Span::child_with(
+            "forward to leader",
+            opentelemetry::trace::SpanKind::Client,
+            || {
+                vec![opentelemetry::KeyValue::new(
+                    "server.address",
+                    leader.address.clone(),
+                )]
+            },
+        );
+        match &span {
+            Some(s) => s.inject(out.headers_mut()),
+            None => crate::traces::inject(out.headers_mut()),
+        }
         let answer = self.client.request(out);
         tokio::pin!(answer);
         let until_deadline = async {

@@ -13,9 +13,15 @@ use clap::{Args, FromArgMatches};
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {
     /// Log format: `text`, or `json` (one object per line with kube's keys:
-    /// ts, caller, msg, v, err), as kube-apiserver's flag.
+    /// ts, logger, caller, msg, v, err), as kube-apiserver's flag.
     #[arg(long, value_enum, default_value = "text")]
     pub logging_format: crate::logging::LogFormat,
+    /// kube-apiserver's tracing configuration file (a `TracingConfiguration`
+    /// of apiserver.config.k8s.io: OTLP gRPC `endpoint`, default
+    /// localhost:4317, and `samplingRatePerMillion`, default 0). Without it
+    /// nothing is traced.
+    #[arg(long)]
+    pub tracing_config_file: Option<PathBuf>,
     /// Where the embedded store, certificates and kubeconfig live.
     #[arg(long, default_value = "./kshard-data")]
     pub data_dir: PathBuf,

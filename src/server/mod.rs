@@ -123,6 +123,10 @@ impl Running {
             r.resign().await;
         }
         self.store.close();
+        // The last requests' spans, before the process exits.
+        if crate::traces::enabled() {
+            let _ = tokio::task::spawn_blocking(crate::traces::flush).await;
+        }
         tracing::info!("stopped");
     }
 }
@@ -137,7 +141,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ServerError {
 /// listeners with their certificates and delegation, then the controllers
 /// that act on the host. Each phase adds its tasks and readiness checks.
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
-    install_process_globals();
+    install_process_globals(&cfg)?;
     let (mut catalog, mut sources) = load_catalog(&cfg)?;
     pki::private_dir(&cfg.data_dir)?;
     let (store, replica, internal_listener) = open_store(&cfg).await?;
@@ -220,12 +224,24 @@ struct Wiring<'a> {
 }
 
 /// Process-wide state every later phase relies on.
-fn install_process_globals() {
+fn install_process_globals(cfg: &ServeConfig) -> Result<(), ServerError> {
     // Only the ring provider is compiled in; installing it again is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // First, as kube-apiserver: a tracing file it would refuse stops the start.
+    if let Some(path) = &cfg.tracing_config_file {
+        let tracing = crate::traces::TracingConfiguration::load(path)
+            .map_err(|e| ServerError::Config(format!("--tracing-config-file: {e}")))?;
+        let instance = cfg
+            .replica_id
+            .clone()
+            .unwrap_or_else(crate::replica::default_replica_id);
+        crate::traces::install(&tracing, &instance)
+            .map_err(|e| ServerError::Config(format!("--tracing-config-file: {e}")))?;
+    }
     // The recorder first: metrics recorded before it is installed are lost
     // (a replica's first election round reports the leader before serving).
     let _ = metrics::handle();
+    Ok(())
 }
 
 /// The catalog from the definition files, with the built-in definitions

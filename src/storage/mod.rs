@@ -368,19 +368,49 @@ impl Store {
     }
 
     pub async fn write(&self, write: Write) -> Result<Written, StorageError> {
+        // In a traced request: the commit's span, from handing the write in
+        // to its acknowledgement (durable and published).
+        let span = crate::traces::Span::child_with(
+            "storage commit",
+            opentelemetry::trace::SpanKind::Internal,
+            || {
+                let (operation, key) = match &write {
+                    Write::Create { key, .. } => ("create", key),
+                    Write::Update { key, .. } => ("update", key),
+                    Write::Delete { key, .. } => ("delete", key),
+                };
+                vec![
+                    opentelemetry::KeyValue::new("operation", operation),
+                    opentelemetry::KeyValue::new("key", key.clone()),
+                ]
+            },
+        );
+        let (written, grouped) = self.commit(write).await;
+        if let Some(span) = &span {
+            use opentelemetry::KeyValue;
+            span.set_attribute(KeyValue::new("group-commit", grouped));
+            match &written {
+                Ok(w) => span.set_attribute(KeyValue::new("revision", w.revision as i64)),
+                Err(e) => span.fail(e.to_string()),
+            }
+        }
+        written
+    }
+
+    /// Commits one write; says whether the writer thread did (in a group).
+    async fn commit(&self, write: Write) -> (Result<Written, StorageError>, bool) {
         let (tx, rx) = oneshot::channel();
         let op = Op { write, reply: tx };
         // The caller's own request counts one.
         let alone = self.in_flight.load(Ordering::Acquire) <= 1;
         let op = match self.commit_alone(op, alone) {
             Some(op) => op,
-            None => return rx.await.map_err(|_| StorageError::Closed)?,
+            None => return (rx.await.unwrap_or(Err(StorageError::Closed)), false),
         };
-        self.writes
-            .send(Msg::Write(op))
-            .await
-            .map_err(|_| StorageError::Closed)?;
-        rx.await.map_err(|_| StorageError::Closed)?
+        if self.writes.send(Msg::Write(op)).await.is_err() {
+            return (Err(StorageError::Closed), true);
+        }
+        (rx.await.unwrap_or(Err(StorageError::Closed)), true)
     }
 
     /// Counts a write request as in flight until the guard drops. Counting

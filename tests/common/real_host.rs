@@ -103,6 +103,11 @@ pub struct RealHost {
 impl RealHost {
     /// Starts etcd and kube-apiserver in `dir` and waits until the host is ready.
     pub fn start(dir: &Path) -> RealHost {
+        Self::start_with(dir, &[])
+    }
+
+    /// [`RealHost::start`] with more kube-apiserver flags.
+    pub fn start_with(dir: &Path, extra: &[String]) -> RealHost {
         let dir = dir.join("host");
         std::fs::create_dir_all(dir.join("pki")).expect("host dir");
         let pki = dir.join("pki");
@@ -202,7 +207,8 @@ impl RealHost {
                 .arg("--audit-log-path")
                 .arg(&audit_log)
                 .args(["--endpoint-reconciler-type", "none"])
-                .arg("--enable-aggregator-routing=false");
+                .arg("--enable-aggregator-routing=false")
+                .args(extra);
             let apiserver_log = dir.join("kube-apiserver.log");
             let mut apiserver = spawn_logged(kas, &apiserver_log);
 

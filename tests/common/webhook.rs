@@ -84,6 +84,8 @@ pub struct Received {
     pub path: String,
     pub query: String,
     pub review: Value,
+    /// The W3C trace context the caller sent (a traced kshard's span).
+    pub traceparent: Option<String>,
 }
 
 #[derive(Default)]
@@ -215,6 +217,11 @@ impl WebhookServer {
 async fn serve(State(hooks): State<Arc<Hooks>>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
+    let traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
     let bytes = axum::body::to_bytes(req.into_body(), 16 << 20)
         .await
         .unwrap_or_default();
@@ -223,6 +230,7 @@ async fn serve(State(hooks): State<Arc<Hooks>>, req: Request) -> Response {
         path: path.clone(),
         query,
         review: review.clone(),
+        traceparent,
     });
     let handler = hooks.handlers.lock().expect("handlers").get(&path).cloned();
     let reply = match handler {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::extract::Request;
 use axum::response::Response;
 
-use super::{Authenticated, Forwarded, InsecureListener};
+use super::{Authenticated, Forwarded, FrontProxied, InsecureListener};
 use crate::auth::{Authenticator, Identity, PeerCertificates};
 use crate::replica::forward::ForwardedIdentity;
 use crate::status::ApiError;
@@ -42,7 +42,12 @@ where
     } else {
         let peer = req.extensions().get::<PeerCertificates>().cloned();
         match a.auth.authenticate(req.headers_mut(), peer.as_ref()).await {
-            Ok(id) => id,
+            Ok((id, via)) => {
+                if via == crate::auth::Via::FrontProxy {
+                    req.extensions_mut().insert(FrontProxied);
+                }
+                id
+            }
             Err(_) => {
                 let meta = super::audit::meta(&req, &Identity::default());
                 return crate::audit::record(a.auditor.as_ref(), meta, req, |_| async {

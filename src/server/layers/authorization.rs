@@ -42,7 +42,18 @@ where
             rec.annotate(k, v);
         }
     };
-    match authz.authorize(&attrs).await {
+    let step = crate::traces::Span::child("authorization");
+    let decision = authz.authorize(&attrs).await;
+    if let Some(step) = &step {
+        let verdict = match &decision {
+            Ok(Decision::Allow) => "allow",
+            Ok(Decision::Deny(_)) => "forbid",
+            Err(_) => "error",
+        };
+        step.set_attribute(opentelemetry::KeyValue::new("decision", verdict));
+    }
+    drop(step);
+    match decision {
         Ok(Decision::Allow) => {
             annotate("authorization.k8s.io/decision", "allow".into());
             // A SelfSubjectAccessReview asks this same authorizer.

@@ -129,7 +129,10 @@ where
     // on these bytes (and copies of them) until then.
     let mut held = Vec::new();
     let mut body = body;
-    match read(limits, &mut body, &mut held).await {
+    let step = crate::traces::Span::child("read request body");
+    let read = read(limits, &mut body, &mut held).await;
+    drop(step);
+    match read {
         Ok(bytes) => {
             let resp = next(Request::from_parts(parts, Body::from(bytes))).await;
             drop(held);

@@ -13,6 +13,7 @@
 //! | | [`cache_control`] | `Cache-Control: no-cache, private` unless the handler set one | |
 //! | 4 | [`deadline`] | `--request-timeout` / `?timeout=` for non-long-running requests | 400, 504 |
 //! | 5 | [`authentication`] | front proxy, client certificate, bearer token, anonymous | 401 |
+//! | | [`trace`] | with `--tracing-config-file`: the request's server span (the caller's `traceparent` followed for privileged callers and the host's aggregator), back-dated to its arrival | |
 //! | 6 | [`body`] | reads the request body (3 MiB, under the deadline and a memory budget) before any seat is taken | 413, 429 |
 //! | 7 | [`audit`] | `Audit-Id`, the policy's events per stage | |
 //! | 8 | [`impersonation`] | `Impersonate-*` headers, authorized with the `impersonate` verb | 400, 403 |
@@ -22,6 +23,10 @@
 //!
 //! Kube runs authorization inside the flow-control seat too: a request
 //! denied there has still been paid for by its flow.
+//!
+//! With tracing on, the steps from authentication to authorization are
+//! child spans of the server span, each ending when it hands the request on
+//! (kube's `filterlatency` spans), and the handler's span holds the rest.
 
 pub mod audit;
 pub mod authentication;
@@ -35,6 +40,7 @@ pub mod metrics;
 pub mod panic;
 pub mod priority;
 pub mod request_info;
+pub mod trace;
 
 use std::sync::Arc;
 
@@ -144,7 +150,11 @@ impl Layers {
     }
 
     async fn authentication(&self, req: Request) -> Response {
-        authentication::layer(&self.authentication, req, |req| Box::pin(self.body(req))).await
+        authentication::layer(&self.authentication, req, |req| Box::pin(self.trace(req))).await
+    }
+
+    async fn trace(&self, req: Request) -> Response {
+        trace::layer(req, |req| Box::pin(self.body(req))).await
     }
 
     async fn body(&self, req: Request) -> Response {
@@ -152,14 +162,21 @@ impl Layers {
     }
 
     async fn audit(&self, req: Request) -> Response {
+        let step = crate::traces::Span::child("audit");
         audit::layer(self.auditor.as_ref(), req, |req| {
+            drop(step);
             Box::pin(self.impersonation(req))
         })
         .await
     }
 
     async fn impersonation(&self, req: Request) -> Response {
-        impersonation::layer(&self.impersonation, req, |req| Box::pin(self.forward(req))).await
+        let step = crate::traces::Span::child("impersonation");
+        impersonation::layer(&self.impersonation, req, |req| {
+            drop(step);
+            Box::pin(self.forward(req))
+        })
+        .await
     }
 
     async fn forward(&self, req: Request) -> Response {
@@ -179,7 +196,8 @@ impl Layers {
 
     async fn handle(&self, req: Request) -> Response {
         use tower::Service;
-        match self.app.clone().call(req).await {
+        let span = trace::handler_span(&req);
+        match crate::traces::in_span(&span, self.app.clone().call(req)).await {
             Ok(resp) => resp,
             Err(never) => match never {},
         }
@@ -223,6 +241,11 @@ pub struct Authenticated(pub Identity);
 /// and impersonated there already, so neither runs again here.
 #[derive(Clone, Copy, Debug)]
 pub struct Forwarded;
+
+/// Set by [`authentication`] when a front proxy (the host's aggregator,
+/// holding a requestheader certificate) named the user.
+#[derive(Clone, Copy, Debug)]
+pub struct FrontProxied;
 
 /// The user a request acts as (after impersonation), as the handler and the
 /// authorizer see it. Set by [`authentication`] and replaced by

@@ -128,6 +128,8 @@ where
         .get::<Arc<crate::audit::Recording>>()
         .cloned();
     let queued = Instant::now();
+    // Classification and the wait for seats (kube's filter span name).
+    let step = crate::traces::Span::child("priorityandfairness");
     // A client that goes away drops this future, which withdraws a queued request.
     let admitted = p
         .apf
@@ -154,6 +156,30 @@ where
             );
         }
     }
+    if let Some(step) = &step {
+        use opentelemetry::KeyValue;
+        step.set_attribute(KeyValue::new(
+            "queue-wait",
+            format!("{:?}", queued.elapsed()),
+        ));
+        match &admitted {
+            Ok(seats) => {
+                step.set_attribute(KeyValue::new(
+                    "flow-schema-uid",
+                    seats.flow_schema_uid().to_string(),
+                ));
+                step.set_attribute(KeyValue::new(
+                    "priority-level-uid",
+                    seats.priority_level_uid().to_string(),
+                ));
+            }
+            Err(r) => step.fail(format!(
+                "rejected by priority level {}",
+                r.priority_level_uid
+            )),
+        }
+    }
+    drop(step);
     let seats = match admitted {
         Ok(s) => s,
         Err(r) => return rejected(&r),

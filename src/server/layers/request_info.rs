@@ -15,5 +15,10 @@ where
 {
     let info = RequestInfo::parse(req.method(), req.uri());
     req.extensions_mut().insert(std::sync::Arc::new(info));
+    if crate::traces::enabled() {
+        // The server span starts after authentication, dated from here.
+        req.extensions_mut()
+            .insert(super::trace::Received(std::time::SystemTime::now()));
+    }
     next(req).await
 }
