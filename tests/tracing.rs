@@ -760,8 +760,8 @@ async fn a_conversion_webhook_call_is_in_the_readers_trace() {
             }
         }),
     );
-    let ca = common::host::Ca::new("webhook-ca");
-    let (addr, _hook) = common::host::serve_https(&ca, &["127.0.0.1"], app).await;
+    let ca = common::tls::Ca::new("webhook-ca");
+    let (addr, _hook) = common::tls::serve_https(&ca, &["127.0.0.1"], app).await;
     let dir = tempfile::tempdir().expect("tmp");
     let version = |name: &str, storage: bool| {
         format!(
