@@ -244,7 +244,8 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             Some(doc) => etagged(&parts.headers, &doc, "application/json"),
             None => error_response(&ApiError::not_found_path()),
         },
-        Route::NotFound => error_response(&ApiError::not_found_path()),
+        // The server routes it before this handler (`server::snapshot`).
+        Route::Snapshot | Route::NotFound => error_response(&ApiError::not_found_path()),
     }
 }
 

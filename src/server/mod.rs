@@ -412,8 +412,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
         cfg.connections.max_request_body_bytes,
         cfg.connections.max_buffered_request_body_bytes,
     ));
+    let snapshots = crate::snapshot::serve::Snapshots::new(store.clone(), connections.stop.clone());
     let app = app(
         state.clone(),
+        snapshots,
         layers::Parts {
             apf: apf.clone(),
             registry: registry.clone(),
@@ -552,7 +554,7 @@ async fn open_engine_retrying(
     let mut backoff = Duration::from_millis(500);
     loop {
         let store = cfg.store.clone();
-        let path = cfg.data_dir.join("store.redb");
+        let path = cfg.data_dir.join(crate::storage::embedded::STORE_FILE);
         let cache = usize::try_from(cfg.storage_cache_bytes).unwrap_or(usize::MAX);
         let opened = tokio::task::spawn_blocking(move || {
             crate::storage::open_engine(store.as_deref(), &path, cache)
@@ -745,7 +747,17 @@ async fn delegation(
 }
 
 /// The API plus the server's own endpoints, behind the request layers.
-fn app(state: Arc<ApiState>, parts: layers::Parts) -> Router {
+fn app(
+    state: Arc<ApiState>,
+    snapshots: Arc<crate::snapshot::serve::Snapshots>,
+    parts: layers::Parts,
+) -> Router {
+    let snapshot = Router::new()
+        .route(
+            crate::api::request::SNAPSHOT_PATH,
+            axum::routing::any(crate::snapshot::serve::handle),
+        )
+        .with_state(snapshots);
     let own = Router::new()
         .route("/metrics", get(metrics_endpoint))
         .route(
@@ -761,7 +773,7 @@ fn app(state: Arc<ApiState>, parts: layers::Parts) -> Router {
             get(dump_requests),
         )
         .with_state(parts.apf.clone());
-    layers::stack(own.merge(api::router(state)), parts).layer(
+    layers::stack(own.merge(snapshot).merge(api::router(state)), parts).layer(
         tower_http::compression::CompressionLayer::new()
             .gzip(true)
             .compress_when(LargeBodies),
