@@ -13,11 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use kshard::snapshot::format::{self, Entry, Header, Item};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams, WatchEvent, WatchParams,
 };
-use kshard::snapshot::format::{self, Entry, Header, Item};
 use serde_json::{json, Value};
 
 const KEY_PREFIX: &str = "demo.kshard.dev/widgets/default/";
@@ -100,7 +100,10 @@ fn serve_at(data_dir: &Path, listen: &str, extra: &[&str]) -> common::KillOnDrop
             std::fs::read_to_string(data_dir.with_extension("log")).unwrap_or_default()
         )
     });
-    assert!(first.starts_with("kshard is serving on https://"), "{first}");
+    assert!(
+        first.starts_with("kshard is serving on https://"),
+        "{first}"
+    );
     std::thread::spawn(move || for _ in lines {});
     common::KillOnDrop(child)
 }
@@ -126,7 +129,10 @@ fn widgets_in(entries: &[Entry]) -> BTreeMap<String, (u64, String)> {
         .filter_map(|e| {
             let name = e.key.strip_prefix(KEY_PREFIX)?;
             let v: Value = serde_json::from_slice(&e.json).expect("json");
-            let uid = v["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+            let uid = v["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             Some((name.to_string(), (e.revision, uid)))
         })
         .collect()
@@ -155,9 +161,12 @@ async fn list_items(api: &Api<DynamicObject>) -> (u64, Vec<Value>) {
 /// Objects of several field managers: created by one, applied by two more.
 async fn populate(api: &Api<DynamicObject>, n: usize) {
     for i in 0..n {
-        api.create(&PostParams::default(), &padded(&format!("w{i:03}"), i as i64, 64))
-            .await
-            .expect("create");
+        api.create(
+            &PostParams::default(),
+            &padded(&format!("w{i:03}"), i as i64, 64),
+        )
+        .await
+        .expect("create");
     }
     for (i, manager) in [(0, "alpha"), (1, "beta"), (1, "alpha")] {
         let patch = json!({
@@ -376,7 +385,9 @@ async fn a_snapshot_under_eight_writers_is_the_state_at_its_revision() {
     let events = events.lock().expect("events").clone();
     for a in acks.iter().filter(|a| a.rv <= revision) {
         assert!(
-            events.iter().any(|(_, n, rv, _)| *n == a.name && *rv == a.rv),
+            events
+                .iter()
+                .any(|(_, n, rv, _)| *n == a.name && *rv == a.rv),
             "the watch never showed {} at {}",
             a.name,
             a.rv
@@ -479,7 +490,13 @@ async fn a_restored_shard_serves_the_snapshot_and_informers_relist() {
 
     let (_, before) = list_items(&api).await;
     let file = dir.path().join("s.snap");
-    kshard_ok(&["snapshot", "save", path_str(&file), "--data-dir", path_str(&old)]);
+    kshard_ok(&[
+        "snapshot",
+        "save",
+        path_str(&file),
+        "--data-dir",
+        path_str(&old),
+    ]);
     let (header, _) = read_snapshot(&file);
     // Changes after the snapshot, which the informer sees.
     create_one(&api, "after-snapshot").await;
@@ -497,7 +514,13 @@ async fn a_restored_shard_serves_the_snapshot_and_informers_relist() {
     assert_eq!(lists.load(Ordering::Acquire), 1);
 
     drop(server);
-    let said = kshard_ok(&["snapshot", "restore", path_str(&file), "--data-dir", path_str(&new)]);
+    let said = kshard_ok(&[
+        "snapshot",
+        "restore",
+        path_str(&file),
+        "--data-dir",
+        path_str(&new),
+    ]);
     let restored_rv = header.revision + kshard::snapshot::restore::DEFAULT_BUMP_REVISION;
     assert!(said.contains(&restored_rv.to_string()), "{said}");
     copy_pki(&old, &new);
@@ -509,11 +532,16 @@ async fn a_restored_shard_serves_the_snapshot_and_informers_relist() {
         let r = reader.clone();
         async move {
             let n = names(&r);
-            n.len() == 20 && n.contains(&"w005".to_string()) && !n.contains(&"after-snapshot".to_string())
+            n.len() == 20
+                && n.contains(&"w005".to_string())
+                && !n.contains(&"after-snapshot".to_string())
         }
     })
     .await;
-    assert!(lists.load(Ordering::Acquire) >= 2, "the informer never re-listed");
+    assert!(
+        lists.load(Ordering::Acquire) >= 2,
+        "the informer never re-listed"
+    );
     informer.abort();
 
     // Exactly the objects saved: uid, resourceVersion, managedFields, all.
@@ -526,7 +554,10 @@ async fn a_restored_shard_serves_the_snapshot_and_informers_relist() {
         .iter()
         .filter_map(|m| m["manager"].as_str())
         .collect();
-    assert!(managers.contains(&"alpha") && managers.contains(&"beta"), "{managers:?}");
+    assert!(
+        managers.contains(&"alpha") && managers.contains(&"beta"),
+        "{managers:?}"
+    );
 
     // Older revisions are gone (410), as after an etcd restore.
     let old_rv = header.revision;
@@ -546,7 +577,10 @@ async fn a_restored_shard_serves_the_snapshot_and_informers_relist() {
     let (code, _, body) = common::send(
         &client,
         "GET",
-        &format!("{}?resourceVersion={old_rv}&resourceVersionMatch=Exact", common::WIDGETS),
+        &format!(
+            "{}?resourceVersion={old_rv}&resourceVersionMatch=Exact",
+            common::WIDGETS
+        ),
         &[],
         None,
     )
@@ -569,13 +603,22 @@ async fn damaged_files_and_non_empty_targets_are_refused() {
     let api = widgets(common::client_for(&data.join("kubeconfig")).await);
     populate(&api, 300).await;
     let file = dir.path().join("good.snap");
-    kshard_ok(&["snapshot", "save", path_str(&file), "--data-dir", path_str(&data), "-q"]);
+    kshard_ok(&[
+        "snapshot",
+        "save",
+        path_str(&file),
+        "--data-dir",
+        path_str(&data),
+        "-q",
+    ]);
     drop(server);
     let status = kshard_ok(&["snapshot", "status", path_str(&file), "-o", "json"]);
     let status: Value = serde_json::from_str(&status).expect("status json");
     assert_eq!(status["header"]["engine"], "embedded");
     assert_eq!(status["header"]["formatVersion"], 1);
-    assert!(status["trailer"]["objects"].as_u64().is_some_and(|n| n >= 300));
+    assert!(status["trailer"]["objects"]
+        .as_u64()
+        .is_some_and(|n| n >= 300));
 
     let good = std::fs::read(&file).expect("file");
     let bad = |name: &str, bytes: &[u8]| {
@@ -588,13 +631,28 @@ async fn damaged_files_and_non_empty_targets_are_refused() {
     flipped[middle] ^= 0x01;
     let cases = [
         (bad("half.snap", &good[..good.len() / 2]), "truncated"),
-        (bad("no-trailer.snap", &good[..good.len() - 20]), "truncated"),
+        (
+            bad("no-trailer.snap", &good[..good.len() - 20]),
+            "truncated",
+        ),
         (bad("flipped.snap", &flipped), "corrupted"),
-        (bad("garbage.snap", b"{\"not\": \"a snapshot\"}"), "not a kshard snapshot"),
+        (
+            bad("garbage.snap", b"{\"not\": \"a snapshot\"}"),
+            "not a kshard snapshot",
+        ),
     ];
     for (path, why) in &cases {
-        let target = dir.path().join(format!("from-{}", path.file_stem().unwrap().to_string_lossy()));
-        let err = kshard_fails(&["snapshot", "restore", path_str(path), "--data-dir", path_str(&target)]);
+        let target = dir.path().join(format!(
+            "from-{}",
+            path.file_stem().unwrap().to_string_lossy()
+        ));
+        let err = kshard_fails(&[
+            "snapshot",
+            "restore",
+            path_str(path),
+            "--data-dir",
+            path_str(&target),
+        ]);
         assert!(err.contains(why), "{}: {err}", path.display());
         // Nothing half-restored: no store, nothing being built.
         let left: Vec<_> = std::fs::read_dir(&target)
@@ -607,10 +665,19 @@ async fn damaged_files_and_non_empty_targets_are_refused() {
 
     // A restored directory is not restored into again without --force.
     let target = dir.path().join("restored");
-    let args = ["snapshot", "restore", path_str(&file), "--data-dir", path_str(&target)];
+    let args = [
+        "snapshot",
+        "restore",
+        path_str(&file),
+        "--data-dir",
+        path_str(&target),
+    ];
     kshard_ok(&args);
     let err = kshard_fails(&args);
-    assert!(err.contains("holds a store already") && err.contains("--force"), "{err}");
+    assert!(
+        err.contains("holds a store already") && err.contains("--force"),
+        "{err}"
+    );
     // Nor the data directory of a running server, even with --force.
     let server = serve_at(&target, "127.0.0.1:0", &[]);
     let err = kshard_fails(&[&args[..], &["--force"][..]].concat());
@@ -635,8 +702,8 @@ async fn damaged_files_and_non_empty_targets_are_refused() {
 fn user_kubeconfig(data: &Path, user: Option<(&str, &[&str])>) -> PathBuf {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let pki = data.join("pki");
-    let ca_key =
-        KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).expect("ca key")).expect("key");
+    let ca_key = KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).expect("ca key"))
+        .expect("key");
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name.push(DnType::CommonName, "kshard-ca");
@@ -677,21 +744,45 @@ async fn only_an_administrator_may_take_a_snapshot() {
     create_one(&alice_api, "by-alice").await;
     let file = dir.path().join("s.snap");
     for (kubeconfig, user) in [(&alice, "alice"), (&nobody, "system:anonymous")] {
-        let err = kshard_fails(&["snapshot", "save", path_str(&file), "--kubeconfig", path_str(kubeconfig)]);
+        let err = kshard_fails(&[
+            "snapshot",
+            "save",
+            path_str(&file),
+            "--kubeconfig",
+            path_str(kubeconfig),
+        ]);
         assert!(
-            err.contains("403") && err.contains(&format!(r#"User "{user}" cannot get path "/kshard/snapshot""#)),
+            err.contains("403")
+                && err.contains(&format!(
+                    r#"User "{user}" cannot get path "/kshard/snapshot""#
+                )),
             "{err}"
         );
         assert!(!file.exists() && !file.with_extension("snap.part").exists());
     }
-    let (code, _, body) =
-        common::send(&alice_api.clone().into_client(), "GET", "/kshard/snapshot", &[], None).await;
+    let (code, _, body) = common::send(
+        &alice_api.clone().into_client(),
+        "GET",
+        "/kshard/snapshot",
+        &[],
+        None,
+    )
+    .await;
     assert_eq!(code, 403, "{body}");
     let status: Value = serde_json::from_str(&body).expect("a Status");
-    assert_eq!((status["kind"].as_str(), status["reason"].as_str()), (Some("Status"), Some("Forbidden")));
+    assert_eq!(
+        (status["kind"].as_str(), status["reason"].as_str()),
+        (Some("Status"), Some("Forbidden"))
+    );
 
     // The data directory's own kubeconfig is the administrator's.
-    kshard_ok(&["snapshot", "save", path_str(&file), "--data-dir", path_str(&data)]);
+    kshard_ok(&[
+        "snapshot",
+        "save",
+        path_str(&file),
+        "--data-dir",
+        path_str(&data),
+    ]);
     let (_, entries) = read_snapshot(&file);
     assert!(widgets_in(&entries).contains_key("by-alice"));
 }
@@ -728,9 +819,24 @@ async fn behind_a_host_rbac_grants_snapshots() {
     };
     let (alice, bob) = (kubeconfig("alice", ALICE.0), kubeconfig("bob", BOB.0));
     let file = dir.path().join("s.snap");
-    let err = kshard_fails(&["snapshot", "save", path_str(&file), "--kubeconfig", path_str(&bob)]);
-    assert!(err.contains("403") && err.contains(r#"User "bob" cannot get path"#), "{err}");
-    let said = kshard_ok(&["snapshot", "save", path_str(&file), "--kubeconfig", path_str(&alice)]);
+    let err = kshard_fails(&[
+        "snapshot",
+        "save",
+        path_str(&file),
+        "--kubeconfig",
+        path_str(&bob),
+    ]);
+    assert!(
+        err.contains("403") && err.contains(r#"User "bob" cannot get path"#),
+        "{err}"
+    );
+    let said = kshard_ok(&[
+        "snapshot",
+        "save",
+        path_str(&file),
+        "--kubeconfig",
+        path_str(&alice),
+    ]);
     assert!(said.contains("saved"), "{said}");
     let (header, _) = read_snapshot(&file);
     assert_eq!(header.engine, "embedded");
@@ -784,7 +890,13 @@ mod tikv {
         populate(&api, 50).await;
         let (_, before) = list_items(&api).await;
         let out = dir.path().join("out.snap");
-        kshard_ok(&["snapshot", "save", path_str(&out), "--data-dir", path_str(&embedded)]);
+        kshard_ok(&[
+            "snapshot",
+            "save",
+            path_str(&out),
+            "--data-dir",
+            path_str(&embedded),
+        ]);
         drop(server);
 
         let (_double, pd, shard) = shared_store();
@@ -808,7 +920,14 @@ mod tikv {
             assert_eq!(items, before, "a replica on TiKV serves other objects");
         }
         // Replicas running: not even --force replaces their store.
-        let err = kshard_fails(&["snapshot", "restore", path_str(&out), "--store", &store, "--force"]);
+        let err = kshard_fails(&[
+            "snapshot",
+            "restore",
+            path_str(&out),
+            "--store",
+            &store,
+            "--force",
+        ]);
         assert!(err.contains("leader lease"), "{err}");
 
         // Writes continue there (through a follower or the leader).
@@ -829,7 +948,10 @@ mod tikv {
         kshard_ok(&["snapshot", "save", path_str(&direct), "--store", &store]);
         let (h1, e1) = read_snapshot(&back);
         let (h2, e2) = read_snapshot(&direct);
-        assert_eq!((h1.engine.as_str(), h1.shard.as_deref()), ("tikv", Some(shard.as_str())));
+        assert_eq!(
+            (h1.engine.as_str(), h1.shard.as_deref()),
+            ("tikv", Some(shard.as_str()))
+        );
         assert_eq!(h1.revision, h2.revision);
         same_entries(&e1, &e2);
         drop(replicas);
@@ -861,7 +983,13 @@ mod tikv {
         let api = widgets(common::client_for(&data.join("kubeconfig")).await);
         populate(&api, 20).await;
         let file = dir.path().join("s.snap");
-        kshard_ok(&["snapshot", "save", path_str(&file), "--data-dir", path_str(&data)]);
+        kshard_ok(&[
+            "snapshot",
+            "save",
+            path_str(&file),
+            "--data-dir",
+            path_str(&data),
+        ]);
         drop(server);
         let mut bytes = std::fs::read(&file).expect("file");
         let at = bytes.len() - 100;
@@ -880,13 +1008,22 @@ mod tikv {
             .write(&mut |txn| txn.put(b"m/restoring", b"1"))
             .expect("marker");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kshard"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--internal-listen", "127.0.0.1:0"])
-            .arg("--data-dir")
-            .arg(dir.path().join("replica"))
-            .args(["--store", &store]);
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--internal-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("replica"))
+        .args(["--store", &store]);
         let out = common::run_blocking(cmd, None);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("unfinished `kshard snapshot restore`"), "{err}");
+        assert!(
+            err.contains("unfinished `kshard snapshot restore`"),
+            "{err}"
+        );
     }
 }
