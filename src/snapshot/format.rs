@@ -195,7 +195,7 @@ enum Expect {
 }
 
 /// Checks a snapshot as its bytes arrive (`push`) and hands out what it
-/// checked (`next`). It holds at most one frame beyond what was pushed last.
+/// checked (`next_item`). It holds at most one frame beyond what was pushed last.
 pub struct Decoder {
     buf: BytesMut,
     /// File offset of `buf`'s first byte.
@@ -271,7 +271,7 @@ impl Decoder {
 
     /// The next item whose bytes are all pushed and check out; `None` when
     /// more bytes are needed.
-    pub fn next(&mut self) -> Result<Option<Item>, FormatError> {
+    pub fn next_item(&mut self) -> Result<Option<Item>, FormatError> {
         if self.expect == Expect::Magic {
             if self.buf.len() < MAGIC.len() {
                 // A short file that is not even the magic's beginning is no snapshot.
@@ -474,7 +474,7 @@ pub fn read_all(
             break;
         }
         d.push(&block[..n]);
-        while let Some(item) = d.next()? {
+        while let Some(item) = d.next_item()? {
             if let Item::End(t) = &item {
                 trailer = Some(t.clone());
             }
@@ -535,7 +535,7 @@ mod tests {
         let mut end = None;
         for piece in bytes.chunks(step.max(1)) {
             d.push(piece);
-            while let Some(item) = d.next()? {
+            while let Some(item) = d.next_item()? {
                 match item {
                     Item::Header(h) => assert_eq!(h.revision, 9),
                     Item::Objects(o) => got.extend(o),

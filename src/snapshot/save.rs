@@ -311,7 +311,7 @@ pub async fn save_via_api(
             decoder.push(&data);
             // Checked before written: a frame the decoder refuses never
             // reaches the file.
-            while let Some(item) = decoder.next()? {
+            while let Some(item) = decoder.next_item()? {
                 if let Item::End(t) = item {
                     trailer = Some(t);
                 }
