@@ -24,6 +24,7 @@ pub mod replica;
 pub mod schema;
 pub mod scope;
 pub mod server;
+pub mod snapshot;
 pub mod status;
 pub mod storage;
 pub mod timestamps;

@@ -29,8 +29,14 @@ pub enum LogFormat {
 /// Installs the process's log subscriber (stderr; `RUST_LOG` filters,
 /// `info` by default).
 pub fn init(format: LogFormat) {
+    init_with(format, "info");
+}
+
+/// [`init`] with another level when `RUST_LOG` is unset (`warn` for the
+/// commands whose output is their own lines, not a log).
+pub fn init_with(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);

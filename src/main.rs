@@ -29,14 +29,17 @@ enum Command {
     Crds,
     /// Print the manifests that run kshard as an aggregated APIService (YAML).
     Manifests(kshard::manifests::ManifestsArgs),
+    /// Back up and restore a shard; move it between engines.
+    #[command(subcommand)]
+    Snapshot(kshard::snapshot::cli::SnapshotCommand),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    kshard::logging::init(match &cli.command {
-        Command::Serve(cfg) => cfg.logging_format,
-        _ => kshard::logging::LogFormat::Text,
-    });
+    match &cli.command {
+        Command::Serve(cfg) => kshard::logging::init(cfg.logging_format),
+        _ => kshard::logging::init_with(kshard::logging::LogFormat::Text, "warn"),
+    }
     let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
     runtime.block_on(async {
         match cli.command {
@@ -76,6 +79,7 @@ fn main() -> anyhow::Result<()> {
                 );
                 Ok(())
             }
+            Command::Snapshot(cmd) => Ok(kshard::snapshot::cli::run(cmd).await?),
             Command::Crds => {
                 print!("{}", kshard::controller::crd::manifests_yaml());
                 Ok(())

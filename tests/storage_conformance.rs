@@ -450,6 +450,115 @@ async fn oversized_objects_are_refused_without_using_a_revision(f: &dyn Fixture)
     assert_eq!(create(&store, "b", 1).await, 2);
 }
 
+/// A snapshot's source (`kshard::snapshot::save::Source`) reads one engine
+/// view: it sees every write acknowledged before it opened (the embedded
+/// engine's unsettled log included), none made while it reads, exactly the
+/// store's list at its revision, in bounded chunks in key order.
+async fn a_snapshot_source_reads_one_view(f: &dyn Fixture) {
+    use kshard::snapshot::format::CHUNK_BYTES;
+    use kshard::snapshot::save::Source;
+    let store = f.store();
+    let mut revs = BTreeMap::new();
+    for i in 0..600 {
+        let name = format!("o{i:04}");
+        let mut o = obj(&name, i);
+        // Sizes from a few bytes to 4 KiB, so chunks close at various
+        // points, and one object larger than a chunk. (Larger objects on
+        // average overflow the 4 MiB gRPC message of the TiKV engine's
+        // 512-pair scans, which the list below uses.)
+        let pad = if i == 300 {
+            1_200_000
+        } else {
+            (i as usize * 977) % 4_096
+        };
+        o["spec"]["pad"] = json!("p".repeat(pad));
+        let rev = store
+            .write(Write::Create {
+                key: key(&name),
+                object: o,
+            })
+            .await
+            .expect("create")
+            .revision;
+        revs.insert(name, rev);
+    }
+    for i in (0..600).step_by(7) {
+        let name = format!("o{i:04}");
+        let rev = update(&store, &name, revs[&name], -1).await;
+        revs.insert(name, rev);
+    }
+    for i in (0..600).step_by(11) {
+        let name = format!("o{i:04}");
+        store
+            .write(Write::Delete {
+                key: key(&name),
+                expected: None,
+            })
+            .await
+            .expect("delete");
+    }
+    // Acknowledged just now: the view must hold it.
+    let last = create(&store, "last", 1).await;
+    let engine = store.engine().clone();
+    let expected = list_at(&store, last).await;
+    let (seen, revision) = tokio::task::spawn_blocking({
+        let store = store.clone();
+        move || {
+            let mut source = Source::open(&*engine).expect("open");
+            let revision = source.revision;
+            let mut seen = Vec::new();
+            let mut previous: Option<String> = None;
+            let rt = tokio::runtime::Handle::current();
+            let mut i = 0;
+            while let Some(chunk) = source.next_chunk().expect("chunk") {
+                let bytes: usize = chunk.iter().map(|e| e.json.len()).sum();
+                assert!(
+                    bytes <= CHUNK_BYTES || chunk.len() == 1,
+                    "a chunk of {} objects holds {bytes} bytes",
+                    chunk.len()
+                );
+                for e in chunk {
+                    assert!(
+                        previous.as_ref().is_none_or(|p| *p < e.key),
+                        "order at {}",
+                        e.key
+                    );
+                    previous = Some(e.key.clone());
+                    seen.push(decode(&e.key, &e.json));
+                }
+                // Writes while the view is read: none of them may show.
+                i += 1;
+                let name = format!("during-{i}");
+                rt.block_on(async {
+                    create(&store, &name, 1).await;
+                    let victim = key(&format!("o{:04}", i * 13 % 600));
+                    let _ = store
+                        .write(Write::Delete {
+                            key: victim,
+                            expected: None,
+                        })
+                        .await;
+                });
+            }
+            (seen, revision)
+        }
+    })
+    .await
+    .expect("reader");
+    assert_eq!(
+        revision, last,
+        "the view's counter is the last acknowledged write"
+    );
+    assert_eq!(
+        seen, expected,
+        "the source differs from the list at its revision"
+    );
+    assert!(
+        store.revision() > last + 2,
+        "no writes while reading: the test proves nothing"
+    );
+}
+
 /// Instantiates every test body for one engine fixture.
 macro_rules! suite {
     ($fixture:expr; $($name:ident),* $(,)?) => {$(
@@ -482,6 +591,7 @@ conformance!(
     list_at_current_revision_never_misses_an_acknowledged_write,
     acknowledged_writes_survive_reopen,
     oversized_objects_are_refused_without_using_a_revision,
+    a_snapshot_source_reads_one_view,
 );
 
 #[cfg(feature = "tikv")]

@@ -247,7 +247,8 @@ async fn serve(state: &ApiState, req: Request) -> Response {
             &parts.uri,
             openapi::v3_group_version(catalog, &g, &v),
         ),
-        Route::NotFound => error_response(&ApiError::not_found_path()),
+        // The server routes it before this handler (`server::snapshot`).
+        Route::Snapshot | Route::NotFound => error_response(&ApiError::not_found_path()),
     }
 }
 

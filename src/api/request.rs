@@ -24,13 +24,27 @@ pub enum Route {
     OpenApiV2,
     OpenApiV3Root,
     OpenApiV3GroupVersion(String, String),
+    /// [`SNAPSHOT_PATH`]: kshard's own, a consistent snapshot of the whole
+    /// store streamed to an administrator (`crate::snapshot`).
+    Snapshot,
     NotFound,
 }
+
+/// Where `kshard snapshot save` takes a snapshot: a non-resource path, so
+/// a host's RBAC grants it as `nonResourceURLs` with the verb `get`.
+pub const SNAPSHOT_PATH: &str = "/kshard/snapshot";
 
 impl Route {
     /// A watch: long-running, with its own `timeoutSeconds`.
     pub fn is_watch(&self) -> bool {
         matches!(self, Route::Resource(r) if r.verb == Some(Verb::Watch))
+    }
+
+    /// Long-running but not a watch (kube's exec and proxy; here the
+    /// snapshot stream): no request deadline, and flow control only
+    /// classifies it, as kube's does.
+    pub fn is_long_running_non_watch(&self) -> bool {
+        matches!(self, Route::Snapshot)
     }
 }
 
@@ -165,6 +179,7 @@ pub fn route(method: &Method, path: &str, query: &str) -> Route {
         ["livez", ..] => Route::Health(Health::Livez),
         ["readyz", ..] => Route::Health(Health::Readyz),
         ["healthz", ..] => Route::Health(Health::Healthz),
+        ["kshard", "snapshot"] => Route::Snapshot,
         ["openapi", "v2"] => Route::OpenApiV2,
         ["openapi", "v3"] => Route::OpenApiV3Root,
         ["openapi", "v3", "apis", g, v] => {

@@ -82,6 +82,15 @@ impl Authorizer {
     pub async fn authorize(&self, a: &Attributes) -> Result<Decision, AuthzError> {
         match self {
             Authorizer::AlwaysAllow => Ok(Decision::Allow),
+            // A snapshot is every object at once: standalone, only the
+            // administrator's certificate (system:masters) may take one.
+            Authorizer::Standalone { .. } if is_snapshot(a) => {
+                Ok(if a.user.groups.iter().any(|g| g == GROUP_MASTERS) {
+                    Decision::Allow
+                } else {
+                    Decision::Deny("only system:masters may take a snapshot".into())
+                })
+            }
             Authorizer::Standalone {
                 anonymous_full_access,
             } => Ok(
@@ -97,6 +106,11 @@ impl Authorizer {
 }
 
 const ANONYMOUS_USER: &str = "system:anonymous";
+
+/// `GET /kshard/snapshot` (`kshard snapshot save`).
+fn is_snapshot(a: &Attributes) -> bool {
+    !a.resource_request && a.path == crate::api::request::SNAPSHOT_PATH
+}
 
 type CacheEntry = (Instant, Decision);
 

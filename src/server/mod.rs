@@ -175,7 +175,14 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     w.tasks.extend(std::mem::take(&mut delegation.tasks));
     let auth = delegation.auth.clone();
     let (app, body_limits) = w
-        .request_stack(&registry, &apf, replica.as_ref(), delegation, &connections)
+        .request_stack(
+            &registry,
+            &store,
+            &apf,
+            replica.as_ref(),
+            delegation,
+            &connections,
+        )
         .await?;
     let limits = Arc::new(cfg.connections.clone());
     let listeners = Listeners {
@@ -566,6 +573,7 @@ impl Wiring<'_> {
     async fn request_stack(
         &self,
         registry: &Arc<Registry>,
+        store: &Arc<crate::storage::Store>,
         apf: &Arc<Apf>,
         replica: Option<&Arc<crate::replica::Replica>>,
         delegation: Delegation,
@@ -588,8 +596,11 @@ impl Wiring<'_> {
             stop_watches: connections.stop.clone(),
             serve_reviews: !cfg.delegated(),
         });
+        let snapshots =
+            crate::snapshot::serve::Snapshots::new(store.clone(), connections.stop.clone());
         let app = app(
             state,
+            snapshots,
             layers::Parts {
                 apf: apf.clone(),
                 registry: registry.clone(),
@@ -783,7 +794,7 @@ async fn open_engine_retrying(
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let store = cfg.store.clone();
-        let path = cfg.data_dir.join("store.redb");
+        let path = cfg.data_dir.join(crate::storage::embedded::STORE_FILE);
         let cache = usize::try_from(cfg.storage_cache_bytes).unwrap_or(usize::MAX);
         let opened = tokio::task::spawn_blocking(move || {
             crate::storage::open_engine(store.as_deref(), &path, cache)
@@ -976,7 +987,17 @@ async fn delegation(
 }
 
 /// The API plus the server's own endpoints, behind the request layers.
-fn app(state: Arc<ApiState>, parts: layers::Parts) -> Router {
+fn app(
+    state: Arc<ApiState>,
+    snapshots: Arc<crate::snapshot::serve::Snapshots>,
+    parts: layers::Parts,
+) -> Router {
+    let snapshot = Router::new()
+        .route(
+            crate::api::request::SNAPSHOT_PATH,
+            axum::routing::any(crate::snapshot::serve::handle),
+        )
+        .with_state(snapshots);
     let own = Router::new()
         .route("/metrics", get(metrics_endpoint))
         .route(
@@ -992,7 +1013,7 @@ fn app(state: Arc<ApiState>, parts: layers::Parts) -> Router {
             get(dump_requests),
         )
         .with_state(parts.apf.clone());
-    layers::stack(own.merge(api::router(state)), parts).layer(
+    layers::stack(own.merge(snapshot).merge(api::router(state)), parts).layer(
         tower_http::compression::CompressionLayer::new()
             .gzip(true)
             .compress_when(LargeBodies),

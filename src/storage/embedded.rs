@@ -214,6 +214,40 @@ impl Embedded {
     }
 }
 
+/// The database file's name in a data directory.
+pub const STORE_FILE: &str = "store.redb";
+
+/// Removes a closed database and its log, if there.
+pub fn remove_database(path: &Path) -> std::io::Result<()> {
+    for p in [wal_path(path), path.to_path_buf()] {
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Puts the database at `from` (closed cleanly: its log holds nothing redb
+/// lacks) in place of the one at `to`, whose log goes first: its records
+/// must never be replayed onto the new database, whose log epoch they may
+/// share. The rename is atomic: `to` is the old database or the new one.
+pub fn replace_database(from: &Path, to: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(wal_path(from)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    match std::fs::remove_file(wal_path(to)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::rename(from, to)?;
+    if let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// The log beside the database file.
 fn wal_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
@@ -425,6 +459,10 @@ impl WriteTxn for Writer<'_> {
 }
 
 impl Engine for Embedded {
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
     fn read(&self) -> Result<Box<dyn ReadTxn + '_>, StorageError> {
         // Every write acknowledged before this read is in the log and in
         // the pending transaction (set before the write returned).

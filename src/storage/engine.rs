@@ -65,4 +65,12 @@ pub trait Engine: Send + Sync + 'static {
     }
     /// Shutdown: release the database cleanly; later transactions fail.
     fn close(&self) {}
+    /// The engine's name, as `--store` spells its kind (`embedded`, `tikv`),
+    /// for snapshot headers.
+    fn kind(&self) -> &'static str;
+    /// The shard a shared store keeps this shard's keys under (TiKV's
+    /// `?prefix=`); `None` for a store of its own.
+    fn shard(&self) -> Option<String> {
+        None
+    }
 }

@@ -6,12 +6,22 @@ use super::Revision;
 
 pub const META_REVISION: &[u8] = b"m/revision";
 pub const META_COMPACT: &[u8] = b"m/compact";
+/// Present while `kshard snapshot restore` writes a store: a store holding
+/// it is incomplete and is not served (see `crate::snapshot`).
+pub const META_RESTORING: &[u8] = b"m/restoring";
+/// Where the latest-state records begin.
+pub const LATEST: &[u8] = b"k/";
 
 pub fn latest(key: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(2 + key.len());
     k.extend_from_slice(b"k/");
     k.extend_from_slice(key.as_bytes());
     k
+}
+
+/// The object key of a `k/` record.
+pub fn parse_latest(k: &[u8]) -> Option<&str> {
+    std::str::from_utf8(k.strip_prefix(LATEST)?).ok()
 }
 
 pub fn version(key: &str, rev: Revision) -> Vec<u8> {

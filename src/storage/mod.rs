@@ -132,6 +132,9 @@ pub enum StorageError {
     /// The engine cannot be reached (TiKV down at start); worth retrying.
     #[error("{0}")]
     Unavailable(String),
+    /// The store is not whole: a snapshot restore into it did not finish.
+    #[error("{0}")]
+    Incomplete(String),
     /// The write may or may not have been stored: neither could be made
     /// sure of (a log sync failed; a TiKV commit could not be verified).
     #[error("{0}")]
@@ -238,6 +241,13 @@ impl Store {
     ) -> Result<Arc<Self>, StorageError> {
         let (rev, compacted) = {
             let r = engine.read()?;
+            if r.get(keys::META_RESTORING)?.is_some() {
+                return Err(StorageError::Incomplete(
+                    "the store holds an unfinished `kshard snapshot restore` (it was \
+                     interrupted); run the restore again with --force"
+                        .into(),
+                ));
+            }
             let rev = r
                 .get(keys::META_REVISION)?
                 .and_then(|v| keys::decode_u64(&v))
@@ -280,6 +290,12 @@ impl Store {
     /// acknowledged write is durable already; later operations fail.
     pub fn close(&self) {
         self.engine.close();
+    }
+
+    /// The engine under the store, for `crate::snapshot`, which reads it
+    /// whole in one of its consistent read views.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
     }
 
     /// A follower replica's store: another process assigns revisions.

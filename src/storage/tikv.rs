@@ -305,6 +305,8 @@ impl TxnLike for Transaction {
 /// The TiKV engine; see the module docs.
 pub struct Tikv {
     shared: Arc<Shared>,
+    /// The shard's name (`?prefix=`).
+    shard: String,
 }
 
 impl Tikv {
@@ -347,6 +349,7 @@ impl Tikv {
                 safepoint: AtomicU64::new(0),
                 next_safepoint: Mutex::new(None),
             }),
+            shard: url.shard.clone(),
         })
     }
 
@@ -477,6 +480,14 @@ impl WriteTxn for Writer {
 }
 
 impl Engine for Tikv {
+    fn kind(&self) -> &'static str {
+        "tikv"
+    }
+
+    fn shard(&self) -> Option<String> {
+        Some(self.shard.clone())
+    }
+
     fn read(&self) -> Result<Box<dyn ReadTxn + '_>, StorageError> {
         let s = self.shared.clone();
         let ts = s.with_timestamp(|s| async move { s.client.current_timestamp().await })?;

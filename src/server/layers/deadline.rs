@@ -23,9 +23,9 @@ pub fn exceeded() -> Response {
 }
 
 /// Long-running requests have no request deadline (kube's
-/// LongRunningRequestCheck: watches, and here nothing else).
+/// LongRunningRequestCheck: watches, and the snapshot stream).
 pub fn is_long_running(route: &Route) -> bool {
-    route.is_watch()
+    route.is_watch() || route.is_long_running_non_watch()
 }
 
 /// The request's timeout: `max`, or the client's shorter `?timeout=` (Go

@@ -47,7 +47,7 @@ pub fn digest(info: &RequestInfo, method: &http::Method, user: &Identity) -> Req
         namespace: String::new(),
         name: String::new(),
         path: info.path.clone(),
-        is_long_running_non_watch: false,
+        is_long_running_non_watch: info.route.is_long_running_non_watch(),
     };
     if let Route::Resource(r) = &info.route {
         d.is_resource = true;
