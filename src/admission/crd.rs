@@ -254,6 +254,32 @@ fn types_only(s: &mut Value) {
     }
 }
 
+/// The patch metadata of kube's own types of these kinds (what their Go
+/// struct tags and published OpenAPI say): lists merged by a key under
+/// strategic merge patch. `None` for any other resource: a custom
+/// resource takes no strategic merge patch.
+pub fn strategic_merge_meta(group: &str, plural: &str) -> Option<Value> {
+    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
+    let by_name = |items: Value| {
+        json!({"type": "array", "x-kubernetes-patch-strategy": "merge",
+               "x-kubernetes-patch-merge-key": "name", "items": items})
+    };
+    let conditions = by_name(json!({"type": "object"}));
+    match (group, plural) {
+        (GROUP, MUTATING | VALIDATING) => Some(json!({"type": "object", "properties": {
+            "webhooks": by_name(json!({"type": "object", "properties": {"matchConditions": conditions}})),
+        }})),
+        (GROUP, POLICIES) => Some(json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "matchConditions": conditions,
+                "variables": by_name(json!({"type": "object"})),
+            }},
+        }})),
+        (GROUP, BINDINGS) => Some(json!({"type": "object"})),
+        _ => None,
+    }
+}
+
 /// Whether `group`/`plural` is a webhook configuration kind kshard serves,
 /// and if so whether the mutating one.
 pub fn webhook_configuration_kind(group: &str, plural: &str) -> Option<bool> {

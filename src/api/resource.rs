@@ -378,7 +378,11 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                     )],
                 ));
             }
+            // Strategic merge patch only for kube's built-in types kshard
+            // serves (with their patch metadata); a custom resource's is 415.
+            let patch_meta = crate::admission::crd::strategic_merge_meta(&rt.group, &rt.plural);
             let kind = PatchType::from_content_type(ct)
+                .filter(|k| *k != PatchType::Strategic || patch_meta.is_some())
                 .ok_or_else(|| ApiError::unsupported_media_type(PATCH_TYPES))?;
             let body = call.body.clone();
             if sub == Some("scale") {
@@ -392,7 +396,9 @@ async fn dispatch(state: &ApiState, call: Call<'_>) -> Result<Response, ApiError
                 return Ok(scale_response(&t, &done.item, StatusCode::OK));
             }
             let done = reg
-                .update_with(&t, &name, sr, &wo, |cur| patch::apply(kind, cur, &body))
+                .update_with(&t, &name, sr, &wo, |cur| {
+                    patch::apply_with(kind, cur, &body, patch_meta.as_ref())
+                })
                 .await?;
             Ok(with_warnings(
                 response::object(StatusCode::OK, &t, &done.item, &out, include).await,
