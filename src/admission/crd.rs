@@ -72,7 +72,7 @@ fn rule(named: bool) -> Value {
             "operations": {
                 "type": "array",
                 "x-kubernetes-list-type": "atomic",
-                "items": {"type": "string", "enum": ["*", "CREATE", "UPDATE", "DELETE", "CONNECT"]},
+                "items": {"type": "string", "enum": ["*", "CONNECT", "CREATE", "DELETE", "UPDATE"]},
             },
             "apiGroups": strings(),
             "apiVersions": strings(),
@@ -97,11 +97,13 @@ fn match_resources() -> Value {
             "objectSelector": label_selector(),
             "resourceRules": rules,
             "excludeResourceRules": rules,
-            "matchPolicy": {"type": "string", "enum": ["Exact", "Equivalent"], "default": "Equivalent"},
+            "matchPolicy": {"type": "string", "enum": ["Equivalent", "Exact"], "default": "Equivalent"},
         },
     })
 }
 
+// The enums list their values as kube's validation lists them in its
+// messages ("supported values: ..."), mostly sorted.
 fn policy_schema() -> Value {
     json!({
         "type": "object",
@@ -130,11 +132,11 @@ fn policy_schema() -> Value {
                                 "expression": {"type": "string"},
                                 "message": {"type": "string"},
                                 "messageExpression": {"type": "string"},
-                                "reason": {"type": "string", "enum": ["Unauthorized", "Forbidden", "Invalid", "RequestEntityTooLarge"]},
+                                "reason": {"type": "string", "enum": ["Forbidden", "Invalid", "RequestEntityTooLarge"]},
                             },
                         },
                     },
-                    "failurePolicy": {"type": "string", "enum": ["Ignore", "Fail"], "default": "Fail"},
+                    "failurePolicy": {"type": "string", "enum": ["Fail", "Ignore"], "default": "Fail"},
                     "auditAnnotations": {
                         "type": "array",
                         "x-kubernetes-list-type": "atomic",
@@ -183,7 +185,7 @@ fn binding_schema() -> Value {
                             "name": {"type": "string"},
                             "namespace": {"type": "string"},
                             "selector": selector(),
-                            "parameterNotFoundAction": {"type": "string", "enum": ["Allow", "Deny"]},
+                            "parameterNotFoundAction": {"type": "string", "enum": ["Deny", "Allow"]},
                         },
                     },
                     "matchResources": match_resources(),
@@ -191,7 +193,7 @@ fn binding_schema() -> Value {
                         "type": "array",
                         "minItems": 1,
                         "x-kubernetes-list-type": "set",
-                        "items": {"type": "string", "enum": ["Deny", "Warn", "Audit"]},
+                        "items": {"type": "string", "enum": ["Audit", "Deny", "Warn"]},
                     },
                 },
             },
