@@ -730,6 +730,112 @@ fn openapi_parts(host: &RealHost, server: &common::TestServer) -> Vec<String> {
     failures
 }
 
+/// kubectl's client-side apply of a changed configuration (a strategic
+/// merge patch for kube's built-in kinds, computed from the server's
+/// OpenAPI): applied twice, once as created and once changed (an item
+/// changed, one removed, one added, the order changed, labels changed),
+/// against both servers; kubectl's output and the objects must agree.
+fn kubectl_client_side_apply(
+    host: &RealHost,
+    server: &common::TestServer,
+    dir: &std::path::Path,
+) -> Vec<String> {
+    let hook = |name: &str, timeout: u32, extra: &str| {
+        format!(
+            "- name: {name}\n  clientConfig: {{url: \"https://127.0.0.1:1/{name}\"}}\n  sideEffects: None\n  admissionReviewVersions: [v1]\n  timeoutSeconds: {timeout}\n  namespaceSelector: {{matchLabels: {{never: match}}}}\n{extra}"
+        )
+    };
+    let conditions = |names: &[&str]| {
+        let items: Vec<String> = names
+            .iter()
+            .map(|n| format!("  - {{name: {n}, expression: \"true\"}}\n"))
+            .collect();
+        format!("  matchConditions:\n{}", items.concat())
+    };
+    let vwc = |labels: &str, hooks: &[String]| {
+        format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\nmetadata:\n  name: csa-vwc\n  labels: {labels}\nwebhooks:\n{}",
+            hooks.concat()
+        )
+    };
+    let policy = |variables: &[&str], expression: &str| {
+        let vars: Vec<String> = variables
+            .iter()
+            .map(|v| format!("    - {{name: {v}, expression: \"1\"}}\n"))
+            .collect();
+        format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata:\n  name: csa-vap\nspec:\n  matchConstraints:\n    resourceRules: [{{apiGroups: [apps], apiVersions: [v1], operations: [CREATE], resources: [deployments]}}]\n  variables:\n{}  validations: [{{expression: \"{expression}\"}}]\n",
+            vars.concat()
+        )
+    };
+    let first = format!(
+        "{}---\n{}",
+        vwc(
+            "{a: b, c: d}",
+            &[
+                hook("a.example.com", 10, &conditions(&["m1", "m2"])),
+                hook("b.example.com", 10, ""),
+                hook("x.example.com", 10, ""),
+            ]
+        ),
+        policy(&["v1", "v2"], "true")
+    );
+    let second = format!(
+        "{}---\n{}",
+        vwc(
+            "{a: z}",
+            &[
+                hook("x.example.com", 10, ""),
+                hook("c.example.com", 7, ""),
+                hook("a.example.com", 5, &conditions(&["m3", "m1"])),
+            ]
+        ),
+        policy(&["v3", "v1"], "false")
+    );
+    let mut failures = Vec::new();
+    let shown = |o: &std::process::Output| {
+        format!(
+            "exit {:?}\nstdout: {}\nstderr: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    for (i, text) in [&first, &first, &second].into_iter().enumerate() {
+        let file = dir.join(format!("client-side-apply-{i}.yaml"));
+        std::fs::write(&file, text).expect("manifest");
+        let args = ["apply", "-f", &file.to_string_lossy()];
+        let (kube, ours) = (shown(&host.kubectl(&args)), shown(&server.kubectl(&args)));
+        if kube != ours {
+            failures.push(format!(
+                "kubectl apply (client-side) #{}:\n  kube:\n{kube}\n  kshard:\n{ours}",
+                i + 1
+            ));
+        }
+    }
+    for what in [
+        "validatingwebhookconfiguration/csa-vwc",
+        "validatingadmissionpolicy/csa-vap",
+    ] {
+        let get = |raw: String| {
+            Norm::default().json(serde_json::from_str::<Value>(&raw).unwrap_or(Value::Null))
+        };
+        let kube = get(host.kubectl_ok(&["get", what, "-o", "json"]));
+        let ours = get(server.kubectl_ok(&["get", what, "-o", "json"]));
+        let mut lines = Vec::new();
+        diff("", &kube, &ours, &mut lines);
+        failures.extend(
+            lines
+                .into_iter()
+                .take(40)
+                .map(|l| format!("{what} after client-side applies: {l}")),
+        );
+        host.kubectl_ok(&["delete", what]);
+        server.kubectl_ok(&["delete", what]);
+    }
+    failures
+}
+
 /// A metric family's `# HELP` and `# TYPE` texts, when present.
 type Family = (Option<String>, Option<String>);
 
@@ -866,6 +972,7 @@ async fn kshard_answers_as_kube_apiserver_does() {
         failures.extend(kubectl_identity_commands(&host, &server));
         failures.extend(metric_families(&host, &server));
         failures.extend(openapi_parts(&host, &server));
+        failures.extend(kubectl_client_side_apply(&host, &server, dir.path()));
     }
     eprintln!(
         "differential: {matched} scenarios match, {} known differences, {} mismatches",

@@ -72,7 +72,7 @@ fn rule(named: bool) -> Value {
             "operations": {
                 "type": "array",
                 "x-kubernetes-list-type": "atomic",
-                "items": {"type": "string", "enum": ["*", "CREATE", "UPDATE", "DELETE", "CONNECT"]},
+                "items": {"type": "string", "enum": ["*", "CONNECT", "CREATE", "DELETE", "UPDATE"]},
             },
             "apiGroups": strings(),
             "apiVersions": strings(),
@@ -97,11 +97,13 @@ fn match_resources() -> Value {
             "objectSelector": label_selector(),
             "resourceRules": rules,
             "excludeResourceRules": rules,
-            "matchPolicy": {"type": "string", "enum": ["Exact", "Equivalent"], "default": "Equivalent"},
+            "matchPolicy": {"type": "string", "enum": ["Equivalent", "Exact"], "default": "Equivalent"},
         },
     })
 }
 
+// The enums list their values as kube's validation lists them in its
+// messages ("supported values: ..."), mostly sorted.
 fn policy_schema() -> Value {
     json!({
         "type": "object",
@@ -130,11 +132,11 @@ fn policy_schema() -> Value {
                                 "expression": {"type": "string"},
                                 "message": {"type": "string"},
                                 "messageExpression": {"type": "string"},
-                                "reason": {"type": "string", "enum": ["Unauthorized", "Forbidden", "Invalid", "RequestEntityTooLarge"]},
+                                "reason": {"type": "string", "enum": ["Forbidden", "Invalid", "RequestEntityTooLarge"]},
                             },
                         },
                     },
-                    "failurePolicy": {"type": "string", "enum": ["Ignore", "Fail"], "default": "Fail"},
+                    "failurePolicy": {"type": "string", "enum": ["Fail", "Ignore"], "default": "Fail"},
                     "auditAnnotations": {
                         "type": "array",
                         "x-kubernetes-list-type": "atomic",
@@ -183,7 +185,7 @@ fn binding_schema() -> Value {
                             "name": {"type": "string"},
                             "namespace": {"type": "string"},
                             "selector": selector(),
-                            "parameterNotFoundAction": {"type": "string", "enum": ["Allow", "Deny"]},
+                            "parameterNotFoundAction": {"type": "string", "enum": ["Deny", "Allow"]},
                         },
                     },
                     "matchResources": match_resources(),
@@ -191,7 +193,7 @@ fn binding_schema() -> Value {
                         "type": "array",
                         "minItems": 1,
                         "x-kubernetes-list-type": "set",
-                        "items": {"type": "string", "enum": ["Deny", "Warn", "Audit"]},
+                        "items": {"type": "string", "enum": ["Audit", "Deny", "Warn"]},
                     },
                 },
             },
@@ -251,6 +253,32 @@ fn types_only(s: &mut Value) {
             o.remove(k);
         }
         o.values_mut().for_each(types_only);
+    }
+}
+
+/// The patch metadata of kube's own types of these kinds (what their Go
+/// struct tags and published OpenAPI say): lists merged by a key under
+/// strategic merge patch. `None` for any other resource: a custom
+/// resource takes no strategic merge patch.
+pub fn strategic_merge_meta(group: &str, plural: &str) -> Option<Value> {
+    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
+    let by_name = |items: Value| {
+        json!({"type": "array", "x-kubernetes-patch-strategy": "merge",
+               "x-kubernetes-patch-merge-key": "name", "items": items})
+    };
+    let conditions = by_name(json!({"type": "object"}));
+    match (group, plural) {
+        (GROUP, MUTATING | VALIDATING) => Some(json!({"type": "object", "properties": {
+            "webhooks": by_name(json!({"type": "object", "properties": {"matchConditions": conditions}})),
+        }})),
+        (GROUP, POLICIES) => Some(json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "matchConditions": conditions,
+                "variables": by_name(json!({"type": "object"})),
+            }},
+        }})),
+        (GROUP, BINDINGS) => Some(json!({"type": "object"})),
+        _ => None,
     }
 }
 

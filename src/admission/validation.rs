@@ -8,9 +8,10 @@
 //! orders. Checked against a running kube-apiserver 1.36 (differential
 //! scenarios in `tests/differential/50_admission_objects.yaml`).
 //!
-//! Not checked when stored: the CEL of match conditions (compiled when the
-//! configuration is loaded, and refused when the webhook is called), whose
-//! compiler messages are cel-go's.
+//! A match condition that does not compile is refused as kube refuses it,
+//! described by kshard's CEL parser (the `cel` crate), whose syntax errors
+//! read as cel-go's (both come from CEL's ANTLR grammar); other compile
+//! errors may be worded otherwise.
 
 use serde_json::Value;
 
@@ -402,6 +403,17 @@ fn match_conditions(conds: &[Value], at: &str, errs: &mut Vec<FieldError>) {
             .unwrap_or_default();
         if expression.trim().is_empty() {
             errs.push(FieldError::required(format!("{c_at}.expression"), ""));
+        } else if let Err(e) = kube_cel::cel::Program::compile(expression.trim()) {
+            // kube refuses what does not compile when it is stored; the
+            // detail is the cel crate's, not cel-go's.
+            // cel-go indents the quoted source and caret lines by a space.
+            let text = e.to_string().replace("\n| ", "\n | ");
+            // kube compiles, and quotes, the expression trimmed.
+            errs.push(FieldError::invalid(
+                format!("{c_at}.expression"),
+                expression.trim(),
+                format!("compilation failed: {text}"),
+            ));
         }
         let name = c.get("name").and_then(Value::as_str).unwrap_or_default();
         if name.is_empty() {
@@ -553,6 +565,19 @@ mod tests {
             ]
         );
         assert!(m(json!(["*", "*/status"])).is_empty());
+    }
+
+    #[test]
+    fn match_conditions_that_do_not_compile_are_refused() {
+        let bad = json!([{"name": "a", "expression": "!!"}, {"name": "b", "expression": "object != null"}]);
+        let got = webhook_configuration(&config(json!({"matchConditions": bad})), false);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].field, "webhooks[0].matchConditions[0].expression");
+        assert!(
+            got[0].detail.starts_with("compilation failed: "),
+            "{}",
+            got[0].detail
+        );
     }
 
     #[test]

@@ -137,6 +137,11 @@ fn kind_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
         .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
     unfold_int_or_string(&mut schema);
     go_numbers(&mut schema);
+    // kube's built-in types kshard serves publish their patch metadata, which
+    // kubectl's client-side apply computes its strategic merge patch from.
+    if let Some(meta) = crate::admission::crd::strategic_merge_meta(&rt.group, &rt.plural) {
+        overlay_patch_meta(&mut schema, &meta);
+    }
     let root_preserves = schema
         .get("x-kubernetes-preserve-unknown-fields")
         .and_then(Value::as_bool)
@@ -215,6 +220,31 @@ fn described_ref(v3: bool, r: Value, description: &str) -> Value {
         let mut r = r;
         r["description"] = json!(description);
         r
+    }
+}
+
+/// Copies the `x-kubernetes-patch-*` keys of `meta` onto the same nodes of
+/// `schema` (following properties and items).
+fn overlay_patch_meta(schema: &mut Value, meta: &Value) {
+    let (Some(s), Some(m)) = (schema.as_object_mut(), meta.as_object()) else {
+        return;
+    };
+    for (k, v) in m {
+        if k.starts_with("x-kubernetes-patch-") {
+            s.insert(k.clone(), v.clone());
+        }
+    }
+    if let (Some(Value::Object(sp)), Some(Value::Object(mp))) =
+        (s.get_mut("properties"), m.get("properties"))
+    {
+        for (k, mv) in mp {
+            if let Some(sv) = sp.get_mut(k) {
+                overlay_patch_meta(sv, mv);
+            }
+        }
+    }
+    if let (Some(si), Some(mi)) = (s.get_mut("items"), m.get("items")) {
+        overlay_patch_meta(si, mi);
     }
 }
 

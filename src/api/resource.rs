@@ -490,7 +490,11 @@ impl Handler<'_> {
                 )],
             ));
         }
+        // Strategic merge patch only for kube's built-in types kshard
+        // serves (with their patch metadata); a custom resource's is 415.
+        let patch_meta = crate::admission::crd::strategic_merge_meta(&t.rt.group, &t.rt.plural);
         let kind = PatchType::from_content_type(ct)
+            .filter(|k| *k != PatchType::Strategic || patch_meta.is_some())
             .ok_or_else(|| ApiError::unsupported_media_type(PATCH_TYPES))?;
         let body = &self.call.body;
         if self.sub == Some("scale") {
@@ -505,7 +509,9 @@ impl Handler<'_> {
         }
         let sr = self.main_or_status();
         let done = reg
-            .update_with(t, name, sr, &wo, |cur| patch::apply(kind, cur, body))
+            .update_with(t, name, sr, &wo, |cur| {
+                patch::apply_with(kind, cur, body, patch_meta.as_ref())
+            })
             .await?;
         Ok(self
             .written(StatusCode::OK, &done.item, &out, &done.warnings)

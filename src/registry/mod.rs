@@ -14,6 +14,7 @@ pub mod read;
 pub mod resource_version;
 pub mod scale;
 pub mod selector;
+pub mod strategic;
 pub mod table;
 mod write;
 

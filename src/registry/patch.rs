@@ -1,5 +1,7 @@
-//! JSON patch (RFC 6902) and JSON merge patch (RFC 7386) on an object's JSON.
-//! Server-side apply is separate; strategic merge patch is refused upstream (415).
+//! JSON patch (RFC 6902), JSON merge patch (RFC 7386) and, for the kinds
+//! that are kube's built-in types, strategic merge patch (`strategic.rs`) on
+//! an object's JSON. Server-side apply is separate; custom resources take no
+//! strategic merge patch (415 upstream).
 
 use serde_json::Value;
 
@@ -74,6 +76,7 @@ fn check_nesting(path: &json_patch::jsonptr::Pointer, value: &Value) -> Result<(
 pub enum PatchType {
     Json,
     Merge,
+    Strategic,
 }
 
 impl PatchType {
@@ -81,6 +84,7 @@ impl PatchType {
         match ct.split(';').next().map(str::trim) {
             Some("application/json-patch+json") => Some(Self::Json),
             Some("application/merge-patch+json") => Some(Self::Merge),
+            Some("application/strategic-merge-patch+json") => Some(Self::Strategic),
             _ => None,
         }
     }
@@ -116,8 +120,34 @@ pub fn go_json_type(v: &Value) -> &'static str {
 
 /// Applies `body` to `current`, returning the patched object.
 pub fn apply(kind: PatchType, current: &Value, body: &[u8]) -> Result<Value, ApiError> {
+    apply_with(kind, current, body, None)
+}
+
+/// [`apply`] with the patch metadata a strategic merge patch follows
+/// (`strategic.rs`; without it every list is replaced).
+pub fn apply_with(
+    kind: PatchType,
+    current: &Value,
+    body: &[u8],
+    patch_meta: Option<&Value>,
+) -> Result<Value, ApiError> {
     let mut doc = current.clone();
     match kind {
+        PatchType::Strategic => {
+            let patch: Value = serde_json::from_slice(body).map_err(patch_error)?;
+            if !patch.is_object() {
+                return Err(ApiError::bad_request(
+                    "error decoding patch: strategic merge patch must be a JSON object",
+                ));
+            }
+            doc = super::strategic::apply(&doc, &patch, patch_meta)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            if nesting_within(&doc, MAX_OBJECT_NESTING).is_none() {
+                return Err(invalid(format!(
+                    "the patched object would nest arrays and objects more than {MAX_OBJECT_NESTING} levels deep"
+                )));
+            }
+        }
         PatchType::Merge => {
             let patch: Value = serde_json::from_slice(body).map_err(patch_error)?;
             if !patch.is_object() {
