@@ -150,7 +150,15 @@ impl Layers {
     }
 
     async fn authentication(&self, req: Request) -> Response {
-        authentication::layer(&self.authentication, req, |req| Box::pin(self.trace(req))).await
+        authentication::layer(&self.authentication, req, |req| {
+            // Untraced, the trace step is skipped, not boxed.
+            if crate::traces::enabled() {
+                futures::future::Either::Left(Box::pin(self.trace(req)))
+            } else {
+                futures::future::Either::Right(Box::pin(self.body(req)))
+            }
+        })
+        .await
     }
 
     async fn trace(&self, req: Request) -> Response {
