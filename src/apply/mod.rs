@@ -25,8 +25,8 @@
 //! [`FieldManager::with_versions`] every version is a rewrite sharing one
 //! schema. Modules: [`fieldpath`] (paths, sets, FieldsV1),
 //! [`schema`] (the merge view of a CRD schema), `merge` (merge, compare,
-//! field sets, removal), `managed` (entries and ownership), `time`
-//! (managedFields timestamps).
+//! field sets, removal), `managed` (managedFields: one module per concern
+//! of kube's field manager layers), `time` (managedFields timestamps).
 
 pub mod fieldpath;
 mod managed;
@@ -153,11 +153,8 @@ pub struct FieldManager<'a> {
     subresource: Option<String>,
     /// Fields the strategy resets on this endpoint; nobody owns them here.
     reset: Set,
-    /// Other versions; `None`: rewrite only, one schema for all.
-    versions: Option<Box<dyn Versions + 'a>>,
-    /// Conversions made for this request (target version, source, result),
-    /// so one object is sent to a webhook at most once per version.
-    converted: std::sync::Mutex<Vec<(String, Value, Value)>>,
+    /// Other versions, and the conversions made for this request.
+    converter: managed::versions::VersionConverter<'a>,
     /// Top-level object fields the kind always has, even empty (kube's
     /// built-in types' non-pointer structs such as `spec`): a create does
     /// not own them as such, only what is set inside them.
@@ -187,8 +184,7 @@ impl<'a> FieldManager<'a> {
             api_version: api_version.to_string(),
             subresource: subresource.map(String::from),
             reset,
-            versions: None,
-            converted: std::sync::Mutex::new(Vec::new()),
+            converter: managed::versions::VersionConverter::rewrite_only(),
             present: &[],
         }
     }
@@ -201,37 +197,8 @@ impl<'a> FieldManager<'a> {
 
     /// Compares at each manager's own version through `versions`.
     pub fn with_versions(mut self, versions: Box<dyn Versions + 'a>) -> FieldManager<'a> {
-        self.versions = Some(versions);
+        self.converter = managed::versions::VersionConverter::new(versions);
         self
-    }
-
-    /// Records a non-apply write by `manager` (operation Update): sets
-    /// `new.metadata.managedFields`. `old` is `None` on create. A request
-    /// list of `[]` or `[{}]` resets tracking (the object then has none until
-    /// applied to); an invalid request list is ignored in favour of the live
-    /// one. `now` is RFC 3339.
-    pub fn update(
-        &self,
-        old: Option<&Value>,
-        new: &mut Value,
-        manager: &str,
-        now: &str,
-    ) -> Result<(), ApplyError> {
-        self.do_update(old, new, manager, now)
-    }
-
-    /// Applies `config` for `manager` onto `live` (`None` creates) and
-    /// returns the merged object with its managedFields. Conflicts with other
-    /// managers fail unless `force`, which takes the fields over.
-    pub fn apply(
-        &self,
-        live: Option<&Value>,
-        config: &Value,
-        manager: &str,
-        force: bool,
-        now: &str,
-    ) -> Result<Value, ApplyError> {
-        self.do_apply(live, config, manager, force, now)
     }
 }
 
