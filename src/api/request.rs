@@ -112,7 +112,50 @@ pub struct RequestInfo {
     pub route: Route,
 }
 
+/// A request as kube's authorizer, flow control and audit name it
+/// (k8s.io/apiserver's `RequestInfo` fields): for a resource request its
+/// kube verb, group, version, resource, subresource, namespace and name;
+/// otherwise the lowercase HTTP method and the path.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KubeAttributes {
+    pub is_resource: bool,
+    pub verb: String,
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    pub path: String,
+}
+
 impl RequestInfo {
+    /// The request's kube attributes.
+    pub fn attributes(&self, method: &Method) -> KubeAttributes {
+        let mut a = KubeAttributes {
+            verb: method.as_str().to_ascii_lowercase(),
+            path: self.path.clone(),
+            ..Default::default()
+        };
+        if let Route::Resource(r) = &self.route {
+            a.is_resource = true;
+            if let Some(v) = r.verb {
+                a.verb = v.as_str().to_string();
+            }
+            a.group = r.group.clone();
+            a.version = r.version.clone();
+            a.resource = r.resource.clone();
+            a.subresource = r.subresource.clone().unwrap_or_default();
+            a.namespace = r.namespace.clone().unwrap_or_default();
+            a.name = r
+                .name
+                .clone()
+                .or_else(|| r.selected_name.clone())
+                .unwrap_or_default();
+        }
+        a
+    }
+
     pub fn parse(method: &Method, uri: &http::Uri) -> Self {
         let path = percent_encoding::percent_decode_str(uri.path())
             .decode_utf8_lossy()
@@ -260,6 +303,47 @@ fn resource_route(method: &Method, g: &str, v: &str, rest: &[&str], query: &str)
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// What authorization, flow control and audit see: kube's verb and
+    /// names for resource requests (a list selecting one name by field is
+    /// that name, as kube's RequestInfo has it), the method and path
+    /// otherwise.
+    #[test]
+    fn kube_attributes_name_the_request_as_kube_does() {
+        let uri: http::Uri = "/apis/demo.kshard.dev/v1/namespaces/ns/widgets/w1/status"
+            .parse()
+            .expect("uri");
+        let a = RequestInfo::parse(&Method::PATCH, &uri).attributes(&Method::PATCH);
+        assert_eq!(
+            a,
+            KubeAttributes {
+                is_resource: true,
+                verb: "patch".into(),
+                group: "demo.kshard.dev".into(),
+                version: "v1".into(),
+                resource: "widgets".into(),
+                subresource: "status".into(),
+                namespace: "ns".into(),
+                name: "w1".into(),
+                path: "/apis/demo.kshard.dev/v1/namespaces/ns/widgets/w1/status".into(),
+            }
+        );
+        let uri: http::Uri =
+            "/apis/demo.kshard.dev/v1/widgets?watch=1&fieldSelector=metadata.name%3Dw2"
+                .parse()
+                .expect("uri");
+        let a = RequestInfo::parse(&Method::GET, &uri).attributes(&Method::GET);
+        assert_eq!(
+            (a.verb.as_str(), a.name.as_str(), a.namespace.as_str()),
+            ("watch", "w2", "")
+        );
+        let uri: http::Uri = "/healthz/etcd".parse().expect("uri");
+        let a = RequestInfo::parse(&Method::GET, &uri).attributes(&Method::GET);
+        assert_eq!(
+            (a.is_resource, a.verb.as_str(), a.path.as_str()),
+            (false, "get", "/healthz/etcd")
+        );
+    }
 
     fn res(method: Method, path: &str, query: &str) -> ResourceRequest {
         match route(&method, path, query) {

@@ -11,18 +11,18 @@ use crate::authz::{Attributes, Authorizer, Decision};
 
 /// The authorizer's view of a request.
 pub fn attributes(info: &RequestInfo, method: &http::Method, user: &Identity) -> Attributes {
-    let d = super::priority::digest(info, method, user);
+    let a = info.attributes(method);
     Attributes {
         user: user.clone(),
-        verb: d.verb,
-        resource_request: d.is_resource,
-        group: d.api_group,
-        version: d.api_version,
-        resource: d.resource,
-        subresource: d.subresource,
-        namespace: d.namespace,
-        name: d.name,
-        path: d.path,
+        verb: a.verb,
+        resource_request: a.is_resource,
+        group: a.group,
+        version: a.version,
+        resource: a.resource,
+        subresource: a.subresource,
+        namespace: a.namespace,
+        name: a.name,
+        path: a.path,
     }
 }
 

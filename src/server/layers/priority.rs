@@ -35,37 +35,21 @@ pub struct Priority {
 
 /// The classifier's view of a request.
 pub fn digest(info: &RequestInfo, method: &http::Method, user: &Identity) -> RequestDigest {
-    let mut d = RequestDigest {
+    let a = info.attributes(method);
+    RequestDigest {
         user: user.user.clone(),
         groups: user.groups.clone(),
-        is_resource: false,
-        verb: method.as_str().to_ascii_lowercase(),
-        api_group: String::new(),
-        api_version: String::new(),
-        resource: String::new(),
-        subresource: String::new(),
-        namespace: String::new(),
-        name: String::new(),
-        path: info.path.clone(),
+        is_resource: a.is_resource,
+        verb: a.verb,
+        api_group: a.group,
+        api_version: a.version,
+        resource: a.resource,
+        subresource: a.subresource,
+        namespace: a.namespace,
+        name: a.name,
+        path: a.path,
         is_long_running_non_watch: info.route.is_long_running_non_watch(),
-    };
-    if let Route::Resource(r) = &info.route {
-        d.is_resource = true;
-        if let Some(v) = r.verb {
-            d.verb = v.as_str().to_string();
-        }
-        d.api_group = r.group.clone();
-        d.api_version = r.version.clone();
-        d.resource = r.resource.clone();
-        d.subresource = r.subresource.clone().unwrap_or_default();
-        d.namespace = r.namespace.clone().unwrap_or_default();
-        d.name = r
-            .name
-            .clone()
-            .or_else(|| r.selected_name.clone())
-            .unwrap_or_default();
     }
-    d
 }
 
 /// What a request will cost, from the watch cache's live figures.
