@@ -306,6 +306,15 @@ mod tests {
     use crate::watch::Cache;
 
     async fn registry(dir: &Path) -> (Arc<Registry>, Target) {
+        registry_with(dir, None).await
+    }
+
+    /// A widget registry on an embedded store in `dir`, its watch cache
+    /// loading through `on_load`.
+    async fn registry_with(
+        dir: &Path,
+        on_load: Option<crate::watch::OnLoad>,
+    ) -> (Arc<Registry>, Target) {
         let mut catalog = Catalog::default();
         catalog
             .add_manifests(Path::new("w.yaml"), WIDGET)
@@ -316,7 +325,7 @@ mod tests {
             .expect("widgets");
         let engine = Arc::new(Embedded::open(&dir.join("db")).expect("open"));
         let store = Store::open(engine).expect("store");
-        let cache = Cache::start(store.clone(), Default::default())
+        let cache = Cache::start_with(store.clone(), Default::default(), on_load)
             .await
             .expect("cache");
         let t = Target {
@@ -468,16 +477,6 @@ mod tests {
     async fn gated_registry(
         dir: &Path,
     ) -> (Arc<Registry>, Target, Arc<std::sync::atomic::AtomicBool>) {
-        let mut catalog = Catalog::default();
-        catalog
-            .add_manifests(Path::new("w.yaml"), WIDGET)
-            .expect("crd");
-        let rt = catalog
-            .find("demo.kshard.dev", "v1", "widgets")
-            .cloned()
-            .expect("widgets");
-        let engine = Arc::new(Embedded::open(&dir.join("db")).expect("open"));
-        let store = Store::open(engine).expect("store");
         let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let hook = gate.clone();
         let on_load: crate::watch::OnLoad = Arc::new(move |_: &str, _: &serde_json::Value| {
@@ -486,20 +485,7 @@ mod tests {
             }
             None
         });
-        let cache = Cache::start_with(store.clone(), Default::default(), Some(on_load))
-            .await
-            .expect("cache");
-        let t = Target {
-            rt,
-            version: "v1".into(),
-            namespace: "default".into(),
-        };
-        let reg = Registry::new(
-            crate::apiextensions::live::LiveCatalog::new(catalog),
-            store,
-            cache,
-            None,
-        );
+        let (reg, t) = registry_with(dir, Some(on_load)).await;
         (reg, t, gate)
     }
 
