@@ -191,12 +191,18 @@ async fn run() {
 
 /// One size, on fresh servers and stores: the figures and their lines.
 async fn measure(objects: usize) -> (serde_json::Value, Vec<String>) {
-    let build = if cfg!(debug_assertions) { "debug" } else { "release" };
+    let build = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
     let dir = tempfile::tempdir().expect("tmp");
     let source = dir.path().join("source");
     let server = common::spawn_kshard(&source, &[]);
     let api = widgets(common::client_for(&source.join("kubeconfig")).await);
-    progress(&format!("creating {objects} objects of ~1 KiB ({build} build)…"));
+    progress(&format!(
+        "creating {objects} objects of ~1 KiB ({build} build)…"
+    ));
     let t = Instant::now();
     populate(&api, objects).await;
     progress(&format!("created in {:.1} s", t.elapsed().as_secs_f64()));

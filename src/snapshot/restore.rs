@@ -83,7 +83,7 @@ pub fn restore(
         Target::Embedded(dir) => restore_embedded(path, dir, opts, revision, writing)?,
         Target::Store(url) if url.is_empty() || url == "embedded" => {
             return Err(SnapshotError::Refused(
-                "--store embedded: give the data directory with --data-dir".into(),
+                "an embedded store is restored into a data directory (--data-dir)".into(),
             ))
         }
         Target::Store(url) => {
