@@ -105,7 +105,7 @@ pub async fn run(cmd: SnapshotCommand) -> Result<(), SnapshotError> {
                         let engine = crate::storage::open_engine(
                             Some(&url),
                             &db,
-                            crate::storage::embedded::DEFAULT_CACHE_BYTES,
+                            restore::CACHE_BYTES,
                         )
                         .map_err(|e| {
                             if embedded {
