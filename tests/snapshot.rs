@@ -897,7 +897,36 @@ mod tikv {
             "--data-dir",
             path_str(&embedded),
         ]);
+        // Stopped, its store is read directly too: the same objects.
+        let busy = dir.path().join("busy.snap");
+        let err = kshard_fails(&[
+            "snapshot",
+            "save",
+            path_str(&busy),
+            "--store",
+            "embedded",
+            "--data-dir",
+            path_str(&embedded),
+        ]);
+        assert!(err.contains("is a kshard serving it?"), "{err}");
         drop(server);
+        let offline = dir.path().join("offline.snap");
+        kshard_ok(&[
+            "snapshot",
+            "save",
+            path_str(&offline),
+            "--store",
+            "embedded",
+            "--data-dir",
+            path_str(&embedded),
+        ]);
+        let widgets_of = |p: &Path| {
+            let (_, e) = read_snapshot(p);
+            e.into_iter()
+                .filter(|e| e.key.starts_with(KEY_PREFIX))
+                .collect::<Vec<_>>()
+        };
+        same_entries(&widgets_of(&out), &widgets_of(&offline));
 
         let (_double, pd, shard) = shared_store();
         let store = format!("tikv://{pd}?prefix={shard}");

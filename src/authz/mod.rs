@@ -1,5 +1,5 @@
 //! May this user do this? Standalone, everyone may (the dev admin is the only
-//! user). Delegated, as k8s.io/apiserver's delegating authorizer: the
+//! user), but only `system:masters` may take a snapshot. Delegated, as k8s.io/apiserver's delegating authorizer: the
 //! always-allowed paths and `system:masters` pass, everything else is a
 //! SubjectAccessReview to the host with the request's full attributes, its
 //! allow and deny answers cached for a short time; with no host to ask, it is

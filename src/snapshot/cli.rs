@@ -36,8 +36,9 @@ pub struct SaveArgs {
     #[arg(long, default_value = "./kshard-data")]
     pub data_dir: PathBuf,
     /// Read the store itself instead of asking a server:
-    /// `tikv://pd:2379[,...]?prefix=<shard>`. (An embedded store is read
-    /// through its server, which holds it open.)
+    /// `tikv://pd:2379[,...]?prefix=<shard>`, or `embedded` for the store
+    /// of --data-dir while no server runs on it (a running server holds it
+    /// open: save through its API then).
     #[arg(long, conflicts_with_all = ["kubeconfig", "context"])]
     pub store: Option<String>,
     /// No progress on stderr.
@@ -91,15 +92,38 @@ pub async fn run(cmd: SnapshotCommand) -> Result<(), SnapshotError> {
             let saved = match &a.store {
                 Some(url) => {
                     let (url, file) = (url.clone(), a.file.clone());
-                    let mut p = Progress::new("saving", a.quiet);
-                    let saved = blocking(move || {
-                        let engine =
-                            crate::storage::open_engine(Some(&url), std::path::Path::new(""), 0)?;
-                        save::write_from_engine(&*engine, &file, &mut p)
+                    let db = a.data_dir.join(crate::storage::embedded::STORE_FILE);
+                    let quiet = a.quiet;
+                    blocking(move || {
+                        let embedded = matches!(url.as_str(), "" | "embedded");
+                        if embedded && !db.exists() {
+                            return Err(SnapshotError::Refused(format!(
+                                "no embedded store at {}",
+                                db.display()
+                            )));
+                        }
+                        let engine = crate::storage::open_engine(
+                            Some(&url),
+                            &db,
+                            restore::CACHE_BYTES,
+                        )
+                        .map_err(|e| {
+                            if embedded {
+                                SnapshotError::Refused(format!(
+                                    "{} cannot be opened (is a kshard serving it? then save through its API): {e}",
+                                    db.display()
+                                ))
+                            } else {
+                                e.into()
+                            }
+                        })?;
+                        let mut p = Progress::new("saving", quiet);
+                        let saved = save::write_from_engine(&*engine, &file, &mut p);
+                        p.done();
+                        engine.close();
+                        saved
                     })
-                    .await?;
-                    progress.done();
-                    saved
+                    .await?
                 }
                 None => {
                     let kubeconfig = a
@@ -116,9 +140,9 @@ pub async fn run(cmd: SnapshotCommand) -> Result<(), SnapshotError> {
             Ok(())
         }
         SnapshotCommand::Restore(a) => {
-            let target = match &a.store {
-                Some(url) => Target::Store(url.clone()),
-                None => Target::Embedded(a.data_dir.clone()),
+            let target = match a.store.as_deref() {
+                None | Some("" | "embedded") => Target::Embedded(a.data_dir.clone()),
+                Some(url) => Target::Store(url.to_string()),
             };
             let opts = restore::Options {
                 force: a.force,

@@ -25,6 +25,12 @@ use crate::storage::{embedded, keys, StorageError};
 /// `--mark-compacted` after a restore).
 pub const DEFAULT_BUMP_REVISION: u64 = 1_000_000_000;
 
+/// redb's page cache while a command reads or writes an embedded store
+/// (`kshard serve`'s default): the command goes through the data once, and
+/// redb's own default (64 MiB here) would only grow the command's memory
+/// with the data.
+pub const CACHE_BYTES: usize = 4 * 1024 * 1024;
+
 /// Where a snapshot goes.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -83,7 +89,7 @@ pub fn restore(
         Target::Embedded(dir) => restore_embedded(path, dir, opts, revision, writing)?,
         Target::Store(url) if url.is_empty() || url == "embedded" => {
             return Err(SnapshotError::Refused(
-                "--store embedded: give the data directory with --data-dir".into(),
+                "an embedded store is restored into a data directory (--data-dir)".into(),
             ))
         }
         Target::Store(url) => {
@@ -119,7 +125,7 @@ fn restore_embedded(
     let target = dir.join(embedded::STORE_FILE);
     if target.exists() {
         // Opening fails while a server has it open (redb locks the file).
-        let existing = embedded::Embedded::open(&target).map_err(|e| {
+        let existing = embedded::Embedded::open_with_cache(&target, CACHE_BYTES).map_err(|e| {
             SnapshotError::Refused(format!(
                 "{} cannot be opened (is a kshard serving it?): {e}",
                 target.display()
@@ -139,7 +145,7 @@ fn restore_embedded(
     embedded::remove_database(&building)
         .map_err(|e| SnapshotError::io(format!("removing {}", building.display()), e))?;
     let written = (|| {
-        let engine = embedded::Embedded::open(&building)?;
+        let engine = embedded::Embedded::open_with_cache(&building, CACHE_BYTES)?;
         let loaded = load(path, &engine, revision, progress);
         engine.close();
         drop(engine);

@@ -128,3 +128,107 @@ pub async fn handle(State(s): State<Arc<Snapshots>>, req: Request) -> Response {
     resp.extensions_mut().insert(NoCompression);
     resp
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::format::{self, FormatError, Item};
+    use crate::storage::{embedded::Embedded, Write};
+
+    /// A store of eight objects of about a MiB each: more frames than the
+    /// queue between the reader and the response holds.
+    async fn big_store(dir: &std::path::Path) -> Arc<Store> {
+        let store =
+            Store::open(Arc::new(Embedded::open(&dir.join("db")).expect("open"))).expect("store");
+        for i in 0..8 {
+            let object = serde_json::json!({
+                "metadata": {"name": format!("o{i}")},
+                "pad": "x".repeat(1024 * 1024),
+            });
+            store
+                .write(Write::Create {
+                    key: format!("g/r/ns/o{i}"),
+                    object,
+                })
+                .await
+                .expect("write");
+        }
+        store
+    }
+
+    fn get() -> Request {
+        http::Request::get(crate::api::request::SNAPSHOT_PATH)
+            .body(Body::empty())
+            .expect("request")
+    }
+
+    /// The objects of a snapshot body, or why it is refused.
+    async fn decode(resp: Response) -> Result<usize, FormatError> {
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        let mut objects = 0;
+        let read = format::read_all(&bytes[..], |_, item| {
+            if let Item::Objects(o) = item {
+                objects += o.len();
+            }
+            Ok(())
+        });
+        match read {
+            Ok(_) => Ok(objects),
+            Err(crate::snapshot::SnapshotError::Format(e)) => Err(e),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// While one client's snapshot is under way (its reader waits for it),
+    /// another gets 429; once it is read, or its client goes away, the next
+    /// one starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_snapshot_at_a_time_until_it_is_read_or_abandoned() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let s = Snapshots::new(big_store(dir.path()).await, CancellationToken::new());
+        let first = handle(State(s.clone()), get()).await;
+        assert_eq!(first.status(), 200);
+        let busy = handle(State(s.clone()), get()).await;
+        assert_eq!(busy.status(), 429);
+        assert_eq!(decode(first).await.expect("whole"), 8);
+
+        // The reader frees its turn once it has sent the end.
+        let mut next = None;
+        for _ in 0..100 {
+            let r = handle(State(s.clone()), get()).await;
+            if r.status() == 200 {
+                next = Some(r);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // Its client goes away without reading: the reader stops.
+        drop(next.expect("a second snapshot after the first"));
+        let mut freed = false;
+        for _ in 0..100 {
+            if handle(State(s.clone()), get()).await.status() == 200 {
+                freed = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(freed, "an abandoned snapshot kept its turn");
+    }
+
+    /// At shutdown a snapshot under way ends with the reason, never a
+    /// trailer: the client refuses it as a failed snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_ends_a_snapshot_with_its_reason() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let stop = CancellationToken::new();
+        let s = Snapshots::new(big_store(dir.path()).await, stop.clone());
+        let resp = handle(State(s), get()).await;
+        stop.cancel();
+        match decode(resp).await {
+            Err(FormatError::ServerFailed(why)) => assert!(why.contains("shutting down"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
