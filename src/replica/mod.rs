@@ -14,7 +14,7 @@ pub mod internal;
 pub mod lease;
 pub mod stream;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -10,7 +10,7 @@ use super::*;
 use crate::storage::embedded::Embedded;
 
 /// Two replicas' shared store.
-fn shared_engine() -> (tempfile::TempDir, Arc<dyn Engine>) {
+pub(crate) fn shared_engine() -> (tempfile::TempDir, Arc<dyn Engine>) {
     let dir = tempfile::tempdir().expect("tmp");
     let engine = Embedded::open(&dir.path().join("db")).expect("open");
     (dir, Arc::new(engine))
@@ -18,7 +18,7 @@ fn shared_engine() -> (tempfile::TempDir, Arc<dyn Engine>) {
 
 /// A replica on `engine` with its own fenced store, not started: the tests
 /// run its election rounds themselves.
-async fn replica(engine: &Arc<dyn Engine>, id: &str, lease: Duration) -> Arc<Replica> {
+pub(crate) async fn replica(engine: &Arc<dyn Engine>, id: &str, lease: Duration) -> Arc<Replica> {
     let cfg = ReplicaConfig {
         replica_id: id.into(),
         advertise_address: format!("{id}.invalid:1"),
@@ -50,6 +50,22 @@ impl Rounds {
     }
 }
 
+/// Replicas `a` and `b` of one store, before any round.
+async fn two_replicas(lease: Duration) -> (tempfile::TempDir, Rounds, Rounds) {
+    let (dir, engine) = shared_engine();
+    let a = replica(&engine, "a", lease).await;
+    let b = replica(&engine, "b", lease).await;
+    (dir, Rounds::new(&a), Rounds::new(&b))
+}
+
+/// [`two_replicas`] after a round each: `a` leads, `b` follows it.
+async fn leader_and_follower(lease: Duration) -> (tempfile::TempDir, Rounds, Rounds) {
+    let (dir, mut ra, mut rb) = two_replicas(lease).await;
+    ra.round().await;
+    rb.round().await;
+    (dir, ra, rb)
+}
+
 /// The lease this replica believes in: (holder, epoch).
 fn leader_seen(r: &Replica) -> Option<(String, u64)> {
     r.view().lease.map(|l| (l.holder, l.epoch))
@@ -57,15 +73,11 @@ fn leader_seen(r: &Replica) -> Option<(String, u64)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_first_replica_leads_and_the_second_follows_it() {
-    let (_dir, engine) = shared_engine();
-    let lease = Duration::from_secs(30);
-    let (a, b) = (
-        replica(&engine, "a", lease).await,
-        replica(&engine, "b", lease).await,
-    );
+    let (_dir, mut ra, mut rb) = two_replicas(Duration::from_secs(30)).await;
+    let (a, b) = (ra.replica.clone(), rb.replica.clone());
     assert!(!a.is_leader() && !a.caught_up(), "no role before a round");
 
-    Rounds::new(&a).round().await;
+    ra.round().await;
     assert!(a.is_leader());
     assert!(a.view().leading);
     assert_eq!(leader_seen(&a), Some(("a".into(), 1)));
@@ -74,7 +86,6 @@ async fn the_first_replica_leads_and_the_second_follows_it() {
     assert!(a.begin_local_write().is_some(), "a leader writes itself");
     assert_eq!(a.describe(), "replica a: leader (epoch 1)");
 
-    let mut rb = Rounds::new(&b);
     rb.round().await;
     assert!(!b.is_leader() && !b.view().leading);
     assert_eq!(leader_seen(&b), Some(("a".into(), 1)));
@@ -122,15 +133,8 @@ async fn renewals_keep_the_epoch_and_a_leader_that_stops_renewing_stops_leading(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lapsed_lease_is_taken_over_and_its_holder_steps_down() {
-    let (_dir, engine) = shared_engine();
-    let lease = Duration::from_millis(500);
-    let (a, b) = (
-        replica(&engine, "a", lease).await,
-        replica(&engine, "b", lease).await,
-    );
-    let (mut ra, mut rb) = (Rounds::new(&a), Rounds::new(&b));
-    ra.round().await;
-    rb.round().await;
+    let (_dir, mut ra, mut rb) = leader_and_follower(Duration::from_millis(500)).await;
+    let (a, b) = (ra.replica.clone(), rb.replica.clone());
     assert_eq!(leader_seen(&b), Some(("a".into(), 1)));
 
     // Within the lease the follower does not take over.
@@ -157,15 +161,8 @@ async fn a_lapsed_lease_is_taken_over_and_its_holder_steps_down() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leader_hands_over_after_its_writes_and_the_follower_takes_over_at_once() {
-    let (_dir, engine) = shared_engine();
-    let lease = Duration::from_secs(30);
-    let (a, b) = (
-        replica(&engine, "a", lease).await,
-        replica(&engine, "b", lease).await,
-    );
-    let (mut ra, mut rb) = (Rounds::new(&a), Rounds::new(&b));
-    ra.round().await;
-    rb.round().await;
+    let (_dir, mut ra, mut rb) = leader_and_follower(Duration::from_secs(30)).await;
+    let (a, b) = (ra.replica.clone(), rb.replica.clone());
 
     let write = a.begin_local_write().expect("the leader writes");
     let handing = tokio::spawn({

@@ -35,6 +35,8 @@ pub mod metrics;
 pub mod panic;
 pub mod priority;
 pub mod request_info;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
