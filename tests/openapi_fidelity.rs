@@ -454,3 +454,107 @@ async fn kubectl_explain_reads_openapi_v2_protobuf() {
     let out = s.kubectl_ok(&["explain", "widgets", "--output", "plaintext-openapiv2"]);
     assert!(out.contains("Widget") && out.contains("metadata"), "{out}");
 }
+
+/// The reference kube-apiserver's `/openapi/v2` as JSON and as gnostic's
+/// protobuf, in one ETag's version.
+async fn reference_documents(c: &kube::Client) -> (Vec<u8>, Vec<u8>) {
+    let get = |accept: &'static str| async move {
+        let req = http::Request::get("/openapi/v2")
+            .header("accept", accept)
+            .body(kube::client::Body::from(Vec::new()))
+            .expect("request");
+        let resp = c.send(req).await.expect("send");
+        assert_eq!(resp.status().as_u16(), 200, "{accept}");
+        resp.into_body()
+            .collect_bytes()
+            .await
+            .expect("body")
+            .to_vec()
+    };
+    (get("application/json").await, get(PB_NEW).await)
+}
+
+/// Rust's `{:?}` escapes of a string, undone.
+fn unescape_debug(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('t') => out.push('\t'),
+            Some('0') => out.push('\0'),
+            Some('u') => {
+                let hex: String = chars.by_ref().skip(1).take_while(|c| *c != '}').collect();
+                let code = u32::from_str_radix(&hex, 16).expect("escape");
+                out.push(char::from_u32(code).expect("char"));
+            }
+            Some(other) => out.push(other),
+            None => {}
+        }
+    }
+    out
+}
+
+/// A document's fields one per line, each `Any`'s YAML text as the value it
+/// reads as.
+fn with_yaml_read(doc: &Document) -> Vec<String> {
+    format!("{doc:#?}")
+        .lines()
+        .map(|line| {
+            let text = line
+                .trim_start()
+                .strip_prefix("yaml: \"")
+                .and_then(|t| t.strip_suffix("\","));
+            match text {
+                Some(escaped) => {
+                    let v: Value = serde_saphyr::from_str(&unescape_debug(escaped)).expect("YAML");
+                    format!("yaml: {v}")
+                }
+                None => line.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// gnostic's messages as kshard builds them, against the real thing: the
+/// reference kube-apiserver's own OpenAPI v2 JSON (every keyword kube's
+/// built-in types use), converted by kshard, is the protobuf the reference
+/// server answers for it, field for field. Values carried as YAML text are
+/// compared as values: Go's yaml.v3 single-quotes a few strings that
+/// serde-saphyr double-quotes (`'*'` and `"*"`), a difference kshard has.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reference_servers_document_converts_to_its_own_protobuf() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let host = common::real_host::RealHost::start(dir.path());
+    let client = host.client().await;
+    let (json, pb) = reference_documents(&client).await;
+    let doc: Value = serde_json::from_slice(&json).expect("json");
+    let theirs = Document::decode(pb.as_slice()).expect("an openapi.v2.Document");
+    let defs = |d: &Document| {
+        d.definitions
+            .as_ref()
+            .map_or(0, |d| d.additional_properties.len())
+    };
+    assert!(
+        defs(&theirs) > 500,
+        "the reference document: {}",
+        defs(&theirs)
+    );
+    let (ours, theirs) = (
+        with_yaml_read(&openapi_proto::from_json(&doc)),
+        with_yaml_read(&theirs),
+    );
+    if let Some(i) = (0..ours.len().max(theirs.len())).find(|&i| ours.get(i) != theirs.get(i)) {
+        let around = |d: &[String]| d[i.saturating_sub(20)..(i + 5).min(d.len())].join("\n");
+        panic!(
+            "line {i} differs\n--- kshard:\n{}\n--- kube-apiserver:\n{}",
+            around(&ours),
+            around(&theirs)
+        );
+    }
+}

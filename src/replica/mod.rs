@@ -13,6 +13,8 @@ pub mod forward;
 pub mod internal;
 pub mod lease;
 pub mod stream;
+#[cfg(test)]
+pub(crate) mod tests;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -40,6 +40,8 @@ pub mod metrics;
 pub mod panic;
 pub mod priority;
 pub mod request_info;
+#[cfg(test)]
+mod tests;
 pub mod trace;
 
 use std::sync::Arc;
