@@ -6,7 +6,16 @@
 //! - creates/s of 1 KiB objects through kshard's HTTPS API (every write
 //!   validated, managedFields tracked, fsync'd before the answer) against
 //!   1 KiB puts/s to etcd over its own gRPC (fsync on, one member), closed
-//!   loop at 1, 16 and 64 concurrent clients;
+//!   loop at 1, 16 and 64 concurrent clients; then updates (PUT at the
+//!   last resourceVersion), merge patches and deletes against the
+//!   transactions kube-apiserver sends etcd for them (`KSHARD_ETCD_ONLY=verbs`).
+//!   Each server is driven by every client tried for it and keeps its best:
+//!   kshard over HTTP/1.1 with a connection per worker and over one shared
+//!   HTTP/2 connection (client-go's way); etcd by the `etcd-client` crate
+//!   over one shared channel (kube-apiserver's way) and a channel per
+//!   worker (`benches/etcd-driver`, built here; it needs `protoc`, which is
+//!   installed from Debian when missing), and for puts also by this file's
+//!   own gRPC client;
 //! - resident memory of kshard against the objects' JSON, at 40,000 and
 //!   200,000 objects, each on a fresh server and store of its own, above
 //!   the server's base once it has served writes and holds nothing;
@@ -21,13 +30,17 @@
 //! Env: `KSHARD_ETCD_SECS` (per round, 10), `KSHARD_ETCD_ROUNDS` (3),
 //! `KSHARD_ETCD_OBJECTS` (the memory points, comma-separated; `40000,200000`),
 //! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run),
-//! `KSHARD_ETCD_ONLY` (`creates`, `memory`, `fanout`, `watched`, `lists`),
+//! `KSHARD_ETCD_ONLY` (`creates`, `verbs`, `memory`, `fanout`, `watched`, `lists`),
 //! `KSHARD_ETCD_ARGS` (extra kshard flags), `KSHARD_ETCD_CLIENTS` (the
-//! creates' concurrencies, comma-separated; `1,16,64`).
+//! creates' concurrencies, comma-separated; `1,16,64`),
+//! `KSHARD_ETCD_VERB_CLIENTS` (the other verbs'; `16`), `KSHARD_ETCD_DELETES`
+//! (objects deleted per delete round; 20,000).
 //!
-//! The etcd client is written here (a gRPC unary `KV/Put` over one HTTP/2
-//! connection per worker, the protobuf message encoded by hand): the etcd
-//! crates build their protos with `protoc`, which these machines lack.
+//! The hand-written etcd client (a gRPC unary `KV/Put` over one HTTP/2
+//! connection per worker, the protobuf message encoded by hand) needs no
+//! protoc; the etcd-client driver is a separate binary so that kshard's own
+//! build never needs protoc, and reports its own CPU and etcd's over the
+//! timed part only.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -78,7 +91,7 @@ fn smoke() -> bool {
     std::env::var("KSHARD_ETCD_SMOKE").is_ok_and(|v| v == "1")
 }
 
-/// `KSHARD_ETCD_ONLY=creates|memory|fanout|watched|lists` runs some parts (comma-separated).
+/// `KSHARD_ETCD_ONLY=creates|verbs|memory|fanout|watched|lists` runs some parts (comma-separated).
 fn wanted(part: &str) -> bool {
     std::env::var("KSHARD_ETCD_ONLY").map_or(true, |only| only.split(',').any(|p| p == part))
 }
@@ -90,13 +103,21 @@ fn progress(msg: &str) {
 /// A widget of about 1 KiB as stored (the filler is an annotation: the
 /// schema would prune an unknown spec field).
 fn widget_1k(name: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({
+    widget_1k_at(name, None, 1)
+}
+
+/// The same widget with `replicas`, at `resource_version` for an update.
+fn widget_1k_at(name: &str, resource_version: Option<&str>, replicas: usize) -> Vec<u8> {
+    let mut w = json!({
         "apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
         "metadata": {"name": name, "labels": {"bench": "true"},
                      "annotations": {"bench.kshard.dev/payload": "x".repeat(640)}},
-        "spec": {"replicas": 1, "color": "blue"},
-    }))
-    .expect("json")
+        "spec": {"replicas": replicas, "color": "blue"},
+    });
+    if let Some(rv) = resource_version {
+        w["metadata"]["resourceVersion"] = json!(rv);
+    }
+    serde_json::to_vec(&w).expect("json")
 }
 
 // ------------------------------------------------------------------ etcd
@@ -227,6 +248,8 @@ impl Etcd {
 // ------------------------------------------------------------------ load
 
 struct Round {
+    /// Acknowledged writes.
+    ops: usize,
     ops_per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
@@ -238,9 +261,8 @@ struct Round {
 }
 
 /// The CPU `pid` used since `before` (seconds), per write of `round`.
-fn cpu_us_per_op(pid: u32, before: f64, round: &Round, secs: f64) -> f64 {
-    let ops = round.ops_per_sec * secs;
-    (cpu_seconds(pid) - before) * 1e6 / ops.max(1.0)
+fn cpu_us_per_op(pid: u32, before: f64, round: &Round) -> f64 {
+    (cpu_seconds(pid) - before) * 1e6 / (round.ops as f64).max(1.0)
 }
 
 fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
@@ -250,12 +272,125 @@ fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
     };
     Round {
+        ops: count,
         ops_per_sec: count as f64 / elapsed.as_secs_f64(),
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
         cpu_us_per_op: 0.0,
         client_us_per_op: 0.0,
     }
+}
+
+/// A Kubernetes write verb, measured on kshard and as kube-apiserver would
+/// write it to etcd.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Verb {
+    Create,
+    /// PUT of the whole object at the resourceVersion last seen.
+    Update,
+    /// JSON merge patch of `spec.replicas`, no resourceVersion.
+    Patch,
+    /// DELETE of objects created before the clock starts.
+    Delete,
+}
+
+impl Verb {
+    fn name(self) -> &'static str {
+        match self {
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+        }
+    }
+
+    /// What kube-apiserver sends etcd for it (the driver's `--op`): a
+    /// create as a plain put (cheaper for etcd than kube's create
+    /// transaction), an update and a patch as GuaranteedUpdate's
+    /// conditional transaction, a delete as the conditional delete.
+    fn etcd_op(self) -> &'static str {
+        match self {
+            Verb::Create => "put",
+            Verb::Update | Verb::Patch => "update",
+            Verb::Delete => "delete",
+        }
+    }
+}
+
+/// How the load generator reaches kshard: HTTP/1.1 with a connection per
+/// worker, or one HTTP/2 connection multiplexed by all (client-go's way).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Transport {
+    H1PerWorker,
+    H2Shared,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::H1PerWorker => "HTTPS/1.1, a connection per worker",
+            Transport::H2Shared => "HTTPS/2, one shared connection",
+        }
+    }
+}
+
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>>),
+}
+
+impl Sender {
+    /// Sends `req`; the status and the whole body, or None when the
+    /// connection failed.
+    async fn call(
+        &mut self,
+        req: http::Request<http_body_util::Full<Bytes>>,
+    ) -> Option<(u16, Bytes)> {
+        let resp = match self {
+            Sender::H1(s) => {
+                s.ready().await.ok()?;
+                s.send_request(req).await.ok()?
+            }
+            Sender::H2(s) => {
+                s.ready().await.ok()?;
+                s.send_request(req).await.ok()?
+            }
+        };
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        Some((status, body))
+    }
+}
+
+fn request(
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> http::Request<http_body_util::Full<Bytes>> {
+    http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .header("content-type", content_type)
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .expect("request")
+}
+
+/// The resourceVersion of an object answer, read without building a tree.
+fn resource_version(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(rename = "resourceVersion")]
+        resource_version: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        metadata: Meta,
+    }
+    serde_json::from_slice::<Object>(body)
+        .ok()
+        .map(|o| o.metadata.resource_version)
 }
 
 /// Closed-loop creates of 1 KiB widgets into `collection` by `clients`
@@ -268,39 +403,141 @@ async fn kshard_creates(
     secs: f64,
     prefix: &str,
 ) -> Round {
+    kshard_verb(
+        kubeconfig,
+        None,
+        collection,
+        Verb::Create,
+        Transport::H1PerWorker,
+        clients,
+        secs,
+        0,
+        prefix,
+    )
+    .await
+}
+
+/// Closed-loop `verb`s of 1 KiB widgets in `collection` by `clients`
+/// workers for `secs` (deletes: until the `deletes` objects created first
+/// are gone); names start with `prefix`. What a verb needs to exist is
+/// created before the clock starts; the CPU figures (kshard's, given its
+/// `pid`, and the load generator's) cover the timed part only.
+#[allow(clippy::too_many_arguments)]
+async fn kshard_verb(
+    kubeconfig: &Path,
+    pid: Option<u32>,
+    collection: &'static str,
+    verb: Verb,
+    transport: Transport,
+    clients: usize,
+    secs: f64,
+    deletes: usize,
+    prefix: &str,
+) -> Round {
     let data = kubeconfig.parent().expect("data dir");
     let addr = server_addr(kubeconfig);
-    let mut conns = Vec::new();
-    for _ in 0..clients {
-        conns.push(h1_connection(data, &addr).await);
+    let shared = match transport {
+        Transport::H2Shared => Some(h2_connection(data, &addr).await),
+        Transport::H1PerWorker => None,
+    };
+    let mut workers = Vec::new();
+    for w in 0..clients {
+        let mut send = match &shared {
+            Some(s) => Sender::H2(s.clone()),
+            None => Sender::H1(h1_connection(data, &addr).await),
+        };
+        // (name, resourceVersion) of the objects this worker writes to.
+        let count = match verb {
+            Verb::Create => 0,
+            Verb::Update | Verb::Patch => 1,
+            Verb::Delete => deletes.div_ceil(clients),
+        };
+        let mut objects = Vec::with_capacity(count);
+        for i in 0..count {
+            let name = format!("{prefix}-w{w}-{i}");
+            let req = request("POST", collection, "application/json", widget_1k(&name));
+            let rv = match send.call(req).await {
+                Some((201, body)) => resource_version(&body).unwrap_or_default(),
+                other => panic!("creating {name} before the clock: {:?}", other.map(|o| o.0)),
+            };
+            objects.push((name, rv));
+        }
+        workers.push((send, objects));
     }
     let mut handles = Vec::new();
+    let server_cpu = pid.map(cpu_seconds);
+    let own_cpu = cpu_seconds(std::process::id());
     let start = Instant::now();
-    let until = start + Duration::from_secs_f64(secs);
-    for (w, mut send) in conns.into_iter().enumerate() {
+    // Deletes run until their objects are gone (a bound only against a hang).
+    let until = start
+        + match verb {
+            Verb::Delete => Duration::from_secs(600),
+            _ => Duration::from_secs_f64(secs),
+        };
+    for (w, (mut send, mut objects)) in workers.into_iter().enumerate() {
         let prefix = prefix.to_string();
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = 0usize;
             while Instant::now() < until {
-                let name = format!("{prefix}-w{w}-{i}");
                 i += 1;
-                let req = http::Request::post(collection)
-                    .header("host", "localhost")
-                    .header("content-type", "application/json")
-                    .body(http_body_util::Full::new(Bytes::from(widget_1k(&name))))
-                    .expect("request");
+                let (req, want) = match verb {
+                    Verb::Create => {
+                        let name = format!("{prefix}-w{w}-c{i}");
+                        (
+                            request("POST", collection, "application/json", widget_1k(&name)),
+                            201,
+                        )
+                    }
+                    Verb::Update => {
+                        let (name, rv) = &objects[0];
+                        let body = widget_1k_at(name, Some(rv), i % 1000);
+                        (
+                            request(
+                                "PUT",
+                                &format!("{collection}/{name}"),
+                                "application/json",
+                                body,
+                            ),
+                            200,
+                        )
+                    }
+                    Verb::Patch => {
+                        let (name, _) = &objects[0];
+                        let body =
+                            format!(r#"{{"spec":{{"replicas":{}}}}}"#, i % 1000).into_bytes();
+                        let path = format!("{collection}/{name}");
+                        (
+                            request("PATCH", &path, "application/merge-patch+json", body),
+                            200,
+                        )
+                    }
+                    Verb::Delete => {
+                        let Some((name, _)) = objects.pop() else {
+                            break;
+                        };
+                        (
+                            request(
+                                "DELETE",
+                                &format!("{collection}/{name}"),
+                                "application/json",
+                                Vec::new(),
+                            ),
+                            200,
+                        )
+                    }
+                };
                 let t = Instant::now();
-                if send.ready().await.is_err() {
-                    break;
-                }
-                let Ok(resp) = send.send_request(req).await else {
+                let Some((status, body)) = send.call(req).await else {
                     break;
                 };
-                let ok = resp.status().as_u16() == 201;
-                let _ = resp.into_body().collect().await;
-                if ok {
+                if status == want {
                     lat.push(t.elapsed());
+                    if verb == Verb::Update {
+                        if let Some(rv) = resource_version(&body) {
+                            objects[0].1 = rv;
+                        }
+                    }
                 }
             }
             lat
@@ -310,16 +547,22 @@ async fn kshard_creates(
     for h in handles {
         lat.extend(h.await.unwrap_or_default());
     }
-    summarize(lat.len(), start.elapsed(), lat)
+    let mut round = summarize(lat.len(), start.elapsed(), lat);
+    if let Some((pid, before)) = pid.zip(server_cpu) {
+        round.cpu_us_per_op = cpu_us_per_op(pid, before, &round);
+    }
+    round.client_us_per_op = cpu_us_per_op(std::process::id(), own_cpu, &round);
+    round
 }
 
-async fn etcd_puts(port: u16, clients: usize, secs: f64, round: usize) -> Round {
+async fn etcd_puts(port: u16, clients: usize, secs: f64, prefix: &str) -> Round {
     let value = vec![b'x'; 1024];
     let mut handles = Vec::new();
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(secs);
     for w in 0..clients {
         let value = value.clone();
+        let prefix = prefix.to_string();
         let Some(mut etcd) = Etcd::connect(port).await else {
             continue;
         };
@@ -327,7 +570,7 @@ async fn etcd_puts(port: u16, clients: usize, secs: f64, round: usize) -> Round 
             let mut lat = Vec::new();
             let mut i = 0usize;
             while Instant::now() < until {
-                let key = format!("/bench/r{round}-c{clients}-w{w}-{i}");
+                let key = format!("{prefix}-w{w}-{i}");
                 i += 1;
                 let t = Instant::now();
                 if etcd.put(key.as_bytes(), &value).await {
@@ -342,6 +585,126 @@ async fn etcd_puts(port: u16, clients: usize, secs: f64, round: usize) -> Round 
         lat.extend(h.await.unwrap_or_default());
     }
     summarize(lat.len(), start.elapsed(), lat)
+}
+
+// ------------------------------------------------------------ etcd-client
+
+/// The clients etcd is driven with; each verb keeps the best.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum EtcdClient {
+    /// This file's gRPC client: an HTTP/2 connection per worker (puts only).
+    HandWritten,
+    /// The `etcd-client` crate, one client (one HTTP/2 connection) shared by
+    /// every worker, as kube-apiserver multiplexes its requests.
+    CrateShared,
+    /// The `etcd-client` crate, a client per worker.
+    CratePerWorker,
+}
+
+impl EtcdClient {
+    fn name(self) -> &'static str {
+        match self {
+            EtcdClient::HandWritten => "hand-written gRPC, a connection per worker",
+            EtcdClient::CrateShared => "etcd-client crate, one shared channel",
+            EtcdClient::CratePerWorker => "etcd-client crate, a channel per worker",
+        }
+    }
+}
+
+/// Builds `benches/etcd-driver` (the `etcd-client` crate, in a workspace of
+/// its own) and returns its binary. etcd-client compiles etcd's protos with
+/// `protoc`: Debian's protobuf-compiler is installed when it is missing.
+fn etcd_driver() -> Option<std::path::PathBuf> {
+    let has_protoc = || {
+        Command::new("protoc")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !has_protoc() {
+        progress("protoc not found: installing Debian's protobuf-compiler (apt-get)…");
+        let _ = Command::new("sh")
+            .args([
+                "-c",
+                "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler >/dev/null",
+            ])
+            .status();
+        if !has_protoc() {
+            progress("no protoc: etcd is driven by the hand-written client only");
+            return None;
+        }
+    }
+    let manifest = common::repo_path("benches/etcd-driver/Cargo.toml");
+    let target = common::repo_path("target/etcd-driver");
+    progress("building the etcd-client driver (benches/etcd-driver)…");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let ok = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--quiet",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .is_ok_and(|s| s.success());
+    let bin = target.join("release/etcd-driver");
+    if ok && bin.exists() {
+        Some(bin)
+    } else {
+        progress(
+            "the etcd-client driver did not build: etcd is driven by the hand-written client only",
+        );
+        None
+    }
+}
+
+/// One round of the driver against etcd (`etcd_pid` for its CPU, measured
+/// by the driver over the timed part only).
+#[allow(clippy::too_many_arguments)]
+async fn driver_round(
+    bin: &Path,
+    port: u16,
+    etcd_pid: u32,
+    verb: Verb,
+    shared: bool,
+    clients: usize,
+    secs: f64,
+    deletes: usize,
+    prefix: &str,
+) -> Option<Round> {
+    let out = tokio::process::Command::new(bin)
+        .args(["--endpoint", &format!("http://127.0.0.1:{port}")])
+        .args(["--op", verb.etcd_op()])
+        .args(["--clients", &clients.to_string()])
+        .args(["--secs", &secs.to_string()])
+        .args(["--channel", if shared { "shared" } else { "per-worker" }])
+        .args(["--prefix", prefix])
+        .args(["--keys", &deletes.div_ceil(clients).max(1).to_string()])
+        .args(["--server-pid", &etcd_pid.to_string()])
+        .output()
+        .await
+        .ok()?;
+    if !out.status.success() {
+        progress(&format!(
+            "etcd-driver failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let ops = v["ops"].as_u64()? as usize;
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    Some(Round {
+        ops,
+        ops_per_sec: ops as f64 / f("elapsed_secs").max(1e-9),
+        p50_ms: f("p50_ms"),
+        p99_ms: f("p99_ms"),
+        cpu_us_per_op: f("server_cpu_secs") * 1e6 / (ops as f64).max(1.0),
+        client_us_per_op: f("cpu_secs") * 1e6 / (ops as f64).max(1.0),
+    })
 }
 
 // ------------------------------------------------------------------ memory
@@ -615,10 +978,12 @@ async fn admin_tls(
 
 /// An HTTP/2 connection to kshard as the admin, as client-go opens one per
 /// host and multiplexes every watch over it.
-async fn h2_connection(
-    data: &Path,
-    addr: &str,
-) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+async fn h2_connection<B>(data: &Path, addr: &str) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let tls = admin_tls(data, addr, b"h2").await;
     let (send, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
@@ -667,7 +1032,7 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
     let conns = watchers.div_ceil(250).max(1);
     let mut senders = Vec::new();
     for _ in 0..conns {
-        senders.push(h2_connection(data, &addr).await);
+        senders.push(h2_connection::<http_body_util::Empty<Bytes>>(data, &addr).await);
     }
     let began = Instant::now();
     let since = move |t: Instant| t.saturating_duration_since(began).as_nanos() as u64;
@@ -859,8 +1224,8 @@ async fn watched_creates(
         ));
         let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
         let mut a = kshard_creates(kubeconfig, NS, 16, secs, &format!("alone{r}")).await;
-        a.cpu_us_per_op = cpu_us_per_op(pid, cpu, &a, secs);
-        a.client_us_per_op = cpu_us_per_op(std::process::id(), own, &a, secs);
+        a.cpu_us_per_op = cpu_us_per_op(pid, cpu, &a);
+        a.client_us_per_op = cpu_us_per_op(std::process::id(), own, &a);
         alone.push(a);
         let streams = open_watchers(kubeconfig, NS, watchers).await;
         progress(&format!(
@@ -869,9 +1234,9 @@ async fn watched_creates(
         ));
         let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
         let mut w = kshard_creates(kubeconfig, NS, 16, secs, &format!("watched{r}")).await;
-        w.cpu_us_per_op = cpu_us_per_op(pid, cpu, &w, secs);
+        w.cpu_us_per_op = cpu_us_per_op(pid, cpu, &w);
         // The watchers' draining is the client's too.
-        w.client_us_per_op = cpu_us_per_op(std::process::id(), own, &w, secs);
+        w.client_us_per_op = cpu_us_per_op(std::process::id(), own, &w);
         watched.push(w);
         for t in streams {
             t.abort();
@@ -913,7 +1278,7 @@ async fn open_watchers(
     let conns = watchers.div_ceil(250).max(1);
     let mut senders = Vec::new();
     for _ in 0..conns {
-        senders.push(h2_connection(data, &addr).await);
+        senders.push(h2_connection::<http_body_util::Empty<Bytes>>(data, &addr).await);
     }
     let mut tasks = Vec::new();
     let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(watchers.max(1));
@@ -1080,28 +1445,29 @@ async fn list_against_serde(kubeconfig: &Path, pid: u32, n: usize) -> (f64, f64,
 }
 
 fn plot(
-    ratios: &[(usize, f64)],
+    ratios: &[(String, f64)],
     memory: &[MemoryPoint],
     growth: Option<(f64, f64)>,
     fan: &FanOut,
 ) -> String {
     let mem_ratio = memory.iter().map(MemoryPoint::ratio).fold(0.0, f64::max);
-    let (w, h, left, bottom) = (640.0, 320.0, 60.0, 260.0);
+    let (w, h, left, bottom) = (960.0, 320.0, 60.0, 260.0);
     let max = ratios
         .iter()
         .map(|r| r.1)
         .fold(1.2_f64, f64::max)
         .max(mem_ratio / 2.0);
-    let bar_w = 70.0;
+    let step = 560.0 / ratios.len().max(1) as f64;
+    let bar_w = step * 0.7;
     let mut bars = String::new();
     for (i, (c, r)) in ratios.iter().enumerate() {
-        let x = left + 30.0 + i as f64 * 110.0;
+        let x = left + 10.0 + i as f64 * step;
         let bh = (r / max) * 200.0;
         let color = if *r >= 1.0 { "seagreen" } else { "indianred" };
         bars.push_str(&format!(
             "<rect x=\"{x}\" y=\"{}\" width=\"{bar_w}\" height=\"{bh}\" fill=\"{color}\"/>\
 <text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">{r:.2}×</text>\
-<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"middle\">c={c}</text>",
+<text x=\"{}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{c}</text>",
             bottom - bh,
             x + bar_w / 2.0,
             bottom - bh - 4.0,
@@ -1115,7 +1481,7 @@ fn plot(
         .enumerate()
         .map(|(i, m)| {
             format!(
-                "<text x=\"410\" y=\"{}\" font-size=\"13\">{} objects: {:.2}× ({:.0} B/object)</text>",
+                "<text x=\"670\" y=\"{}\" font-size=\"13\">{} objects: {:.2}× ({:.0} B/object)</text>",
                 80.0 + i as f64 * 20.0,
                 m.objects,
                 m.ratio(),
@@ -1125,7 +1491,7 @@ fn plot(
         .collect::<String>()
         + &growth.map_or(String::new(), |(per_byte, fixed)| {
             format!(
-                "<text x=\"410\" y=\"{}\" font-size=\"13\">growth {per_byte:.2} B per JSON byte, +{:.0} MB fixed</text>",
+                "<text x=\"670\" y=\"{}\" font-size=\"13\">growth {per_byte:.2} B per JSON byte, +{:.0} MB fixed</text>",
                 80.0 + memory.len() as f64 * 20.0,
                 fixed / 1e6
             )
@@ -1133,15 +1499,15 @@ fn plot(
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\">\
 <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
-<text x=\"{left}\" y=\"24\" font-size=\"14\">kshard creates/s ÷ etcd puts/s (1 KiB, fsync'd)</text>\
+<text x=\"{left}\" y=\"24\" font-size=\"14\">kshard writes/s ÷ etcd's for the same verb (1 KiB, fsync'd; each side's best client)</text>\
 <line x1=\"{left}\" y1=\"{one}\" x2=\"{}\" y2=\"{one}\" stroke=\"gray\" stroke-dasharray=\"4\"/>\
 <text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"gray\">1.0 = etcd</text>{bars}\
-<text x=\"400\" y=\"60\" font-size=\"13\">memory above base ÷ JSON:</text>{mem_lines}\
-<text x=\"400\" y=\"164\" font-size=\"13\">fan-out to {} watchers:</text>\
-<text x=\"400\" y=\"184\" font-size=\"13\">p50 {:.1} ms, p99 {:.1} ms</text>\
-<text x=\"400\" y=\"204\" font-size=\"13\">{:.2} µs CPU per delivered event</text></svg>",
-        left + 340.0,
-        left + 290.0,
+<text x=\"660\" y=\"60\" font-size=\"13\">memory above base ÷ JSON:</text>{mem_lines}\
+<text x=\"660\" y=\"164\" font-size=\"13\">fan-out to {} watchers:</text>\
+<text x=\"660\" y=\"184\" font-size=\"13\">p50 {:.1} ms, p99 {:.1} ms</text>\
+<text x=\"660\" y=\"204\" font-size=\"13\">{:.2} µs CPU per delivered event</text></svg>",
+        left + 570.0,
+        left + 510.0,
         one - 4.0,
         fan.watchers,
         fan.p50_ms,
@@ -1151,6 +1517,226 @@ fn plot(
 }
 
 // ------------------------------------------------------------------ main
+
+/// What the comparisons of one server pair share.
+struct Ctx<'a> {
+    kubeconfig: &'a Path,
+    /// kshard's pid.
+    pid: u32,
+    /// etcd's pid and client port, when etcd runs.
+    etcd: Option<(u32, u16)>,
+    driver: Option<&'a Path>,
+    secs: f64,
+    rounds: usize,
+    /// Objects deleted per delete round.
+    deletes: usize,
+}
+
+/// Each client's median round, best first.
+struct Measured {
+    verb: Verb,
+    clients: usize,
+    kshard: Vec<(&'static str, Round)>,
+    etcd: Vec<(&'static str, Round)>,
+}
+
+impl Measured {
+    fn best_kshard(&self) -> Option<&(&'static str, Round)> {
+        self.kshard.first()
+    }
+
+    fn best_etcd(&self) -> Option<&(&'static str, Round)> {
+        self.etcd.first()
+    }
+
+    fn ratio(&self) -> Option<f64> {
+        Some(self.best_kshard()?.1.ops_per_sec / self.best_etcd()?.1.ops_per_sec.max(1e-9))
+    }
+
+    /// kshard's best client against etcd's best, round by round (the
+    /// rounds run interleaved), lowest first.
+    fn round_ratios(&self, per_round: &[(Vec<f64>, Vec<f64>)]) -> Vec<f64> {
+        let mut r: Vec<f64> = per_round
+            .iter()
+            .filter_map(|(k, e)| {
+                let k = k.iter().copied().fold(f64::NAN, f64::max);
+                let e = e.iter().copied().fold(f64::NAN, f64::max);
+                (k.is_finite() && e.is_finite() && e > 0.0).then(|| k / e)
+            })
+            .collect();
+        r.sort_by(f64::total_cmp);
+        r
+    }
+
+    fn json(&self, round_ratios: &[f64]) -> Value {
+        let side = |v: &[(&'static str, Round)]| {
+            v.iter()
+                .map(|(label, r)| {
+                    json!({"client": label, "per_sec": r.ops_per_sec, "p50_ms": r.p50_ms,
+                           "p99_ms": r.p99_ms, "server_cpu_us_per_op": r.cpu_us_per_op,
+                           "client_cpu_us_per_op": r.client_us_per_op})
+                })
+                .collect::<Vec<_>>()
+        };
+        let k = self.best_kshard().map(|(_, r)| r);
+        let e = self.best_etcd().map(|(_, r)| r);
+        json!({
+            "verb": self.verb.name(), "etcd_op": self.verb.etcd_op(), "clients": self.clients,
+            "kshard_per_sec": k.map(|r| r.ops_per_sec), "kshard_p50_ms": k.map(|r| r.p50_ms),
+            "kshard_p99_ms": k.map(|r| r.p99_ms),
+            "kshard_cpu_us_per_write": k.map(|r| r.cpu_us_per_op),
+            "kshard_client_cpu_us_per_write": k.map(|r| r.client_us_per_op),
+            "etcd_per_sec": e.map(|r| r.ops_per_sec), "etcd_p50_ms": e.map(|r| r.p50_ms),
+            "etcd_p99_ms": e.map(|r| r.p99_ms),
+            "etcd_cpu_us_per_put": e.map(|r| r.cpu_us_per_op),
+            "etcd_client_cpu_us_per_put": e.map(|r| r.client_us_per_op),
+            "ratio": self.ratio(),
+            "round_ratios": round_ratios,
+            "kshard_clients": side(&self.kshard), "etcd_clients": side(&self.etcd),
+        })
+    }
+}
+
+/// `verb` at `clients` on kshard with each transport and on etcd with each
+/// client, rounds interleaved (a slow spell of the shared machine costs
+/// every side alike); each client's median round, and the round-by-round
+/// ratios of the best of each side.
+async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, Vec<f64>) {
+    let transports: &[Transport] = if clients > 1 {
+        &[Transport::H1PerWorker, Transport::H2Shared]
+    } else {
+        &[Transport::H1PerWorker]
+    };
+    let mut etcd_clients = Vec::new();
+    if ctx.etcd.is_some() {
+        if verb == Verb::Create {
+            etcd_clients.push(EtcdClient::HandWritten);
+        }
+        if ctx.driver.is_some() {
+            etcd_clients.extend([EtcdClient::CrateShared, EtcdClient::CratePerWorker]);
+        }
+    }
+    let mut k_rounds: Vec<Vec<Round>> = transports.iter().map(|_| Vec::new()).collect();
+    let mut e_rounds: Vec<Vec<Round>> = etcd_clients.iter().map(|_| Vec::new()).collect();
+    let mut per_round = Vec::new();
+    for r in 0..ctx.rounds {
+        let (mut kr, mut er) = (Vec::new(), Vec::new());
+        for (t, transport) in transports.iter().enumerate() {
+            progress(&format!(
+                "{} c={clients} round {}/{}: kshard over {}…",
+                verb.name(),
+                r + 1,
+                ctx.rounds,
+                transport.name()
+            ));
+            let k = kshard_verb(
+                ctx.kubeconfig,
+                Some(ctx.pid),
+                WIDGETS,
+                verb,
+                *transport,
+                clients,
+                ctx.secs,
+                ctx.deletes,
+                &format!("{}-r{r}-c{clients}-t{t}", verb.name()),
+            )
+            .await;
+            kr.push(k.ops_per_sec);
+            k_rounds[t].push(k);
+        }
+        if let Some((etcd_pid, port)) = ctx.etcd {
+            for (c, client) in etcd_clients.iter().enumerate() {
+                progress(&format!(
+                    "{} c={clients} round {}/{}: etcd {} over {}…",
+                    verb.name(),
+                    r + 1,
+                    ctx.rounds,
+                    verb.etcd_op(),
+                    client.name()
+                ));
+                let prefix = format!("/bench/{}-r{r}-c{clients}-e{c}", verb.name());
+                let e = match (client, ctx.driver) {
+                    (EtcdClient::HandWritten, _) => {
+                        let cpu = cpu_seconds(etcd_pid);
+                        let own = cpu_seconds(std::process::id());
+                        let mut e = etcd_puts(port, clients, ctx.secs, &prefix).await;
+                        e.cpu_us_per_op = cpu_us_per_op(etcd_pid, cpu, &e);
+                        e.client_us_per_op = cpu_us_per_op(std::process::id(), own, &e);
+                        Some(e)
+                    }
+                    (_, Some(bin)) => {
+                        driver_round(
+                            bin,
+                            port,
+                            etcd_pid,
+                            verb,
+                            *client == EtcdClient::CrateShared,
+                            clients,
+                            if verb == Verb::Delete {
+                                600.0
+                            } else {
+                                ctx.secs
+                            },
+                            ctx.deletes,
+                            &prefix,
+                        )
+                        .await
+                    }
+                    (_, None) => None,
+                };
+                if let Some(e) = e {
+                    er.push(e.ops_per_sec);
+                    e_rounds[c].push(e);
+                }
+            }
+        }
+        per_round.push((kr, er));
+    }
+    let best_first = |labels: Vec<&'static str>, rounds: Vec<Vec<Round>>| {
+        let mut v: Vec<(&'static str, Round)> = labels
+            .into_iter()
+            .zip(rounds)
+            .filter(|(_, r)| !r.is_empty())
+            .map(|(l, r)| (l, median_round(r)))
+            .collect();
+        v.sort_by(|a, b| b.1.ops_per_sec.total_cmp(&a.1.ops_per_sec));
+        v
+    };
+    let m = Measured {
+        verb,
+        clients,
+        kshard: best_first(transports.iter().map(|t| t.name()).collect(), k_rounds),
+        etcd: best_first(etcd_clients.iter().map(|c| c.name()).collect(), e_rounds),
+    };
+    let ratios = m.round_ratios(&per_round);
+    (m, ratios)
+}
+
+fn print_measured((m, round_ratios): &(Measured, Vec<f64>)) {
+    let line = |side: &str, (label, r): &(&'static str, Round)| {
+        println!(
+            "    {side:<6} {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, server {:.0} µs CPU/op, client {:.0}) — {label}",
+            r.ops_per_sec, r.p50_ms, r.p99_ms, r.cpu_us_per_op, r.client_us_per_op
+        )
+    };
+    println!(
+        "{} c={}: ratio {} (rounds {})",
+        m.verb.name(),
+        m.clients,
+        m.ratio().map_or("—".to_string(), |r| format!("{r:.2}")),
+        round_ratios
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for k in &m.kshard {
+        line("kshard", k);
+    }
+    for e in &m.etcd {
+        line("etcd", e);
+    }
+}
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1195,6 +1781,11 @@ async fn run() {
     }
 
     let rounds = env_usize("KSHARD_ETCD_ROUNDS", if smoke() { 1 } else { 3 }).max(1);
+    let driver = if etcd.is_some() && (wanted("creates") || wanted("verbs")) {
+        etcd_driver()
+    } else {
+        None
+    };
     let mut results = Vec::new();
     let concurrencies: Vec<usize> = if wanted("creates") {
         env_usizes("KSHARD_ETCD_CLIENTS", &[1, 16, 64])
@@ -1202,60 +1793,44 @@ async fn run() {
         Vec::new()
     };
     for clients in concurrencies.iter().copied() {
-        // Rounds alternate between the servers, so a slow spell of the
-        // shared machine costs both alike; the median round of each is kept.
-        let (mut ks, mut es) = (Vec::new(), Vec::new());
-        for r in 0..rounds {
-            progress(&format!(
-                "c={clients} round {}/{rounds}: kshard creates for {secs} s…",
-                r + 1
-            ));
-            let cpu = cpu_seconds(pid);
-            let own = cpu_seconds(std::process::id());
-            let mut k = kshard_creates(
-                &kubeconfig,
-                WIDGETS,
-                clients,
+        let m = compare_verb(
+            &Ctx {
+                kubeconfig: &kubeconfig,
+                pid,
+                etcd: etcd.as_ref().map(|(c, p)| (c.id(), *p)),
+                driver: driver.as_deref(),
                 secs,
-                &format!("r{r}-c{clients}"),
-            )
-            .await;
-            k.cpu_us_per_op = cpu_us_per_op(pid, cpu, &k, secs);
-            k.client_us_per_op = cpu_us_per_op(std::process::id(), own, &k, secs);
-            ks.push(k);
-            if let Some((child, port)) = &etcd {
-                progress(&format!(
-                    "c={clients} round {}/{rounds}: etcd puts for {secs} s…",
-                    r + 1
-                ));
-                let cpu = cpu_seconds(child.id());
-                let own = cpu_seconds(std::process::id());
-                let mut e = etcd_puts(*port, clients, secs, r).await;
-                e.cpu_us_per_op = cpu_us_per_op(child.id(), cpu, &e, secs);
-                e.client_us_per_op = cpu_us_per_op(std::process::id(), own, &e, secs);
-                es.push(e);
+                rounds,
+                deletes: 0,
+            },
+            Verb::Create,
+            clients,
+        )
+        .await;
+        print_measured(&m);
+        results.push(m);
+    }
+
+    // Updates, patches and deletes against kube's transactions on etcd.
+    let mut verbs = Vec::new();
+    if wanted("verbs") {
+        let deletes = env_usize("KSHARD_ETCD_DELETES", if smoke() { 200 } else { 20_000 });
+        for clients in env_usizes("KSHARD_ETCD_VERB_CLIENTS", &[16]) {
+            for verb in [Verb::Update, Verb::Patch, Verb::Delete] {
+                let ctx = Ctx {
+                    kubeconfig: &kubeconfig,
+                    pid,
+                    etcd: etcd.as_ref().map(|(c, p)| (c.id(), *p)),
+                    driver: driver.as_deref(),
+                    secs,
+                    rounds,
+                    deletes,
+                };
+                let m = compare_verb(&ctx, verb, clients).await;
+                print_measured(&m);
+                verbs.push(m);
             }
         }
-        let k = median_round(ks);
-        let e = (!es.is_empty()).then(|| median_round(es));
-        println!(
-            "c={clients:>3}  kshard {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU/write, client {:.0})  etcd {}",
-            k.ops_per_sec,
-            k.p50_ms,
-            k.p99_ms,
-            k.cpu_us_per_op,
-            k.client_us_per_op,
-            e.as_ref().map_or("skipped".to_string(), |e| format!(
-                "{:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU/put, client {:.0})  ratio {:.2}",
-                e.ops_per_sec,
-                e.p50_ms,
-                e.p99_ms,
-                e.cpu_us_per_op,
-                e.client_us_per_op,
-                k.ops_per_sec / e.ops_per_sec.max(1e-9)
-            ))
-        );
-        results.push((clients, k, e));
     }
 
     // Memory first, on servers of its own, while the machine is otherwise idle.
@@ -1323,29 +1898,17 @@ async fn run() {
         None
     };
 
-    let ratios: Vec<(usize, f64)> = results
+    let ratios: Vec<(String, f64)> = results
         .iter()
-        .filter_map(|(c, k, e)| {
-            e.as_ref()
-                .map(|e| (*c, k.ops_per_sec / e.ops_per_sec.max(1e-9)))
-        })
+        .chain(&verbs)
+        .filter_map(|(m, _)| Some((format!("{} c={}", m.verb.name(), m.clients), m.ratio()?)))
         .collect();
     let out = json!({
         "machine": {"cores": std::thread::available_parallelism().map_or(0, |n| n.get())},
         "seconds_per_round": secs,
         "rounds": rounds,
-        "creates": results.iter().map(|(c, k, e)| json!({
-            "clients": c,
-            "kshard_per_sec": k.ops_per_sec, "kshard_p50_ms": k.p50_ms, "kshard_p99_ms": k.p99_ms,
-            "kshard_cpu_us_per_write": k.cpu_us_per_op,
-            "etcd_cpu_us_per_put": e.as_ref().map(|e| e.cpu_us_per_op),
-            "kshard_client_cpu_us_per_write": k.client_us_per_op,
-            "etcd_client_cpu_us_per_put": e.as_ref().map(|e| e.client_us_per_op),
-            "etcd_per_sec": e.as_ref().map(|e| e.ops_per_sec),
-            "etcd_p50_ms": e.as_ref().map(|e| e.p50_ms),
-            "etcd_p99_ms": e.as_ref().map(|e| e.p99_ms),
-            "ratio": e.as_ref().map(|e| k.ops_per_sec / e.ops_per_sec.max(1e-9)),
-        })).collect::<Vec<_>>(),
+        "creates": results.iter().map(|(m, r)| m.json(r)).collect::<Vec<_>>(),
+        "verbs": verbs.iter().map(|(m, r)| m.json(r)).collect::<Vec<_>>(),
         "memory_growth": growth.map(|(per_byte, fixed)| json!({
             "bytes_per_json_byte": per_byte, "fixed_bytes_beyond_idle_base": fixed})),
         "memory": memory.iter().map(|m| json!({"objects": m.objects, "json_bytes": m.json_bytes,
