@@ -214,6 +214,14 @@ fn header_values(headers: &HeaderMap, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `name` (a header name, lowercase as `http` keeps them) starts
+/// with `prefix`, compared without case and without allocating: this runs
+/// for every header of every request.
+fn has_prefix_ignore_case(name: &str, prefix: &str) -> bool {
+    name.len() >= prefix.len()
+        && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+}
+
 /// Removes the request headers a front proxy may set, whoever sent them.
 fn strip_request_headers(headers: &mut HeaderMap, rh: &RequestHeader) {
     let names: Vec<HeaderName> = headers
@@ -228,7 +236,7 @@ fn strip_request_headers(headers: &mut HeaderMap, rh: &RequestHeader) {
                 || rh
                     .extra_headers_prefix
                     .iter()
-                    .any(|p| k.to_ascii_lowercase().starts_with(&p.to_ascii_lowercase()))
+                    .any(|p| has_prefix_ignore_case(k, p))
         })
         .cloned()
         .collect();
@@ -373,9 +381,10 @@ fn from_request_headers(rh: &RequestHeader, headers: &HeaderMap) -> Option<Ident
         .unwrap_or_default();
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (k, v) in headers.iter() {
-        let lk = k.as_str().to_ascii_lowercase();
+        let k = k.as_str();
         for p in &rh.extra_headers_prefix {
-            if let Some(key) = lk.strip_prefix(&p.to_ascii_lowercase()) {
+            if has_prefix_ignore_case(k, p) {
+                let key = &k[p.len()..];
                 if let Ok(v) = v.to_str() {
                     extra
                         .entry(unescape_path(key).to_lowercase())
@@ -407,5 +416,42 @@ mod tests {
         assert_eq!(id.user, "alice");
         assert_eq!(id.groups, ["tenants", GROUP_AUTHENTICATED]);
         assert!(!id.is_master());
+    }
+
+    /// The front proxy's headers are read whatever their case and whatever
+    /// the configured prefix's case, and every one of them is removed.
+    #[test]
+    fn front_proxy_headers_are_read_and_stripped() {
+        let dir = tempfile::tempdir().expect("dir");
+        let pki = crate::server::pki::ensure(dir.path(), &[]).expect("pki");
+        let mut rh = RequestHeader::new(CaBundle::load(&pki.ca_cert()).expect("ca"));
+        rh.extra_headers_prefix = vec!["x-remote-extra-".into(), "X-Other-".into()];
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("X-Remote-User", "alice"),
+            ("x-remote-group", "tenants"),
+            ("X-Remote-Group", "system:authenticated"),
+            ("X-Remote-Extra-Scopes", "a"),
+            ("x-remote-extra-scopes", "b"),
+            ("X-Remote-Extra-Acme.com%2Fproject", "p1"),
+            ("x-other-k", "v"),
+            ("x-remote", "not a front-proxy header"),
+            ("accept", "application/json"),
+        ] {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                v.parse().expect("value"),
+            );
+        }
+        let id = from_request_headers(&rh, &h).expect("identity");
+        assert_eq!(id.user, "alice");
+        assert_eq!(id.groups, ["tenants", "system:authenticated"]);
+        assert_eq!(id.extra["scopes"], ["a", "b"]);
+        assert_eq!(id.extra["acme.com/project"], ["p1"]);
+        assert_eq!(id.extra["k"], ["v"]);
+        strip_request_headers(&mut h, &rh);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["accept", "x-remote"]);
     }
 }
