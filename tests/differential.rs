@@ -885,6 +885,9 @@ fn kubectl_client_side_apply(
     failures
 }
 
+/// kubectl against one of the two servers.
+type Kubectl<'a> = dyn Fn(&[&str]) -> std::process::Output + 'a;
+
 /// The real-world CRDs of `../shared/realworld-crds` (kyverno,
 /// external-secrets, prometheus-operator, policy reports) with objects of
 /// each (`tests/fixtures/realworld-examples`, carrying `creationTimestamp:
@@ -971,7 +974,7 @@ async fn reapplying_real_world_examples(host: &RealHost, dir: &std::path::Path) 
         let mut apply: Vec<&str> = vec!["apply", "-n", &ns, "-f", &path];
         apply.extend_from_slice(flags);
         let get = ["get", "-n", &ns, "-f", &path, "-o", "json"];
-        let sides: [(&str, &dyn Fn(&[&str]) -> std::process::Output); 2] = [
+        let sides: [(&str, &Kubectl); 2] = [
             ("kube-apiserver", &|a: &[&str]| host.kubectl(a)),
             ("kshard", &|a: &[&str]| server.kubectl(a)),
         ];
