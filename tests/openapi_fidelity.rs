@@ -211,9 +211,13 @@ async fn subresource_paths_and_scale_definitions() {
     let paths = &v2["paths"];
     for sub in ["status", "scale"] {
         let p = &paths[format!("{WIDGETS}/{sub}")];
+        // The parameters every operation shares (name, namespace, pretty)
+        // are the path's, as kube's v2 has them.
         assert_eq!(
             keys(p),
-            ["get", "patch", "put"].map(String::from).into(),
+            ["get", "parameters", "patch", "put"]
+                .map(String::from)
+                .into(),
             "{sub}"
         );
         for (method, action) in [("get", "get"), ("put", "put"), ("patch", "patch")] {

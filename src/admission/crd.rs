@@ -4,12 +4,11 @@
 //! ValidatingAdmissionPolicyBinding, so `kubectl apply -f webhook.yaml`
 //! configures it. The schema carries kube's defaults (failurePolicy Fail,
 //! matchPolicy Equivalent, empty selectors, timeoutSeconds 10,
-//! reinvocationPolicy Never, rule scope `*`, service port 443). The
-//! policies' and bindings' schemas carry the checks of kube's validation a
-//! schema can say (required fields, enums, unique names); the webhook
-//! configurations' only types, as kube's own validation of them is in
-//! `validation.rs`. They are served only by kshard: behind a host, the
-//! host's own objects configure it.
+//! reinvocationPolicy Never, rule scope `*`, service port 443) and list
+//! types, but no value rules: kube's own validation of these kinds is in
+//! `validation.rs` and `policy_validation.rs`, in its words and order
+//! ([`builtin_validation`]). They are served only by kshard: behind a host,
+//! the host's own objects configure it.
 
 use serde_json::{json, Value};
 
@@ -153,6 +152,7 @@ fn policy_schema() -> Value {
                         "x-kubernetes-list-map-keys": ["name"],
                         "items": {
                             "type": "object",
+                            "x-kubernetes-map-type": "atomic",
                             "required": ["name", "expression"],
                             "properties": {"name": {"type": "string"}, "expression": {"type": "string"}},
                         },
@@ -181,6 +181,7 @@ fn binding_schema() -> Value {
                     "policyName": {"type": "string"},
                     "paramRef": {
                         "type": "object",
+                        "x-kubernetes-map-type": "atomic",
                         "properties": {
                             "name": {"type": "string"},
                             "namespace": {"type": "string"},
@@ -239,7 +240,12 @@ fn webhook(mutating: bool) -> Value {
 /// The value rules of a schema dropped, types, defaults and list types
 /// kept: kube checks webhook configurations in Go (`validation.rs` does as
 /// it does), and a schema would report the same faults in other words.
-fn types_only(s: &mut Value) {
+fn types_only(mut s: Value) -> Value {
+    strip_value_rules(&mut s);
+    s
+}
+
+fn strip_value_rules(s: &mut Value) {
     if let Value::Object(o) = s {
         for k in [
             "required",
@@ -252,7 +258,7 @@ fn types_only(s: &mut Value) {
         ] {
             o.remove(k);
         }
-        o.values_mut().for_each(types_only);
+        o.values_mut().for_each(strip_value_rules);
     }
 }
 
@@ -282,20 +288,29 @@ pub fn strategic_merge_meta(group: &str, plural: &str) -> Option<Value> {
     }
 }
 
-/// Whether `group`/`plural` is a webhook configuration kind kshard serves,
-/// and if so whether the mutating one.
-pub fn webhook_configuration_kind(group: &str, plural: &str) -> Option<bool> {
-    use super::config::{MUTATING, VALIDATING};
+/// kube's own validation of `obj` when `group`/`plural` is one of these
+/// kinds (`validation.rs`, `policy_validation.rs`), in its words and
+/// order; `None` for any other resource. With the errors, whether an
+/// update is excused those on fields it left as they were (the webhook
+/// configurations'); kube checks a policy or binding whole on every
+/// update.
+pub fn builtin_validation(
+    group: &str,
+    plural: &str,
+    obj: &Value,
+) -> Option<(Vec<crate::status::FieldError>, bool)> {
+    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
     match (group, plural) {
-        (GROUP, MUTATING) => Some(true),
-        (GROUP, VALIDATING) => Some(false),
+        (GROUP, MUTATING) => Some((super::validation::webhook_configuration(obj, true), true)),
+        (GROUP, VALIDATING) => Some((super::validation::webhook_configuration(obj, false), true)),
+        (GROUP, POLICIES) => Some((super::policy_validation::policy(obj), false)),
+        (GROUP, BINDINGS) => Some((super::policy_validation::binding(obj), false)),
         _ => None,
     }
 }
 
 fn webhooks_schema(mutating: bool) -> Value {
-    let mut webhook = webhook(mutating);
-    types_only(&mut webhook);
+    let webhook = types_only(webhook(mutating));
     json!({
         "type": "object",
         "properties": {
@@ -352,6 +367,43 @@ pub fn always_present(group: &str, plural: &str) -> &'static [&'static str] {
     }
 }
 
+/// Whether `group`/`plural` is one of the admission kinds these CRDs serve.
+pub fn is_builtin(group: &str, plural: &str) -> bool {
+    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
+    group == GROUP && [MUTATING, VALIDATING, POLICIES, BINDINGS].contains(&plural)
+}
+
+/// What kube's Go types of these kinds do to an object written: a list
+/// left empty is not stored (their slices are `omitempty`), so
+/// `webhooks: []`, `rules: []` or `matchConditions: []` read back absent,
+/// and no manager owns them. `admissionReviewVersions` is the one list
+/// kube's types keep when empty (their validation refuses it anyway).
+pub struct BuiltinStrategy;
+
+impl crate::apiextensions::strategy::Strategy for BuiltinStrategy {
+    fn prepare(&self, obj: &mut Value) {
+        fn omit_empty_lists(v: &mut Value, top: bool) {
+            match v {
+                Value::Object(o) => {
+                    // Object metadata is every kind's, handled as such.
+                    let own = |k: &str| !(top && k == "metadata");
+                    o.retain(|k, v| {
+                        !own(k)
+                            || k == "admissionReviewVersions"
+                            || v.as_array().is_none_or(|a| !a.is_empty())
+                    });
+                    o.iter_mut()
+                        .filter(|(k, _)| own(k))
+                        .for_each(|(_, v)| omit_empty_lists(v, false));
+                }
+                Value::Array(a) => a.iter_mut().for_each(|v| omit_empty_lists(v, false)),
+                _ => {}
+            }
+        }
+        omit_empty_lists(obj, true);
+    }
+}
+
 /// The CRDs as one multi-document YAML text (what the catalog loads).
 pub fn manifests_yaml() -> String {
     use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
@@ -369,11 +421,16 @@ pub fn manifests_yaml() -> String {
             webhooks_schema(false),
             false,
         ),
-        crd("ValidatingAdmissionPolicy", POLICIES, policy_schema(), true),
+        crd(
+            "ValidatingAdmissionPolicy",
+            POLICIES,
+            types_only(policy_schema()),
+            true,
+        ),
         crd(
             "ValidatingAdmissionPolicyBinding",
             BINDINGS,
-            binding_schema(),
+            types_only(binding_schema()),
             false,
         ),
     ] {
@@ -386,6 +443,22 @@ pub fn manifests_yaml() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_lists_are_not_stored_as_kubes_types_omit_them() {
+        use crate::apiextensions::strategy::Strategy as _;
+        let mut o = json!({"metadata": {"finalizers": []}, "webhooks": [{"name": "a",
+            "rules": [], "admissionReviewVersions": [], "namespaceSelector": {"matchExpressions": []}}]});
+        BuiltinStrategy.prepare(&mut o);
+        assert_eq!(
+            o,
+            json!({"metadata": {"finalizers": []}, "webhooks": [{"name": "a",
+                "admissionReviewVersions": [], "namespaceSelector": {}}]})
+        );
+        let mut empty = json!({"webhooks": []});
+        BuiltinStrategy.prepare(&mut empty);
+        assert_eq!(empty, json!({}));
+    }
 
     #[test]
     fn the_crds_load_into_a_catalog() {

@@ -13,6 +13,7 @@
 //! - [`matching`]: rules, selectors, match policy, match conditions;
 //! - [`review`]: the AdmissionReview sent and the answer's checks;
 //! - [`validation`]: kube's validation of the webhook configurations kshard stores;
+//! - [`policy_validation`]: kube's validation of the policies and bindings it stores;
 //! - [`webhook`]: the HTTPS call (clients, CA bundles, timeouts, errors);
 //! - [`policy`]: ValidatingAdmissionPolicy and its bindings, in CEL;
 //! - `dispatch`: the mutating (in order, with reinvocation) and validating
@@ -23,6 +24,7 @@ pub mod crd;
 mod dispatch;
 pub mod matching;
 pub mod policy;
+pub mod policy_validation;
 pub mod review;
 pub mod validation;
 pub mod webhook;

@@ -23,17 +23,17 @@ const ACCEPTED_REVIEW_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
 const MAX_MATCH_CONDITIONS: usize = 64;
 
 /// A field that is set: present and not null.
-fn present<'a>(v: &'a Value, k: &str) -> Option<&'a Value> {
+pub(super) fn present<'a>(v: &'a Value, k: &str) -> Option<&'a Value> {
     v.get(k).filter(|v| !v.is_null())
 }
 
-fn strings(v: Option<&Value>) -> Vec<&str> {
+pub(super) fn strings(v: Option<&Value>) -> Vec<&str> {
     v.and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default()
 }
 
-fn invalid_raw(
+pub(super) fn invalid_raw(
     field: impl Into<String>,
     rendered: String,
     detail: impl Into<String>,
@@ -42,7 +42,7 @@ fn invalid_raw(
 }
 
 /// A string list as kube renders a bad one (`["*","CREATE"]`).
-fn rendered_list(items: &[&str]) -> String {
+pub(super) fn rendered_list(items: &[&str]) -> String {
     serde_json::to_string(items).unwrap_or_default()
 }
 
@@ -135,7 +135,13 @@ fn webhook(hook: &Value, mutating: bool, at: &str, errs: &mut Vec<FieldError>) {
 }
 
 /// A set field must be one of `supported` (kube lists them sorted).
-fn one_of(hook: &Value, key: &str, supported: &[&str], at: &str, errs: &mut Vec<FieldError>) {
+pub(super) fn one_of(
+    hook: &Value,
+    key: &str,
+    supported: &[&str],
+    at: &str,
+    errs: &mut Vec<FieldError>,
+) {
     if let Some(v) = present(hook, key).and_then(Value::as_str) {
         if !supported.contains(&v) {
             errs.push(FieldError::not_supported(
@@ -210,7 +216,7 @@ fn review_versions(v: Option<&Value>, at: &str, errs: &mut Vec<FieldError>) {
 }
 
 /// `validateRuleWithOperations`: the operations, then the rule.
-fn rule_with_operations(r: &Value, at: &str, errs: &mut Vec<FieldError>) {
+pub(super) fn rule_with_operations(r: &Value, at: &str, errs: &mut Vec<FieldError>) {
     const OPERATIONS: [&str; 5] = ["*", "CONNECT", "CREATE", "DELETE", "UPDATE"];
     let ops = strings(present(r, "operations"));
     let ops_at = format!("{at}.operations");
@@ -332,7 +338,7 @@ fn resources(list: &[&str], at: &str, errs: &mut Vec<FieldError>) {
 }
 
 /// `ValidateLabelSelector`: the labels, then each expression.
-fn label_selector(s: &Value, at: &str, errs: &mut Vec<FieldError>) {
+pub(super) fn label_selector(s: &Value, at: &str, errs: &mut Vec<FieldError>) {
     if let Some(labels) = present(s, "matchLabels").and_then(Value::as_object) {
         let at = format!("{at}.matchLabels");
         for (k, v) in labels {
@@ -384,8 +390,21 @@ fn label_selector(s: &Value, at: &str, errs: &mut Vec<FieldError>) {
     }
 }
 
-/// `validateMatchConditions` less the CEL compilation.
-fn match_conditions(conds: &[Value], at: &str, errs: &mut Vec<FieldError>) {
+/// Why a CEL expression does not compile, in kube's words
+/// (`compilation failed: ERROR: <input>:1:3: Syntax error: ...`): kube
+/// refuses what does not compile when it is stored. The detail is the cel
+/// crate's parser's, whose syntax errors read as cel-go's; kshard does not
+/// type-check, so an expression kube's checker refuses (an undeclared
+/// name, a message expression that is not a string) passes here.
+pub(super) fn compile_failure(expression: &str) -> Option<String> {
+    let e = kube_cel::cel::Program::compile(expression).err()?;
+    // cel-go indents the quoted source and caret lines by a space.
+    let text = e.to_string().replace("\n| ", "\n | ");
+    Some(format!("compilation failed: {text}"))
+}
+
+/// `validateMatchConditions`, CEL compiled as [`compile_failure`] does.
+pub(super) fn match_conditions(conds: &[Value], at: &str, errs: &mut Vec<FieldError>) {
     if conds.len() > MAX_MATCH_CONDITIONS {
         errs.push(FieldError::new(
             FieldErrorKind::TooMany,
@@ -403,16 +422,12 @@ fn match_conditions(conds: &[Value], at: &str, errs: &mut Vec<FieldError>) {
             .unwrap_or_default();
         if expression.trim().is_empty() {
             errs.push(FieldError::required(format!("{c_at}.expression"), ""));
-        } else if let Err(e) = kube_cel::cel::Program::compile(expression.trim()) {
-            // kube refuses what does not compile when it is stored; the
-            // detail is the cel crate's, not cel-go's.
-            // cel-go indents the quoted source and caret lines by a space.
-            let text = e.to_string().replace("\n| ", "\n | ");
+        } else if let Some(failure) = compile_failure(expression.trim()) {
             // kube compiles, and quotes, the expression trimmed.
             errs.push(FieldError::invalid(
                 format!("{c_at}.expression"),
                 expression.trim(),
-                format!("compilation failed: {text}"),
+                failure,
             ));
         }
         let name = c.get("name").and_then(Value::as_str).unwrap_or_default();

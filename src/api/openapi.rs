@@ -26,106 +26,6 @@ fn meta_ref(v3: bool, name: &str) -> Value {
     json!({"$ref": format!("{prefix}{META}.{name}")})
 }
 
-fn wrap_ref(v3: bool, r: Value) -> Value {
-    // v3 documents wrap refs that carry siblings in allOf, as kube does.
-    if v3 {
-        json!({"allOf": [r], "default": {}})
-    } else {
-        r
-    }
-}
-
-/// The meta types a CR schema refers to (a trimmed but complete closure).
-fn meta_definitions(v3: bool) -> Map<String, Value> {
-    let r = |n: &str| meta_ref(v3, n);
-    let str_map =
-        json!({"type": "object", "additionalProperties": {"type": "string", "default": ""}});
-    let mut m = Map::new();
-    m.insert(format!("{META}.Time"), json!({"type": "string", "format": "date-time", "description": "Time is a wrapper around time.Time which supports correct marshaling to YAML and JSON."}));
-    m.insert(format!("{META}.FieldsV1"), json!({"type": "object", "description": "FieldsV1 stores a set of fields in a data structure like a Trie, in JSON format."}));
-    m.insert(format!("{META}.ManagedFieldsEntry"), json!({"type": "object", "description": "ManagedFieldsEntry is a workflow-id, a FieldSet and the group version of the resource that the fieldset applies to.", "properties": {
-        "apiVersion": {"type": "string"}, "fieldsType": {"type": "string"}, "fieldsV1": r("FieldsV1"),
-        "manager": {"type": "string"}, "operation": {"type": "string"}, "subresource": {"type": "string"}, "time": r("Time")}}));
-    m.insert(format!("{META}.OwnerReference"), json!({"type": "object", "required": ["apiVersion", "kind", "name", "uid"], "description": "OwnerReference contains enough information to let you identify an owning object.", "properties": {
-        "apiVersion": {"type": "string", "default": ""}, "blockOwnerDeletion": {"type": "boolean"}, "controller": {"type": "boolean"},
-        "kind": {"type": "string", "default": ""}, "name": {"type": "string", "default": ""}, "uid": {"type": "string", "default": ""}},
-        "x-kubernetes-map-type": "atomic"}));
-    m.insert(format!("{META}.ObjectMeta"), json!({"type": "object", "description": "ObjectMeta is metadata that all persisted resources must have, which includes all objects users must create.", "properties": {
-        "annotations": str_map.clone(), "creationTimestamp": r("Time"), "deletionGracePeriodSeconds": {"type": "integer", "format": "int64"},
-        "deletionTimestamp": r("Time"), "finalizers": {"type": "array", "items": {"type": "string", "default": ""}, "x-kubernetes-list-type": "set", "x-kubernetes-patch-strategy": "merge"},
-        "generateName": {"type": "string"}, "generation": {"type": "integer", "format": "int64"}, "labels": str_map,
-        "managedFields": {"type": "array", "items": r("ManagedFieldsEntry"), "x-kubernetes-list-type": "atomic"},
-        "name": {"type": "string"}, "namespace": {"type": "string"},
-        "ownerReferences": {"type": "array", "items": r("OwnerReference"), "x-kubernetes-list-map-keys": ["uid"], "x-kubernetes-list-type": "map", "x-kubernetes-patch-merge-key": "uid", "x-kubernetes-patch-strategy": "merge"},
-        "resourceVersion": {"type": "string"}, "selfLink": {"type": "string"}, "uid": {"type": "string"}}}));
-    m.insert(format!("{META}.ListMeta"), json!({"type": "object", "description": "ListMeta describes metadata that synthetic resources must have, including lists and various status objects.", "properties": {
-        "continue": {"type": "string"}, "remainingItemCount": {"type": "integer", "format": "int64"}, "resourceVersion": {"type": "string"}, "selfLink": {"type": "string"}}}));
-    m.insert(format!("{META}.StatusCause"), json!({"type": "object", "properties": {"field": {"type": "string"}, "message": {"type": "string"}, "reason": {"type": "string"}}}));
-    m.insert(format!("{META}.StatusDetails"), json!({"type": "object", "properties": {
-        "causes": {"type": "array", "items": r("StatusCause"), "x-kubernetes-list-type": "atomic"}, "group": {"type": "string"}, "kind": {"type": "string"},
-        "name": {"type": "string"}, "retryAfterSeconds": {"type": "integer", "format": "int32"}, "uid": {"type": "string"}}}));
-    m.insert(format!("{META}.Status"), json!({"type": "object", "description": "Status is a return value for calls that don't return other objects.", "properties": {
-        "apiVersion": {"type": "string"}, "code": {"type": "integer", "format": "int32"}, "details": r("StatusDetails"), "kind": {"type": "string"},
-        "message": {"type": "string"}, "metadata": wrap_ref(v3, r("ListMeta")), "reason": {"type": "string"}, "status": {"type": "string"}},
-        "x-kubernetes-group-version-kind": [{"group": "", "kind": "Status", "version": "v1"}]}));
-    m.insert(format!("{META}.Preconditions"), json!({"type": "object", "properties": {"resourceVersion": {"type": "string"}, "uid": {"type": "string"}}}));
-    m.insert(format!("{META}.DeleteOptions"), json!({"type": "object", "description": "DeleteOptions may be provided when deleting an API object.", "properties": {
-        "apiVersion": {"type": "string"}, "dryRun": {"type": "array", "items": {"type": "string", "default": ""}, "x-kubernetes-list-type": "atomic"},
-        "gracePeriodSeconds": {"type": "integer", "format": "int64"}, "kind": {"type": "string"}, "orphanDependents": {"type": "boolean"},
-        "preconditions": r("Preconditions"), "propagationPolicy": {"type": "string"}}}));
-    m.insert(format!("{META}.Patch"), json!({"type": "object", "description": "Patch is provided to give a concrete name and type to the Kubernetes PATCH request body."}));
-    m
-}
-
-/// The `autoscaling/v1` Scale types the `/scale` operations refer to.
-fn scale_definitions(v3: bool, out: &mut Map<String, Value>) {
-    let prefix = if v3 {
-        "#/components/schemas/"
-    } else {
-        "#/definitions/"
-    };
-    let r = |name: &str, description: &str| {
-        let mut s = json!({"$ref": format!("{prefix}{name}"), "description": description});
-        if v3 {
-            s["default"] = json!({});
-        }
-        s
-    };
-    let replicas = |description: &str| {
-        let mut s = json!({"description": description, "format": "int32", "type": "integer"});
-        if v3 {
-            s["default"] = json!(0);
-        }
-        s
-    };
-    out.insert(format!("{AUTOSCALING}.Scale"), json!({
-        "description": "Scale represents a scaling request for a resource.",
-        "properties": {
-            "apiVersion": {"description": "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources", "type": "string"},
-            "kind": {"description": "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds", "type": "string"},
-            "metadata": r(&format!("{META}.ObjectMeta"), "Standard object metadata; More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata."),
-            "spec": r(&format!("{AUTOSCALING}.ScaleSpec"), "spec defines the behavior of the scale. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#spec-and-status."),
-            "status": r(&format!("{AUTOSCALING}.ScaleStatus"), "status is the current status of the scale. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#spec-and-status. Read-only."),
-        },
-        "type": "object",
-        "x-kubernetes-group-version-kind": [{"group": "autoscaling", "kind": "Scale", "version": "v1"}],
-    }));
-    out.insert(format!("{AUTOSCALING}.ScaleSpec"), json!({
-        "description": "ScaleSpec describes the attributes of a scale subresource.",
-        "properties": {"replicas": replicas("replicas is the desired number of instances for the scaled object.")},
-        "type": "object",
-    }));
-    out.insert(format!("{AUTOSCALING}.ScaleStatus"), json!({
-        "description": "ScaleStatus represents the current status of a scale subresource.",
-        "properties": {
-            "replicas": replicas("replicas is the actual number of observed instances of the scaled object."),
-            "selector": {"description": "selector is the label query over pods that should match the replicas count. This is same as the label selector but in the string format to avoid introspection by clients. The string will be in the same format as the query-param syntax. More info about label selectors: https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/", "type": "string"},
-        },
-        "required": ["replicas"],
-        "type": "object",
-    }));
-}
-
 /// The schema of a CR kind with metadata wired to ObjectMeta, published as
 /// apiextensions-apiserver's OpenAPI builder does: int-or-string unfolded to
 /// its `anyOf` (v3), or converted to what OpenAPI v2 can say (v2; a
@@ -484,14 +384,6 @@ fn list_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
     list
 }
 
-fn query_param(v3: bool, name: &str, description: &str, type_: &str) -> Value {
-    if v3 {
-        json!({"name": name, "in": "query", "description": description, "schema": {"type": type_, "uniqueItems": true}})
-    } else {
-        json!({"name": name, "in": "query", "description": description, "type": type_, "uniqueItems": true})
-    }
-}
-
 /// kube's `ToValidOperationID`: letters, `_` and (not first) digits kept,
 /// anything else dropped and the next kept letter upper-cased.
 fn valid_operation_id(s: &str, capitalize_first: bool) -> String {
@@ -541,141 +433,6 @@ fn operation_naming(rt: &ResourceType, version: &str, verb: &str, rest: &str) ->
     (tag, id)
 }
 
-struct Op<'a> {
-    /// `x-kubernetes-action`: get, list, post, put, patch, delete, deletecollection.
-    action: &'a str,
-    /// The verb the operation ID starts with: read, list, create, replace, ...
-    verb: &'a str,
-    /// `Namespaced`, `Kind`, subresource and the like, after the verb.
-    rest: String,
-    /// The definition answered.
-    ref_: String,
-    write: bool,
-}
-
-fn operation(v3: bool, rt: &ResourceType, version: &str, op: Op) -> Value {
-    let prefix = if v3 {
-        "#/components/schemas/"
-    } else {
-        "#/definitions/"
-    };
-    let ref_ = op.ref_;
-    let response = if v3 {
-        json!({"200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": format!("{prefix}{ref_}")}}}}})
-    } else {
-        json!({"200": {"description": "OK", "schema": {"$ref": format!("{prefix}{ref_}")}}})
-    };
-    let mut params = Vec::new();
-    if op.write {
-        params.push(query_param(
-            v3,
-            "dryRun",
-            "When present, indicates that modifications should not be persisted.",
-            "string",
-        ));
-        params.push(query_param(v3, "fieldManager", "fieldManager is a name associated with the actor or entity that is making these changes.", "string"));
-        params.push(query_param(v3, "fieldValidation", "fieldValidation instructs the server on how to handle objects in the request (POST/PUT/PATCH) containing unknown or duplicate fields.", "string"));
-    }
-    let (tag, op_id) = operation_naming(rt, version, op.verb, &op.rest);
-    json!({
-        "tags": [tag],
-        "operationId": op_id,
-        "parameters": params,
-        "responses": response,
-        "x-kubernetes-action": op.action,
-        "x-kubernetes-group-version-kind": {"group": rt.group, "version": version, "kind": rt.kind},
-    })
-}
-
-/// The paths apiextensions-apiserver publishes for one served version of a
-/// CRD: the collection (and, namespaced, the all-namespaces list), the item,
-/// and the `/status` and `/scale` subresources the version enables (the
-/// latter answering `autoscaling/v1` Scale).
-fn paths_for(rt: &ResourceType, version: &str, v3: bool) -> Map<String, Value> {
-    let kind_def = definition_name(&rt.group, version, &rt.kind);
-    let list_def = definition_name(&rt.group, version, &rt.list_kind);
-    let status_def = format!("{META}.Status");
-    let scale_def = format!("{AUTOSCALING}.Scale");
-    let base = format!("/apis/{}/{}", rt.group, version);
-    let coll = if rt.namespaced {
-        format!("{base}/namespaces/{{namespace}}/{}", rt.plural)
-    } else {
-        format!("{base}/{}", rt.plural)
-    };
-    let ns = if rt.namespaced { "Namespaced" } else { "" };
-    let kind = &rt.kind;
-    let op = |action, verb, sub: &str, ref_: &String, write| {
-        operation(
-            v3,
-            rt,
-            version,
-            Op {
-                action,
-                verb,
-                rest: format!("{ns}{kind}{sub}"),
-                ref_: ref_.clone(),
-                write,
-            },
-        )
-    };
-    let mut paths = Map::new();
-    paths.insert(
-        coll.clone(),
-        json!({
-            "get": op("list", "list", "", &list_def, false),
-            "post": op("post", "create", "", &kind_def, true),
-            "delete": op("deletecollection", "deletecollection", "", &status_def, false),
-        }),
-    );
-    let item = format!("{coll}/{{name}}");
-    paths.insert(
-        item.clone(),
-        json!({
-            "get": op("get", "read", "", &kind_def, false),
-            "put": op("put", "replace", "", &kind_def, true),
-            "patch": op("patch", "patch", "", &kind_def, true),
-            "delete": op("delete", "delete", "", &status_def, false),
-        }),
-    );
-    if let Some(v) = rt.version(version) {
-        if v.status_subresource {
-            paths.insert(
-                format!("{item}/status"),
-                json!({
-                    "get": op("get", "read", "Status", &kind_def, false),
-                    "put": op("put", "replace", "Status", &kind_def, true),
-                    "patch": op("patch", "patch", "Status", &kind_def, true),
-                }),
-            );
-        }
-        if v.scale.is_some() {
-            paths.insert(
-                format!("{item}/scale"),
-                json!({
-                    "get": op("get", "read", "Scale", &scale_def, false),
-                    "put": op("put", "replace", "Scale", &scale_def, true),
-                    "patch": op("patch", "patch", "Scale", &scale_def, true),
-                }),
-            );
-        }
-    }
-    if rt.namespaced {
-        paths.insert(
-            format!("{base}/{}", rt.plural),
-            json!({
-                "get": operation(v3, rt, version, Op {
-                    action: "list",
-                    verb: "list",
-                    rest: format!("{kind}ForAllNamespaces"),
-                    ref_: list_def.clone(),
-                    write: false,
-                }),
-            }),
-        );
-    }
-    paths
-}
-
 fn definitions_for(rt: &ResourceType, version: &str, v3: bool, out: &mut Map<String, Value>) {
     out.insert(
         definition_name(&rt.group, version, &rt.kind),
@@ -689,17 +446,18 @@ fn definitions_for(rt: &ResourceType, version: &str, v3: bool, out: &mut Map<Str
 
 pub fn v2(catalog: &Catalog) -> Value {
     let mut paths = Map::new();
-    let mut defs = meta_definitions(false);
+    let mut defs = v3::shared_definitions_v2(META);
     let mut scale = false;
     for rt in &catalog.resources {
         for v in rt.served_versions() {
-            paths.extend(paths_for(rt, &v.name, false));
+            paths.extend(v2_paths(v3::paths_for(rt, &v.name)));
             definitions_for(rt, &v.name, false, &mut defs);
             scale |= v.scale.is_some();
         }
     }
+    let parameters = share_parameters(&mut paths);
     if scale {
-        scale_definitions(false, &mut defs);
+        defs.extend(v3::shared_definitions_v2(AUTOSCALING));
     }
     // kube-apiserver prunes every default from its v2 definitions.
     for d in defs.values_mut() {
@@ -710,7 +468,201 @@ pub fn v2(catalog: &Catalog) -> Value {
         "info": {"title": "Kubernetes", "version": env!("CARGO_PKG_VERSION")},
         "paths": paths,
         "definitions": defs,
+        "parameters": parameters,
     })
+}
+
+/// kube's v2 form of a CR version's paths (apiextensions-apiserver builds
+/// both from the same routes): each v3 operation with its request body as
+/// a `body` parameter, its answers' schemas inline, v2's parameter form,
+/// and the media types and scheme v2 lists per operation.
+fn v2_paths(v3_paths: Map<String, Value>) -> Map<String, Value> {
+    const OBJECT_TYPES: [&str; 2] = ["application/json", "application/yaml"];
+    // kube lists them in this order in v2 (v3 sorts its media types).
+    const PATCH_TYPES: [&str; 3] = [
+        "application/json-patch+json",
+        "application/merge-patch+json",
+        "application/apply-patch+yaml",
+    ];
+    let to_definitions = |r: &str| r.replace("#/components/schemas/", "#/definitions/");
+    let schema_of = |content: &Value| -> Option<Value> {
+        content
+            .as_object()?
+            .values()
+            .next()
+            .and_then(|m| m.get("schema"))
+            .and_then(|s| s.get("$ref"))
+            .and_then(Value::as_str)
+            .map(|r| json!({"$ref": to_definitions(r)}))
+    };
+    let mut out = Map::new();
+    for (path, item) in v3_paths {
+        let Value::Object(item) = item else { continue };
+        let mut v2 = Map::new();
+        // kube-openapi's PathItem order.
+        for method in ["get", "put", "post", "delete", "options", "head", "patch"] {
+            let Some(op) = item.get(method) else { continue };
+            let mut params: Vec<Value> = op["parameters"]
+                .as_array()
+                .map(|ps| ps.iter().map(v2_parameter).collect())
+                .unwrap_or_default();
+            if let Some(body) = op.get("requestBody") {
+                let mut p = json!({"name": "body", "in": "body"});
+                if body["required"] == json!(true) {
+                    p["required"] = json!(true);
+                }
+                p["schema"] = schema_of(&body["content"]).unwrap_or(Value::Null);
+                params.push(p);
+                params.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+            }
+            let mut responses = Map::new();
+            if let Some(rs) = op["responses"].as_object() {
+                for (code, r) in rs {
+                    let mut v2r = json!({"description": r["description"]});
+                    if let Some(schema) = r.get("content").and_then(schema_of) {
+                        v2r["schema"] = schema;
+                    }
+                    responses.insert(code.clone(), v2r);
+                }
+            }
+            let consumes: &[&str] = if method == "patch" {
+                &PATCH_TYPES
+            } else {
+                &OBJECT_TYPES
+            };
+            let mut o = Map::new();
+            o.insert("description".into(), op["description"].clone());
+            o.insert("consumes".into(), json!(consumes));
+            o.insert("produces".into(), json!(OBJECT_TYPES));
+            o.insert("schemes".into(), json!(["https"]));
+            o.insert("tags".into(), op["tags"].clone());
+            o.insert("operationId".into(), op["operationId"].clone());
+            if !params.is_empty() {
+                o.insert("parameters".into(), Value::Array(params));
+            }
+            o.insert("responses".into(), Value::Object(responses));
+            for k in ["x-kubernetes-action", "x-kubernetes-group-version-kind"] {
+                if let Some(v) = op.get(k) {
+                    o.insert(k.into(), v.clone());
+                }
+            }
+            v2.insert(method.into(), Value::Object(o));
+        }
+        if let Some(ps) = item.get("parameters").and_then(Value::as_array) {
+            v2.insert(
+                "parameters".into(),
+                Value::Array(ps.iter().map(v2_parameter).collect()),
+            );
+        }
+        out.insert(path, Value::Object(v2));
+    }
+    out
+}
+
+/// A v3 non-body parameter in v2's form, its keys in the order kube-openapi
+/// writes them (its `Parameter`'s fields: validations, then the simple
+/// schema, then the parameter's own props), which the shared parameters'
+/// names hash.
+fn v2_parameter(p: &Value) -> Value {
+    const VALIDATIONS: [&str; 12] = [
+        "maximum",
+        "exclusiveMaximum",
+        "minimum",
+        "exclusiveMinimum",
+        "maxLength",
+        "minLength",
+        "pattern",
+        "maxItems",
+        "minItems",
+        "uniqueItems",
+        "multipleOf",
+        "enum",
+    ];
+    const SIMPLE: [&str; 7] = [
+        "type",
+        "nullable",
+        "format",
+        "items",
+        "collectionFormat",
+        "default",
+        "example",
+    ];
+    const PROPS: [&str; 4] = ["description", "name", "in", "required"];
+    let mut o = Map::new();
+    let schema = &p["schema"];
+    for k in VALIDATIONS.iter().chain(SIMPLE.iter()) {
+        if let Some(v) = schema.get(*k) {
+            o.insert((*k).to_string(), v.clone());
+        }
+    }
+    for k in PROPS {
+        if let Some(v) = p.get(k) {
+            o.insert(k.to_string(), v.clone());
+        }
+    }
+    Value::Object(o)
+}
+
+/// kube-openapi's v2 parameter deduplication: every parameter but the
+/// kind-specific ones (`name`, a body of the kind's own schema) and the two
+/// kubectl once probed for (`dryRun`, `fieldValidation`) moves to the
+/// document's `parameters`, named `<name>-<hash of its JSON>`, and the
+/// operations and paths refer to it there.
+fn share_parameters(paths: &mut Map<String, Value>) -> Map<String, Value> {
+    let kept = |p: &Value| {
+        let (name, at) = (p["name"].as_str(), p["in"].as_str());
+        (name == Some("name") && matches!(at, Some("query" | "path")))
+            || (at == Some("query") && matches!(name, Some("dryRun" | "fieldValidation")))
+            || (at == Some("body")
+                && !p["schema"]["$ref"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("#/definitions/io.k8s.apimachinery")))
+    };
+    let mut shared = std::collections::BTreeMap::new();
+    let mut share = |params: &mut Value| {
+        let Some(list) = params.as_array_mut() else {
+            return;
+        };
+        for p in list.iter_mut() {
+            if p.get("$ref").is_some() || kept(p) {
+                continue;
+            }
+            let text = p.to_string();
+            let name = format!(
+                "{}-{}",
+                p["name"].as_str().unwrap_or("param"),
+                parameter_hash(&text)
+            );
+            shared.entry(name.clone()).or_insert_with(|| p.clone());
+            *p = json!({"$ref": format!("#/parameters/{name}")});
+        }
+    };
+    for item in paths.values_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for (k, v) in item.iter_mut() {
+            if k == "parameters" {
+                share(v);
+            } else if let Some(ps) = v.get_mut("parameters") {
+                share(ps);
+            }
+        }
+    }
+    shared.into_iter().collect()
+}
+
+/// kube-openapi's name suffix for a shared parameter: the first six bytes
+/// of the 64-bit FNV-1 hash of its JSON, URL-safe base64 (eight
+/// characters). FNV-1 is a few lines, written here rather than pulled in.
+fn parameter_hash(json: &str) -> String {
+    use base64::Engine as _;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in json.bytes() {
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        h ^= u64::from(b);
+    }
+    base64::engine::general_purpose::URL_SAFE.encode(&h.to_be_bytes()[..6])
 }
 
 pub fn v3_group_version(catalog: &Catalog, group: &str, version: &str) -> Option<Value> {
@@ -779,6 +731,46 @@ mod v3 {
                 schemas.insert(name, s.clone());
             }
         }
+    }
+
+    /// kube's shared types whose names start with `prefix`, in v2's form
+    /// (kube-apiserver serves the same texts in both documents): refs to
+    /// `#/definitions/`, a ref with siblings bare rather than in `allOf`.
+    pub fn shared_definitions_v2(prefix: &str) -> Map<String, Value> {
+        fn to_v2(v: &mut Value) {
+            match v {
+                Value::Object(o) => {
+                    let single_ref = o
+                        .get("allOf")
+                        .and_then(Value::as_array)
+                        .filter(|a| a.len() == 1)
+                        .and_then(|a| a[0].get("$ref").cloned());
+                    if let Some(r) = single_ref {
+                        o.remove("allOf");
+                        o.insert("$ref".into(), r);
+                    }
+                    if let Some(Value::String(r)) = o.get_mut("$ref") {
+                        *r = r.replace("#/components/schemas/", "#/definitions/");
+                    }
+                    o.values_mut().for_each(to_v2);
+                }
+                Value::Array(a) => a.iter_mut().for_each(to_v2),
+                _ => {}
+            }
+        }
+        KUBE["schemas"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(n, _)| n.starts_with(prefix))
+                    .map(|(n, s)| {
+                        let mut s = s.clone();
+                        to_v2(&mut s);
+                        (n.clone(), s)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// What an operation answers and takes.
@@ -1699,10 +1691,12 @@ spec:
         fn walk(v: &Value, prefix: &str, defs: &Map<String, Value>, out: &mut Vec<String>) {
             match v {
                 Value::Object(o) => {
+                    // Other refs (v2's shared parameters) are checked apart.
                     if let Some(Value::String(r)) = o.get("$ref") {
-                        let name = r.strip_prefix(prefix).unwrap_or(r);
-                        if !defs.contains_key(name) {
-                            out.push(r.clone());
+                        if let Some(name) = r.strip_prefix(prefix) {
+                            if !defs.contains_key(name) {
+                                out.push(r.clone());
+                            }
                         }
                     }
                     o.values().for_each(|x| walk(x, prefix, defs, out));
@@ -1713,6 +1707,15 @@ spec:
         }
         walk(doc, prefix, defs, &mut out);
         out
+    }
+
+    /// Names kube-apiserver 1.36 gives these parameters in its `/openapi/v2`.
+    #[test]
+    fn shared_parameter_names_hash_as_kubes() {
+        let pretty = r#"{"uniqueItems":true,"type":"string","description":"If 'true', then the output is pretty printed. Defaults to 'false' unless the user-agent indicates a browser or command-line HTTP tool (curl and wget).","name":"pretty","in":"query"}"#;
+        assert_eq!(parameter_hash(pretty), "tJGM1-ng");
+        let namespace = r#"{"uniqueItems":true,"type":"string","description":"object name and auth scope, such as for teams and projects","name":"namespace","in":"path","required":true}"#;
+        assert_eq!(parameter_hash(namespace), "vgWSWtn3");
     }
 
     #[test]
@@ -1728,7 +1731,16 @@ spec:
             .as_object()
             .cloned()
             .unwrap_or_default();
-        assert!(dangling_refs(&v2doc, "#/definitions/", &defs).is_empty());
+        let d = dangling_refs(&v2doc, "#/definitions/", &defs);
+        assert!(d.is_empty(), "{d:?}");
+        let params = v2doc["parameters"].as_object().cloned().unwrap_or_default();
+        let d = dangling_refs(&v2doc, "#/parameters/", &params);
+        assert!(d.is_empty(), "{d:?}");
+        assert!(
+            params.contains_key("pretty-tJGM1-ng"),
+            "{:?}",
+            params.keys()
+        );
         let v3doc = v3_group_version(&c, "demo.kshard.dev", "v1").expect("gv");
         let schemas = v3doc["components"]["schemas"]
             .as_object()

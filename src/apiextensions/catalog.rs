@@ -102,6 +102,8 @@ impl ResourceType {
     pub fn strategy(&self) -> &'static dyn super::strategy::Strategy {
         if super::crd_resource::is_definition(self) {
             &super::crd_resource::DefinitionStrategy
+        } else if crate::admission::crd::is_builtin(&self.group, &self.plural) {
+            &crate::admission::crd::BuiltinStrategy
         } else {
             &super::strategy::Generic
         }

@@ -235,16 +235,16 @@ impl Registry {
             t.rt.strategy()
                 .validate(obj, old, sub == Subresource::Status),
         );
-        // The webhook configurations kshard stores standalone are kube's
+        // The admission configurations kshard stores standalone are kube's
         // built-in types: kube's own validation, in its words and order,
         // instead of list-type and CEL checks (their schema has neither).
-        let webhooks = crate::admission::crd::webhook_configuration_kind(&t.rt.group, &t.rt.plural);
-        if let Some(mutating) = webhooks {
+        let builtin = crate::admission::crd::builtin_validation(&t.rt.group, &t.rt.plural, obj);
+        if let Some((builtin, ratcheted)) = builtin {
             let from = errs.len();
-            errs.extend(crate::admission::validation::webhook_configuration(
-                obj, mutating,
-            ));
-            ratchet(&mut errs, from);
+            errs.extend(builtin);
+            if ratcheted {
+                ratchet(&mut errs, from);
+            }
         } else if let Some(schema) = &schema {
             let from = errs.len();
             schema.validate_structure(obj, old, &mut errs);
