@@ -262,8 +262,8 @@ impl Norm {
     }
 
     /// Server-chosen values inside messages: known uids ("UID in object
-    /// meta: …"), and the resourceVersions and times of an object a message
-    /// quotes as JSON.
+    /// meta: …"), a delete precondition's resourceVersions, and the
+    /// resourceVersions and times of an object a message quotes as JSON.
     fn strings(&mut self, v: &mut Value) {
         match v {
             Value::Object(o) => o.values_mut().for_each(|c| self.strings(c)),
@@ -279,6 +279,18 @@ impl Norm {
                 let found: Vec<(String, String)> = quoted_rv
                     .captures_iter(s)
                     .map(|c| (c[0].to_string(), c[1].to_string()))
+                    .collect();
+                for (whole, rv) in found {
+                    let tok = self.rv(&rv);
+                    *s = s.replace(&whole, &whole.replace(&rv, &tok));
+                }
+                // A delete precondition's "ResourceVersion in the
+                // precondition (…) does not match … in record (…)".
+                let in_parens =
+                    regex::Regex::new(r"(in the precondition|in record) \((\d+)\)").expect("regex");
+                let found: Vec<(String, String)> = in_parens
+                    .captures_iter(s)
+                    .map(|c| (c[0].to_string(), c[2].to_string()))
                     .collect();
                 for (whole, rv) in found {
                     let tok = self.rv(&rv);
