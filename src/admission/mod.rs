@@ -13,6 +13,7 @@
 //! - [`matching`]: rules, selectors, match policy, match conditions;
 //! - [`review`]: the AdmissionReview sent and the answer's checks;
 //! - [`validation`]: kube's validation of the webhook configurations kshard stores;
+//! - [`strategy`]: those kinds' strategies, registered with the catalog;
 //! - [`webhook`]: the HTTPS call (clients, CA bundles, timeouts, errors);
 //! - [`policy`]: ValidatingAdmissionPolicy and its bindings, in CEL;
 //! - `dispatch`: the mutating (in order, with reinvocation) and validating
@@ -24,6 +25,7 @@ mod dispatch;
 pub mod matching;
 pub mod policy;
 pub mod review;
+pub mod strategy;
 pub mod validation;
 pub mod webhook;
 

@@ -236,16 +236,15 @@ impl Registry {
             t.rt.strategy()
                 .validate(obj, old, sub == Subresource::Status),
         );
-        // The webhook configurations kshard stores standalone are kube's
-        // built-in types: kube's own validation, in its words and order,
-        // instead of list-type and CEL checks (their schema has neither).
-        let webhooks = crate::admission::crd::webhook_configuration_kind(&t.rt.group, &t.rt.plural);
-        if let Some(mutating) = webhooks {
+        // A stand-in for a kube built-in type: kube's own validation, in its
+        // words and order, instead of list-type and CEL checks (its schema
+        // has neither).
+        if let Some(builtin) = t.rt.strategy().builtin_validation(obj) {
             let from = errs.len();
-            errs.extend(crate::admission::validation::webhook_configuration(
-                obj, mutating,
-            ));
-            ratchet(&mut errs, from);
+            errs.extend(builtin.errors);
+            if builtin.ratcheted {
+                ratchet(&mut errs, from);
+            }
         } else if let Some(schema) = &schema {
             let from = errs.len();
             schema.validate_structure(obj, old, &mut errs);
@@ -269,10 +268,7 @@ impl Registry {
                 v.status_subresource,
             )
             .with_versions(Box::new(DefinitionVersions(&t.rt)))
-            .with_present_fields(crate::admission::crd::always_present(
-                &t.rt.group,
-                &t.rt.plural,
-            )),
+            .with_present_fields(t.rt.strategy().always_present()),
         )
     }
 
