@@ -20,7 +20,8 @@ mod generated {
     const PROTO: &str = "proto/openapiv2/OpenAPIv2.proto";
     const DIR: &str = "src/api/generated";
     const FILES: [&str; 2] = ["google.protobuf.rs", "openapi.v2.rs"];
-    const HEADER: &str = "// Generated from proto/openapiv2/OpenAPIv2.proto by build.rs (protox and\n\
+    const HEADER: &str =
+        "// Generated from proto/openapiv2/OpenAPIv2.proto by build.rs (protox and\n\
         // prost-build); do not edit. Regenerate with\n\
         // `KSHARD_REGENERATE_PROTO=1 cargo build --features tikv`.\n\n";
 
