@@ -9,7 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::webhook::{until, Reply, WebhookServer};
+use common::until;
+use common::webhook::{Reply, WebhookServer};
 use common::{TestServer, WIDGETS};
 use serde_json::{json, Value};
 
@@ -25,9 +26,11 @@ async fn setup() -> (WebhookServer, TestServer) {
     (hooks, kshard)
 }
 
-fn widget(name: &str, color: &str) -> Value {
-    json!({"apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
-           "metadata": {"name": name}, "spec": {"replicas": 1, "color": color}})
+/// A widget the test webhooks deny for its color.
+fn red_widget(name: &str) -> Value {
+    let mut w = common::widget(name, 1);
+    w["spec"]["color"] = json!("red");
+    w
 }
 
 /// Creates a configuration (`MUTATING` or `VALIDATING`) through the API.
@@ -53,8 +56,11 @@ async fn configure(s: &TestServer, collection: &str, name: &str, webhooks: Vec<V
 async fn wait_called(s: &TestServer, hooks: &WebhookServer, path: &str) {
     let before = hooks.received(path).len();
     until(&format!("{path} to be called"), PATIENCE, || async {
-        s.post_json(&format!("{WIDGETS}?dryRun=All"), &widget("probe", "blue"))
-            .await;
+        s.post_json(
+            &format!("{WIDGETS}?dryRun=All"),
+            &common::widget("probe", 1),
+        )
+        .await;
         (hooks.received(path).len() > before).then_some(())
     })
     .await;
@@ -84,7 +90,7 @@ async fn a_validating_webhook_sees_every_write_as_kube_sends_it() {
     let r = s
         .post_json(
             &format!("{WIDGETS}?fieldManager=tester"),
-            &widget("w1", "blue"),
+            &common::widget("w1", 1),
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.text());
@@ -246,7 +252,7 @@ async fn a_denial_is_answered_as_kube_answers_it() {
     wait_called(&s, &hooks, "/deny-red").await;
     wait_called(&s, &hooks, "/deny-silently").await;
 
-    let r = s.post_json(WIDGETS, &widget("red", "red")).await;
+    let r = s.post_json(WIDGETS, &red_widget("red")).await;
     assert_eq!(r.status, 403);
     assert_eq!(
         r.text(),
@@ -256,7 +262,7 @@ async fn a_denial_is_answered_as_kube_answers_it() {
 
     let out = s.kubectl_stdin(
         &["apply", "-f", "-"],
-        &serde_json::to_string(&widget("red2", "red")).expect("json"),
+        &serde_json::to_string(&red_widget("red2")).expect("json"),
     );
     assert!(!out.status.success());
     assert_eq!(
@@ -264,7 +270,7 @@ async fn a_denial_is_answered_as_kube_answers_it() {
         r#"Error from server (Forbidden): error when creating "STDIN": admission webhook "deny.kshard.dev" denied the request: red widgets are not allowed"#
     );
 
-    let mut refused = widget("refused", "blue");
+    let mut refused = common::widget("refused", 1);
     refused["metadata"]["labels"] = json!({"refuse": "yes"});
     let r = s.post_json(WIDGETS, &refused).await;
     assert_eq!(r.status, 400);
@@ -275,7 +281,7 @@ async fn a_denial_is_answered_as_kube_answers_it() {
                "code": 400})
     );
     // An update is denied the same way, and the stored object stays.
-    let r = s.post_json(WIDGETS, &widget("blue", "blue")).await;
+    let r = s.post_json(WIDGETS, &common::widget("blue", 1)).await;
     assert_eq!(r.status, 201, "{}", r.text());
     let r = s
         .raw(
@@ -340,7 +346,7 @@ async fn a_mutating_patch_is_validated_and_stored() {
     let r = s
         .post_json(
             &format!("{WIDGETS}?fieldManager=tester"),
-            &widget("w", "blue"),
+            &common::widget("w", 1),
         )
         .await;
     assert_eq!(r.status, 201, "{}", r.text());
@@ -416,7 +422,7 @@ async fn a_webhook_that_times_out_fails_or_is_ignored_by_policy() {
     });
 
     let started = Instant::now();
-    let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
+    let r = s.post_json(WIDGETS, &common::widget("w", 1)).await;
     assert!(started.elapsed() >= Duration::from_secs(1));
     assert_eq!(r.status, 500);
     let reason = r#"failed calling webhook "slow.kshard.dev": failed to call webhook: Post "https://hooks.test.svc:443/slow?timeout=1s": context deadline exceeded"#;
@@ -440,7 +446,7 @@ async fn a_webhook_that_times_out_fails_or_is_ignored_by_policy() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let r = until("failurePolicy Ignore to take effect", PATIENCE, || async {
-        let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
+        let r = s.post_json(WIDGETS, &common::widget("w", 1)).await;
         (r.status != 500).then_some(r)
     })
     .await;
@@ -464,7 +470,7 @@ async fn dry_runs_reach_webhooks_without_side_effects() {
     wait_called(&s, &hooks, "/mutate").await;
 
     let r = s
-        .post_json(&format!("{WIDGETS}?dryRun=All"), &widget("d", "blue"))
+        .post_json(&format!("{WIDGETS}?dryRun=All"), &common::widget("d", 1))
         .await;
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(r.json()["metadata"]["labels"]["seen"], "yes");
@@ -526,7 +532,7 @@ async fn webhook_warnings_reach_the_client() {
 
     let out = s.kubectl_stdin(
         &["create", "-f", "-"],
-        &serde_json::to_string(&widget("w", "blue")).expect("json"),
+        &serde_json::to_string(&common::widget("w", 1)).expect("json"),
     );
     assert!(
         out.status.success(),
@@ -537,7 +543,7 @@ async fn webhook_warnings_reach_the_client() {
         String::from_utf8_lossy(&out.stderr).trim(),
         "Warning: widgets are deprecated, use gadgets"
     );
-    let r = s.post_json(WIDGETS, &widget("red", "red")).await;
+    let r = s.post_json(WIDGETS, &red_widget("red")).await;
     assert_eq!(r.status, 403);
     assert_eq!(
         r.headers.get("warning").and_then(|v| v.to_str().ok()),
@@ -605,7 +611,7 @@ webhooks:
         async move {
             let out = s.kubectl_stdin(
                 &["create", "-f", "-", "-o", "json"],
-                &serde_json::to_string(&widget(&name, "blue")).expect("json"),
+                &serde_json::to_string(&common::widget(&name, 1)).expect("json"),
             );
             assert!(
                 out.status.success(),
@@ -627,7 +633,7 @@ webhooks:
     until("the deleted webhook to stop", PATIENCE, || {
         let (name, s) = (next(), server);
         async move {
-            let r = s.post_json(WIDGETS, &widget(&name, "blue")).await;
+            let r = s.post_json(WIDGETS, &common::widget(&name, 1)).await;
             assert_eq!(r.status, 201, "{}", r.text());
             r.json()["metadata"]["labels"].is_null().then_some(())
         }
@@ -651,7 +657,7 @@ async fn selectors_and_match_conditions_choose_requests() {
     ]);
     configure(&s, VALIDATING, "selected", vec![hook]).await;
     let watched = |name: &str| {
-        let mut w = widget(name, "blue");
+        let mut w = common::widget(name, 1);
         w["metadata"]["labels"] = json!({"watched": "yes"});
         w
     };
@@ -665,7 +671,10 @@ async fn selectors_and_match_conditions_choose_requests() {
     assert_eq!(s.post_json(WIDGETS, &watched("a")).await.status, 201);
     assert_eq!(hooks.take("/selected").len(), 1);
     // Not labeled, another namespace, an excluded annotation, an update: not called.
-    assert_eq!(s.post_json(WIDGETS, &widget("b", "blue")).await.status, 201);
+    assert_eq!(
+        s.post_json(WIDGETS, &common::widget("b", 1)).await.status,
+        201
+    );
     let other = "/apis/demo.kshard.dev/v1/namespaces/other/widgets";
     assert_eq!(s.post_json(other, &watched("c")).await.status, 201);
     let mut kept = watched("d");
@@ -784,7 +793,7 @@ async fn admission_is_audited_and_measured() {
     wait_called(&s, &hooks, "/paint").await;
     wait_called(&s, &hooks, "/broken").await;
 
-    let r = s.post_json(WIDGETS, &widget("w", "blue")).await;
+    let r = s.post_json(WIDGETS, &common::widget("w", 1)).await;
     assert_eq!(r.status, 201, "{}", r.text());
     let event = audit_event(&log, &r).await;
     let annotations = &event["annotations"];
@@ -904,7 +913,7 @@ spec:
     );
 
     let big = |name: &str| {
-        let mut w = widget(name, "blue");
+        let mut w = common::widget(name, 1);
         w["spec"]["replicas"] = json!(5);
         w
     };
@@ -935,7 +944,7 @@ spec:
             r#"Error from server (Forbidden): error when creating "STDIN": widgets.demo.kshard.dev "big" is forbidden: {message}"#
         )
     );
-    let small = s.post_json(WIDGETS, &widget("small", "blue")).await;
+    let small = s.post_json(WIDGETS, &common::widget("small", 1)).await;
     assert_eq!(small.status, 201, "{}", small.text());
     let event = audit_event(&log, &small).await;
     assert_eq!(event["annotations"]["replica-limit/replicas"], "1");
@@ -965,7 +974,7 @@ spec:
     );
     let r = until("the params to be gone", PATIENCE, || async {
         let r = s
-            .post_json(&format!("{WIDGETS}?dryRun=All"), &widget("any", "blue"))
+            .post_json(&format!("{WIDGETS}?dryRun=All"), &common::widget("any", 1))
             .await;
         (r.status != 201).then_some(r)
     })
@@ -1072,7 +1081,7 @@ spec:
         String::from_utf8_lossy(&out.stderr)
     );
     let with_annotations = |name: &str, n: usize| {
-        let mut w = widget(name, "blue");
+        let mut w = common::widget(name, 1);
         w["metadata"]["annotations"] =
             Value::Object((0..n).map(|i| (format!("a{i}"), json!("x"))).collect());
         w
@@ -1148,7 +1157,7 @@ spec:
         String::from_utf8_lossy(&out.stderr)
     );
     let with_annotations = |name: &str, n: usize| {
-        let mut w = widget(name, "blue");
+        let mut w = common::widget(name, 1);
         w["metadata"]["annotations"] =
             Value::Object((0..n).map(|i| (format!("a{i}"), json!("x"))).collect());
         w

@@ -108,11 +108,6 @@ fn binding(kind: &str, name: &str, namespace: &str, role: &str, subject: (&str, 
     b
 }
 
-fn widget(name: &str) -> Value {
-    json!({"apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
-           "metadata": {"name": name}, "spec": {"replicas": 1, "color": "blue"}})
-}
-
 /// What kube-aggregator sends for alice (token file: group `devs`).
 const ALICE_HEADERS: [(&str, &str); 3] = [
     ("x-remote-user", "alice"),
@@ -350,7 +345,14 @@ async fn impersonation_and_subresources_are_authorized_by_the_host() {
     );
 
     // An encoded slash is decoded once, before authorization and routing.
-    let (code, _, body) = send(&agg, "POST", TEAM_A, &ALICE_HEADERS, Some(&widget("w1"))).await;
+    let (code, _, body) = send(
+        &agg,
+        "POST",
+        TEAM_A,
+        &ALICE_HEADERS,
+        Some(&common::widget("w1", 1)),
+    )
+    .await;
     assert_eq!(code, 201, "{body}");
     let (_, _, live) = send(&agg, "GET", &format!("{TEAM_A}/w1"), &ALICE_HEADERS, None).await;
     let mut obj: Value = serde_json::from_str(&live).expect("json");

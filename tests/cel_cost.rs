@@ -26,19 +26,12 @@ fn crd(rule: &str, bounds: Value, item: Value) -> Value {
     for (k, v) in item.as_object().into_iter().flatten() {
         names["items"][k] = v.clone();
     }
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "costlies.cel.kshard.dev"},
-        "spec": {
-            "group": "cel.kshard.dev",
-            "scope": "Namespaced",
-            "names": {"plural": "costlies", "singular": "costly", "kind": "Costly"},
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {"names": names}}}}}}]
-        }
-    })
+    common::crd(
+        "cel.kshard.dev",
+        "costlies",
+        "Costly",
+        json!({"names": names}),
+    )
 }
 
 const UNIQUE: &str = "self.all(x, self.exists_one(y, y == x))";

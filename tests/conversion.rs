@@ -120,48 +120,42 @@ async fn start_webhook(hook: Arc<Hook>) -> (u16, String) {
 
 fn crd(port: u16, ca_pem: &str) -> String {
     let version = |name: &str, storage: bool, field: &str| {
-        format!(
-            r#"
-  - name: {name}
-    served: true
-    storage: {storage}
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            properties:
-              size: {{type: integer}}
-              {field}: {{type: string}}"#
-        )
+        json!({"name": name, "served": true, "storage": storage,
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                "spec": {"type": "object", "properties": {
+                    "size": {"type": "integer"}, field: {"type": "string"}}}}}}})
     };
-    webhook_crd("gadget", "Gadget", port, ca_pem)
-        + &version("v1", true, "color")
-        + &version("v2", false, "colour")
+    webhook_crd(
+        "gadget",
+        "Gadget",
+        port,
+        ca_pem,
+        [version("v1", true, "color"), version("v2", false, "colour")],
+    )
 }
 
-/// A namespaced definition `<singular>s.<singular>s.kshard.dev` converted by
-/// the test's webhook at `port`, up to its `versions:` key (the caller adds them).
-fn webhook_crd(singular: &str, kind: &str, port: u16, ca_pem: &str) -> String {
+/// A namespaced definition `<singular>s.<singular>s.kshard.dev` with
+/// `versions`, converted by the test's webhook at `port`.
+fn webhook_crd(
+    singular: &str,
+    kind: &str,
+    port: u16,
+    ca_pem: &str,
+    versions: [Value; 2],
+) -> String {
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    format!(
-        r#"apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {{name: {singular}s.{singular}s.kshard.dev}}
-spec:
-  group: {singular}s.kshard.dev
-  scope: Namespaced
-  names: {{plural: {singular}s, singular: {singular}, kind: {kind}}}
-  conversion:
-    strategy: Webhook
-    webhook:
-      conversionReviewVersions: [v1]
-      clientConfig:
-        url: https://127.0.0.1:{port}/convert
-        caBundle: {ca}
-  versions:"#
-    )
+    let plural = format!("{singular}s");
+    let mut crd = common::crd(&format!("{plural}.kshard.dev"), &plural, kind, json!({}));
+    crd["spec"]["versions"] = json!(versions);
+    crd["spec"]["conversion"] = json!({
+        "strategy": "Webhook",
+        "webhook": {
+            "conversionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/convert"), "caBundle": ca},
+        },
+    });
+    // JSON is YAML: the definition file as a user would write it.
+    crd.to_string()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -329,30 +323,23 @@ const GZ2: &str = "/apis/gizmos.kshard.dev/v2/namespaces/default/gizmos";
 /// Gizmos: v1 (stored) calls a field `size` that v2 calls `replicas`.
 fn gizmo_crd(port: u16, ca_pem: &str) -> String {
     let version = |name: &str, storage: bool, field: &str| {
-        format!(
-            r#"
-  - name: {name}
-    served: true
-    storage: {storage}
-    subresources: {{status: {{}}}}
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            properties:
-              note: {{type: string}}
-              {field}: {{type: integer}}
-          status:
-            type: object
-            properties:
-              ready: {{type: integer}}"#
-        )
+        json!({"name": name, "served": true, "storage": storage,
+            "subresources": {"status": {}},
+            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                "spec": {"type": "object", "properties": {
+                    "note": {"type": "string"}, field: {"type": "integer"}}},
+                "status": {"type": "object", "properties": {"ready": {"type": "integer"}}}}}}})
     };
-    webhook_crd("gizmo", "Gizmo", port, ca_pem)
-        + &version("v1", true, "size")
-        + &version("v2", false, "replicas")
+    webhook_crd(
+        "gizmo",
+        "Gizmo",
+        port,
+        ca_pem,
+        [
+            version("v1", true, "size"),
+            version("v2", false, "replicas"),
+        ],
+    )
 }
 
 async fn gizmo_server(hook: Arc<Hook>) -> (common::TestServer, tempfile::TempDir) {

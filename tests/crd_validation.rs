@@ -17,21 +17,12 @@ const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
 
 /// A valid definition; tests break one thing in it.
 fn crd(plural: &str) -> Value {
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.example.com")},
-        "spec": {
-            "group": "example.com",
-            "scope": "Namespaced",
-            "names": {"plural": plural, "kind": "Widget"},
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}}
-            }]
-        }
-    })
+    common::crd(
+        "example.com",
+        plural,
+        "Widget",
+        json!({"size": {"type": "integer"}}),
+    )
 }
 
 /// Asserts kube's 422 for a definition named `name`: the message joins the

@@ -263,8 +263,8 @@ impl Norm {
     }
 
     /// Server-chosen values inside messages: known uids ("UID in object
-    /// meta: …"), and the resourceVersions and times of an object a message
-    /// quotes as JSON.
+    /// meta: …"), a delete precondition's resourceVersions, and the
+    /// resourceVersions and times of an object a message quotes as JSON.
     fn strings(&mut self, v: &mut Value) {
         match v {
             Value::Object(o) => o.values_mut().for_each(|c| self.strings(c)),
@@ -275,15 +275,22 @@ impl Norm {
                         *s = s.replace(uid.as_str(), &format!("UID#{n}"));
                     }
                 }
-                let quoted_rv =
-                    regex::Regex::new(r#"resourceVersion\\":\\"(\d+)\\""#).expect("regex");
-                let found: Vec<(String, String)> = quoted_rv
-                    .captures_iter(s)
-                    .map(|c| (c[0].to_string(), c[1].to_string()))
-                    .collect();
-                for (whole, rv) in found {
-                    let tok = self.rv(&rv);
-                    *s = s.replace(&whole, &whole.replace(&rv, &tok));
+                // The resourceVersions of an object a message quotes as
+                // JSON, and a delete precondition's "ResourceVersion in the
+                // precondition (…) does not match … in record (…)".
+                for pattern in [
+                    r#"resourceVersion\\":\\"(\d+)\\""#,
+                    r"(?:in the precondition|in record) \((\d+)\)",
+                ] {
+                    let found: Vec<(String, String)> = regex::Regex::new(pattern)
+                        .expect("regex")
+                        .captures_iter(s)
+                        .map(|c| (c[0].to_string(), c[1].to_string()))
+                        .collect();
+                    for (whole, rv) in found {
+                        let tok = self.rv(&rv);
+                        *s = s.replace(&whole, &whole.replace(&rv, &tok));
+                    }
                 }
                 let ts =
                     regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").expect("regex");

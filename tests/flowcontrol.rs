@@ -251,7 +251,8 @@ async fn mouse_keeps_being_served_while_elephant_gets_429s() {
 /// (README, "Security and limits").
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slow_webhook_on_one_users_writes_does_not_starve_another_user() {
-    use common::webhook::{until, Reply, WebhookServer};
+    use common::until;
+    use common::webhook::{Reply, WebhookServer};
     const HOLD: Duration = Duration::from_secs(1);
     const FLOOD: u32 = 20;
     let hooks = WebhookServer::start().await;

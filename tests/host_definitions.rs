@@ -15,6 +15,13 @@ use common::real_host::{Installed, RealHost};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use serde_json::{json, Value};
 
+/// How long `wait` took (printed: how quickly kshard follows the host).
+async fn timed(wait: impl std::future::Future<Output = ()>) -> Duration {
+    let start = Instant::now();
+    wait.await;
+    start.elapsed()
+}
+
 const GROUP: &str = "things.kshard.dev";
 const GADGETS: &str = "/apis/things.kshard.dev/v1/namespaces/default/gadgets";
 
@@ -152,23 +159,6 @@ impl Setup {
         }
     }
 
-    /// Polls every 10 ms (for timings finer than `eventually`'s 100 ms).
-    async fn until(
-        &self,
-        what: &str,
-        limit: Duration,
-        mut f: impl AsyncFnMut() -> bool,
-    ) -> Duration {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if f().await {
-                return start.elapsed();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("timed out after {limit:?} waiting for: {what}");
-    }
-
     /// A host object as the host serves it now.
     async fn host_object(&self, ar: &kube::api::ApiResource, name: &str) -> Option<Value> {
         let api: Api<DynamicObject> = Api::all_with(self.admin.clone(), ar);
@@ -234,16 +224,15 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
 
     // Applied on the host: served through kshard, with no restart.
     s.apply(gadgets(false)).await;
-    let served = s
-        .until(
-            "gadgets in kshard's discovery",
-            Duration::from_secs(5),
-            async || {
-                let (code, body) = s.send("GET", "/apis/things.kshard.dev/v1", None).await;
-                code == 200 && body.to_string().contains("\"gadgets\"")
-            },
-        )
-        .await;
+    let served = timed(common::until(
+        "gadgets in kshard's discovery",
+        Duration::from_secs(5),
+        || async {
+            let (code, body) = s.send("GET", "/apis/things.kshard.dev/v1", None).await;
+            (code == 200 && body.to_string().contains("\"gadgets\"")).then_some(())
+        },
+    ))
+    .await;
     println!("host apply → served: {served:?}");
     assert!(served < Duration::from_secs(2), "{served:?}");
     let (code, body) = s
@@ -329,11 +318,14 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
 
     // Changed on the host: a second version and a new field, no restart.
     s.apply(gadgets(true)).await;
-    let changed = s
-        .until("gadgets v2 served", Duration::from_secs(5), async || {
-            s.send("GET", "/apis/things.kshard.dev/v2", None).await.0 == 200
-        })
-        .await;
+    let changed = timed(common::until(
+        "gadgets v2 served",
+        Duration::from_secs(5),
+        || async {
+            (s.send("GET", "/apis/things.kshard.dev/v2", None).await.0 == 200).then_some(())
+        },
+    ))
+    .await;
     println!("host change → served: {changed:?}");
     let (code, body) = s
         .send(
@@ -381,13 +373,12 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
         .delete(&name, &DeleteParams::default())
         .await
         .expect("delete");
-    let gone = s
-        .until(
-            "the definition released",
-            Duration::from_secs(10),
-            async || s.srd(&name).await.is_none(),
-        )
-        .await;
+    let gone = timed(common::until(
+        "the definition released",
+        Duration::from_secs(10),
+        || async { s.srd(&name).await.is_none().then_some(()) },
+    ))
+    .await;
     println!("host delete → objects deleted, finalizer removed: {gone:?}");
     common::eventually("the group no longer served", || async {
         s.send("GET", "/apis/things.kshard.dev/v1", None).await.0 == 404

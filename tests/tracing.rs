@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::real_host::{poll, RealHost, ADMIN_TOKEN, ALICE};
-use common::webhook::{until, Reply, WebhookServer};
+use common::until;
+use common::webhook::{Reply, WebhookServer};
 use common::WIDGETS;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -171,11 +172,6 @@ fn traceparent(trace_id: &str, span_id: &str) -> String {
     format!("00-{trace_id}-{span_id}-01")
 }
 
-fn widget(name: &str) -> Value {
-    json!({"apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
-           "metadata": {"name": name}, "spec": {"replicas": 1, "color": "blue"}})
-}
-
 /// An anonymous request straight at a spawned kshard (standalone on
 /// loopback, anonymous may do anything, but is in no privileged group).
 async fn anonymous(data: &Path, uri: &str, headers: &[(&str, &str)]) -> u16 {
@@ -256,7 +252,7 @@ async fn a_traced_create_has_its_layers_admission_and_commit_in_the_callers_trac
             "POST",
             &format!("{WIDGETS}?dryRun=All"),
             &[],
-            Some(&widget("probe")),
+            Some(&common::widget("probe", 1)),
         )
         .await;
         (!hooks.received("/mutate").is_empty()).then_some(())
@@ -271,7 +267,7 @@ async fn a_traced_create_has_its_layers_admission_and_commit_in_the_callers_trac
         "POST",
         WIDGETS,
         &[("traceparent", &traceparent(trace_id, caller))],
-        Some(&widget("w1")),
+        Some(&common::widget("w1", 1)),
     )
     .await;
     assert_eq!(code, 201, "{body}");
@@ -872,7 +868,7 @@ async fn a_write_forwarded_to_the_leader_continues_the_followers_trace() {
             "POST",
             WIDGETS,
             &[("traceparent", &traceparent(traces[i], caller))],
-            Some(&widget(&format!("w{i}"))),
+            Some(&common::widget(&format!("w{i}"), 1)),
         )
         .await;
         assert_eq!(code, 201, "{body}");

@@ -367,41 +367,31 @@ pub fn always_present(group: &str, plural: &str) -> &'static [&'static str] {
     }
 }
 
-/// Whether `group`/`plural` is one of the admission kinds these CRDs serve.
-pub fn is_builtin(group: &str, plural: &str) -> bool {
-    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
-    group == GROUP && [MUTATING, VALIDATING, POLICIES, BINDINGS].contains(&plural)
-}
-
 /// What kube's Go types of these kinds do to an object written: a list
 /// left empty is not stored (their slices are `omitempty`), so
 /// `webhooks: []`, `rules: []` or `matchConditions: []` read back absent,
 /// and no manager owns them. `admissionReviewVersions` is the one list
 /// kube's types keep when empty (their validation refuses it anyway).
-pub struct BuiltinStrategy;
-
-impl crate::apiextensions::strategy::Strategy for BuiltinStrategy {
-    fn prepare(&self, obj: &mut Value) {
-        fn omit_empty_lists(v: &mut Value, top: bool) {
-            match v {
-                Value::Object(o) => {
-                    // Object metadata is every kind's, handled as such.
-                    let own = |k: &str| !(top && k == "metadata");
-                    o.retain(|k, v| {
-                        !own(k)
-                            || k == "admissionReviewVersions"
-                            || v.as_array().is_none_or(|a| !a.is_empty())
-                    });
-                    o.iter_mut()
-                        .filter(|(k, _)| own(k))
-                        .for_each(|(_, v)| omit_empty_lists(v, false));
-                }
-                Value::Array(a) => a.iter_mut().for_each(|v| omit_empty_lists(v, false)),
-                _ => {}
+pub fn omit_empty_lists(obj: &mut Value) {
+    fn walk(v: &mut Value, top: bool) {
+        match v {
+            Value::Object(o) => {
+                // Object metadata is every kind's, handled as such.
+                let own = |k: &str| !(top && k == "metadata");
+                o.retain(|k, v| {
+                    !own(k)
+                        || k == "admissionReviewVersions"
+                        || v.as_array().is_none_or(|a| !a.is_empty())
+                });
+                o.iter_mut()
+                    .filter(|(k, _)| own(k))
+                    .for_each(|(_, v)| walk(v, false));
             }
+            Value::Array(a) => a.iter_mut().for_each(|v| walk(v, false)),
+            _ => {}
         }
-        omit_empty_lists(obj, true);
     }
+    walk(obj, true);
 }
 
 /// The CRDs as one multi-document YAML text (what the catalog loads).
@@ -446,17 +436,16 @@ mod tests {
 
     #[test]
     fn empty_lists_are_not_stored_as_kubes_types_omit_them() {
-        use crate::apiextensions::strategy::Strategy as _;
         let mut o = json!({"metadata": {"finalizers": []}, "webhooks": [{"name": "a",
             "rules": [], "admissionReviewVersions": [], "namespaceSelector": {"matchExpressions": []}}]});
-        BuiltinStrategy.prepare(&mut o);
+        omit_empty_lists(&mut o);
         assert_eq!(
             o,
             json!({"metadata": {"finalizers": []}, "webhooks": [{"name": "a",
                 "admissionReviewVersions": [], "namespaceSelector": {}}]})
         );
         let mut empty = json!({"webhooks": []});
-        BuiltinStrategy.prepare(&mut empty);
+        omit_empty_lists(&mut empty);
         assert_eq!(empty, json!({}));
     }
 

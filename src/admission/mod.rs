@@ -14,6 +14,7 @@
 //! - [`review`]: the AdmissionReview sent and the answer's checks;
 //! - [`validation`]: kube's validation of the webhook configurations kshard stores;
 //! - [`policy_validation`]: kube's validation of the policies and bindings it stores;
+//! - [`strategy`]: those kinds' strategies, registered with the catalog;
 //! - [`webhook`]: the HTTPS call (clients, CA bundles, timeouts, errors);
 //! - [`policy`]: ValidatingAdmissionPolicy and its bindings, in CEL;
 //! - `dispatch`: the mutating (in order, with reinvocation) and validating
@@ -26,6 +27,7 @@ pub mod matching;
 pub mod policy;
 pub mod policy_validation;
 pub mod review;
+pub mod strategy;
 pub mod validation;
 pub mod webhook;
 

@@ -4,7 +4,7 @@
 //! kube-openapi fills from its own document (`ToProtoBinary`).
 //!
 //! The messages are generated from gnostic's `OpenAPIv2.proto` (vendored
-//! under `proto/`, see `build.rs`); [`from_json`] converts as gnostic's
+//! under `proto/`) and checked in under `generated/` (see `build.rs`); [`from_json`] converts as gnostic's
 //! parser does: every map becomes a list of named entries in document order,
 //! `x-` keys become vendor extensions whose values (like `default`, `enum`
 //! and `example`) are carried as YAML text, a parameter is a body or a
@@ -16,19 +16,20 @@
 use prost::Message;
 use serde_json::{Map, Value};
 
-/// gnostic's messages, generated from `proto/openapiv2/OpenAPIv2.proto` by
-/// `build.rs`, in their protobuf packages (`openapi.v2` refers to
+/// gnostic's messages, generated from `proto/openapiv2/OpenAPIv2.proto` and
+/// checked in (`generated/`; `build.rs` checks them against a fresh
+/// generation), in their protobuf packages (`openapi.v2` refers to
 /// `google.protobuf.Any`).
 #[allow(clippy::all)]
 mod generated {
     pub mod google {
         pub mod protobuf {
-            include!(concat!(env!("OUT_DIR"), "/google.protobuf.rs"));
+            include!("generated/google.protobuf.rs");
         }
     }
     pub mod openapi {
         pub mod v2 {
-            include!(concat!(env!("OUT_DIR"), "/openapi.v2.rs"));
+            include!("generated/openapi.v2.rs");
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::registry::resource_version::{self, Requested};
-use crate::registry::{Propagation, ReadAt, WatchStart};
+use crate::registry::{Preconditions, Propagation, ReadAt, WatchStart};
 use crate::status::{quote, ApiError, FieldError};
 
 /// A request's query parameters, every value of each kept in order.
@@ -230,11 +230,11 @@ pub fn delete_options(q: &Query, body: &[u8]) -> Result<crate::registry::DeleteO
             orphan = Some(o);
         }
         if let Some(pre) = v.get("preconditions") {
-            opts.precondition_uid = pre.get("uid").and_then(|u| u.as_str()).map(str::to_string);
-            opts.precondition_resource_version = pre
-                .get("resourceVersion")
-                .and_then(|u| u.as_str())
-                .map(str::to_string);
+            let field = |f: &str| pre.get(f).and_then(|u| u.as_str()).map(str::to_string);
+            opts.preconditions = Preconditions {
+                uid: field("uid"),
+                resource_version: field("resourceVersion"),
+            };
         }
         if let Some(d) = v.get("dryRun").and_then(|d| d.as_array()) {
             for x in d {

@@ -94,16 +94,19 @@ pub struct ResourceType {
     pub definition: Value,
     /// `spec.conversion.strategy: Webhook`: versions convert through it.
     pub conversion: Option<Arc<super::conversion::Webhook>>,
+    /// A strategy registered for this group and resource (the catalog's
+    /// [`Strategies`](super::strategy::Strategies)).
+    pub registered_strategy: Option<&'static dyn super::strategy::Strategy>,
 }
 
 impl ResourceType {
     /// `group/plural`: the resource part of every storage key.
     /// What this type adds to the generic write and delete pipelines.
     pub fn strategy(&self) -> &'static dyn super::strategy::Strategy {
-        if super::crd_resource::is_definition(self) {
+        if let Some(s) = self.registered_strategy {
+            s
+        } else if super::crd_resource::is_definition(self) {
             &super::crd_resource::DefinitionStrategy
-        } else if crate::admission::crd::is_builtin(&self.group, &self.plural) {
-            &crate::admission::crd::BuiltinStrategy
         } else {
             &super::strategy::Generic
         }
@@ -157,6 +160,8 @@ pub struct Catalog {
     /// Documents of other kinds found beside the CRDs (`file document N
     /// (apiVersion kind)`), skipped.
     pub skipped: Vec<String>,
+    /// Strategies given to the types of their group and resource.
+    strategies: super::strategy::Strategies,
 }
 
 /// A served group with its versions, highest priority first.
@@ -265,6 +270,19 @@ impl Catalog {
             })
     }
 
+    /// Gives the types of each group and resource in `strategies` (those
+    /// served now and those added later) that strategy.
+    pub fn register_strategies(&mut self, strategies: super::strategy::Strategies) {
+        for r in &mut self.resources {
+            if let Some(s) = strategies.get(&r.group, &r.plural) {
+                let mut rt = (**r).clone();
+                rt.registered_strategy = Some(s);
+                *r = Arc::new(rt);
+            }
+        }
+        self.strategies = strategies;
+    }
+
     /// Marks the resource defined by `source` as terminating.
     pub fn mark_terminating(&mut self, source: &str) {
         for r in &mut self.resources {
@@ -300,7 +318,8 @@ impl Catalog {
     ) -> Result<(), DefinitionError> {
         let crd: CustomResourceDefinition =
             serde_json::from_value(doc).map_err(|e| DefinitionError::Invalid(e.to_string()))?;
-        let rt = resource_from_crd(&crd, source, origin)?;
+        let mut rt = resource_from_crd(&crd, source, origin)?;
+        rt.registered_strategy = self.strategies.get(&rt.group, &rt.plural);
         if let Some(other) = self
             .resources
             .iter()
@@ -542,6 +561,7 @@ fn resource_from_crd(
         terminating: false,
         definition: serde_json::to_value(&crd.spec).unwrap_or_default(),
         conversion,
+        registered_strategy: None,
     })
 }
 

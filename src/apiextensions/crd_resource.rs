@@ -245,6 +245,7 @@ pub(crate) fn set_deletion_in_progress(def: &mut Value) {
 }
 
 /// The CustomResourceDefinition resource's strategy.
+#[derive(Debug)]
 pub struct DefinitionStrategy;
 
 impl super::strategy::Strategy for DefinitionStrategy {

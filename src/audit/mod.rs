@@ -5,10 +5,13 @@
 //! and Panic go to the log backend (JSON lines, rotated) and/or the webhook
 //! backend (batched EventLists).
 //!
-//! The request path calls [`record`] once, after authentication (the event
-//! names the user); later filters add to the same event through the
-//! [`Recording`] in the request's extensions (impersonated user,
-//! authorization decision, priority level).
+//! The request path's audit layer runs before authentication (kube's
+//! `WithAuditID`): it sets `Audit-Id` and records a failed authentication
+//! ([`record_failed_authentication`], kube's `WithFailedAuthenticationAudit`).
+//! After authentication (the event names the user) it calls [`record`] once;
+//! later filters add to the same event through the [`Recording`] in the
+//! request's extensions (impersonated user, authorization decision, priority
+//! level).
 //!
 //! - [`policy`]: the Policy file and its rule matching;
 //! - [`event`]: the Event wire types;
@@ -27,7 +30,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use futures::FutureExt;
-use http::{HeaderMap, HeaderValue};
+use http::HeaderMap;
 use serde_json::Value;
 
 pub use event::{Event, ObjectReference, ResponseStatus, UserInfo};
@@ -222,10 +225,11 @@ impl Recording {
     }
 }
 
-/// Audits one request around `serve` (the rest of the chain). Always sets
-/// the `Audit-Id` response header; records events as the policy says.
+/// Audits one authenticated request, audit ID `id`, around `serve` (the
+/// rest of the chain): records events as the policy says.
 pub async fn record<F, Fut>(
-    auditor: Option<&Arc<Auditor>>,
+    auditor: &Arc<Auditor>,
+    id: &str,
     meta: RequestMeta,
     mut req: Request,
     serve: F,
@@ -234,15 +238,8 @@ where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,
 {
-    let id = audit_id(req.headers());
-    let header = HeaderValue::from_str(&id).ok();
-    let recording = auditor.and_then(|a| begin(a, &id, &meta));
-    let Some(recording) = recording else {
-        let mut resp = serve(req).await;
-        if let Some(h) = header {
-            resp.headers_mut().insert("audit-id", h);
-        }
-        return resp;
+    let Some(recording) = begin(auditor, id, &meta) else {
+        return serve(req).await;
     };
     if recording.decision.level >= Level::Request {
         let (parts, body) = req.into_parts();
@@ -267,7 +264,7 @@ where
     let served = std::panic::AssertUnwindSafe(serve(req))
         .catch_unwind()
         .await;
-    let mut resp = match served {
+    let resp = match served {
         Ok(r) => r,
         Err(panic) => {
             recording.emit(Stage::Panic, |e| {
@@ -282,9 +279,6 @@ where
             std::panic::resume_unwind(panic);
         }
     };
-    if let Some(h) = header {
-        resp.headers_mut().insert("audit-id", h);
-    }
     let code = resp.status().as_u16();
     if meta.long_running && code < 300 {
         recording.emit(Stage::ResponseStarted, |e| {
@@ -331,11 +325,8 @@ where
             }
         };
         let obj = json_object(&bytes);
-        if let Some(o) = obj.as_ref().filter(|o| o["kind"] == "Status") {
-            status.status = str_field(o, "status");
-            status.message = str_field(o, "message");
-            status.reason = str_field(o, "reason");
-            status.details = o.get("details").cloned();
+        if let Some(o) = obj.as_ref() {
+            fill_status(&mut status, o);
         }
         let response_object = (recording.decision.level == Level::RequestResponse)
             .then_some(obj)
@@ -369,6 +360,53 @@ where
             code,
         }),
     )
+}
+
+/// A request whose credentials were refused (`resp`, authentication's 401),
+/// as kube's failed-authentication audit records it: one ResponseStarted
+/// event with no user and the answer's Status, no request body, whatever the
+/// level (as kube-apiserver v1.36 writes it).
+pub async fn record_failed_authentication(
+    auditor: &Arc<Auditor>,
+    id: &str,
+    meta: &RequestMeta,
+    resp: Response,
+) -> Response {
+    let Some(recording) = begin(auditor, id, meta) else {
+        return resp;
+    };
+    let mut status = ResponseStatus {
+        code: resp.status().as_u16(),
+        ..Default::default()
+    };
+    // The 401 is built whole by authentication; any other body is left alone.
+    let whole = http_body::Body::size_hint(resp.body())
+        .exact()
+        .is_some_and(|n| n <= MAX_RECORDED_BODY as u64);
+    let resp = if whole {
+        let (parts, body) = resp.into_parts();
+        let bytes = axum::body::to_bytes(body, MAX_RECORDED_BODY)
+            .await
+            .unwrap_or_default();
+        if let Some(o) = json_object(&bytes) {
+            fill_status(&mut status, &o);
+        }
+        Response::from_parts(parts, Body::from(bytes))
+    } else {
+        resp
+    };
+    recording.emit(Stage::ResponseStarted, |e| e.response_status = Some(status));
+    resp
+}
+
+/// An answer's `Status` fields, when its body is one.
+fn fill_status(status: &mut ResponseStatus, o: &Value) {
+    if o["kind"] == "Status" {
+        status.status = str_field(o, "status");
+        status.message = str_field(o, "message");
+        status.reason = str_field(o, "reason");
+        status.details = o.get("details").cloned();
+    }
 }
 
 fn begin(auditor: &Arc<Auditor>, id: &str, meta: &RequestMeta) -> Option<Recording> {

@@ -29,6 +29,8 @@ pub use crate::apiextensions::live::LiveCatalog;
 pub struct Sources {
     pub paths: Vec<PathBuf>,
     pub builtin: Vec<(PathBuf, String)>,
+    /// Strategies of types whose strategy lives above the catalog.
+    pub strategies: crate::apiextensions::strategy::Strategies,
     pub serve_definitions: bool,
     pub host: Option<host::HostDefinitions>,
 }
@@ -44,6 +46,7 @@ pub struct Loaded {
 impl Sources {
     pub fn load(&self) -> Result<Catalog, CatalogError> {
         let mut catalog = Catalog::load(&self.paths)?;
+        catalog.register_strategies(self.strategies.clone());
         for (name, text) in &self.builtin {
             catalog.add_builtin_manifests(name, text)?;
         }

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use super::admission::{Caller, Operation, Step};
 use super::guaranteed::{Attempts, Current, Plan};
+use super::preconditions::Preconditions;
 use super::read::Item;
 use super::{ReadAt, Registry, Selectors, Target};
 use crate::object::now_rfc3339;
@@ -26,8 +27,7 @@ pub enum Propagation {
 
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOptions {
-    pub precondition_uid: Option<String>,
-    pub precondition_resource_version: Option<String>,
+    pub preconditions: Preconditions,
     pub propagation: Option<Propagation>,
     pub dry_run: bool,
     /// Who asks, for admission (`None`: kshard's own deletes, no webhooks).
@@ -71,7 +71,8 @@ impl Registry {
             let decided: Result<Plan, ApiError> = async {
                 let current =
                     current.ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
-                check_preconditions(t, name, &current.value, opts)?;
+                opts.preconditions
+                    .check_before_delete(t, name, &current.value)?;
                 // kube: preconditions, then admission of the stored object
                 // (mutating, then validating), then the deletion itself.
                 let step = Step::new(
@@ -194,40 +195,4 @@ impl Registry {
         }
         Ok(out)
     }
-}
-
-/// The client's UID and resourceVersion preconditions against the stored object.
-fn check_preconditions(
-    t: &Target,
-    name: &str,
-    current: &Value,
-    opts: &DeleteOptions,
-) -> Result<(), ApiError> {
-    let gk = format!("{}.{}", t.rt.kind, t.rt.group);
-    if let Some(uid) = &opts.precondition_uid {
-        let actual = meta_str(current, "uid");
-        if uid != actual {
-            return Err(precondition_failed(t, &gk, name, format!(
-                "the UID in the precondition ({uid}) does not match the UID in record ({actual}). The object might have been deleted and then recreated"
-            )));
-        }
-    }
-    if let Some(rv) = &opts.precondition_resource_version {
-        let actual = meta_str(current, "resourceVersion");
-        if rv != actual {
-            return Err(precondition_failed(t, &gk, name, format!(
-                "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({actual}). The object might have been modified"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn precondition_failed(t: &Target, gk: &str, name: &str, why: String) -> ApiError {
-    let mut e = ApiError::conflict("", gk, name, &why);
-    if let Some(d) = e.details.as_mut() {
-        d.group = t.rt.group.clone();
-        d.kind = t.rt.kind.clone();
-    }
-    e
 }

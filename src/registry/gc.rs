@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::delete::{FINALIZER_FOREGROUND, FINALIZER_ORPHAN};
+use super::preconditions::Preconditions;
 use super::{
     DeleteOptions, FieldValidation, Propagation, Registry, Subresource, Target, WriteOptions,
 };
@@ -316,7 +317,10 @@ async fn execute(registry: &Registry, graph: &Graph, action: Action) {
                 return;
             };
             let opts = DeleteOptions {
-                precondition_uid: Some(uid.clone()),
+                preconditions: Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                },
                 propagation: Some(Propagation::Background),
                 ..Default::default()
             };

@@ -7,7 +7,7 @@
 //! answer that is not a conditional write (an error, a no-op, a dry run) is
 //! confirmed against a fresh read first, as kube does. A resourceVersion the
 //! client sent is a precondition the caller checks: a mismatch with the fresh
-//! state is a 409, never retried.
+//! state is a 409, never retried (`preconditions.rs` holds those checks).
 
 use serde_json::Value;
 
@@ -463,7 +463,10 @@ mod tests {
                 &t,
                 "g",
                 &super::super::delete::DeleteOptions {
-                    precondition_resource_version: rv,
+                    preconditions: super::super::Preconditions {
+                        uid: None,
+                        resource_version: rv,
+                    },
                     ..Default::default()
                 },
             )

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use super::admission::{Caller, Operation, Step};
 use super::guaranteed::{too_deep, too_large, Attempts, Current, Plan};
+use super::preconditions::{check_resource_version, Preconditions};
 use super::read::Item;
 use super::resource_version::parse_object_revision;
 use super::{convert_value, storage_error, Registry, Target};
@@ -235,14 +236,13 @@ impl Registry {
             t.rt.strategy()
                 .validate(obj, old, sub == Subresource::Status),
         );
-        // The admission configurations kshard stores standalone are kube's
-        // built-in types: kube's own validation, in its words and order,
-        // instead of list-type and CEL checks (their schema has neither).
-        let builtin = crate::admission::crd::builtin_validation(&t.rt.group, &t.rt.plural, obj);
-        if let Some((builtin, ratcheted)) = builtin {
+        // A stand-in for a kube built-in type: kube's own validation, in its
+        // words and order, instead of list-type and CEL checks (its schema
+        // has neither).
+        if let Some(builtin) = t.rt.strategy().builtin_validation(obj) {
             let from = errs.len();
-            errs.extend(builtin);
-            if ratcheted {
+            errs.extend(builtin.errors);
+            if builtin.ratcheted {
                 ratchet(&mut errs, from);
             }
         } else if let Some(schema) = &schema {
@@ -268,10 +268,7 @@ impl Registry {
                 v.status_subresource,
             )
             .with_versions(Box::new(DefinitionVersions(&t.rt)))
-            .with_present_fields(crate::admission::crd::always_present(
-                &t.rt.group,
-                &t.rt.plural,
-            )),
+            .with_present_fields(t.rt.strategy().always_present()),
         )
     }
 
@@ -673,7 +670,7 @@ impl Registry {
         } else {
             Some(parse_object_revision("metadata.resourceVersion", &rv)?)
         };
-        let uid = meta_str(&obj, "uid").to_string();
+        let preconditions = Preconditions::uid_of(&obj);
         let mut notes = Vec::new();
         let mut attempts = Attempts::new(self, t, name);
         let item = loop {
@@ -685,12 +682,7 @@ impl Registry {
                 // precondition, then managedFields and mutating admission,
                 // then the resourceVersion.
                 let current = current.ok_or_else(|| not_found(t, name))?;
-                if !uid.is_empty() {
-                    let actual = meta_str(&current.value, "uid");
-                    if uid != actual {
-                        return Err(uid_precondition_failed(t, name, &uid, actual));
-                    }
-                }
+                preconditions.check(t, name, &current.value)?;
                 let mut new = obj.clone();
                 notes.clear();
                 self.track(t, Some(&current.value), &mut new, sub, &opts.manager)?;
@@ -710,9 +702,7 @@ impl Registry {
                         )],
                     ));
                 };
-                if expected != current.rev {
-                    return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
-                }
+                check_resource_version(t, name, expected, current)?;
                 self.plan_update(t, name, current, new, sub, opts, &mut notes)
                     .await
             }
@@ -784,12 +774,10 @@ impl Registry {
                 let step = Step::new(Operation::Update, name, sub, Some(&current.value));
                 self.admit_mutating(t, &step, Some(&mut obj), opts, &mut warnings)
                     .await?;
-                if !rv.is_empty()
-                    && parse_object_revision("metadata.resourceVersion", &rv)? != current.rev
-                    && meta_str(&current.value, "resourceVersion") != rv
-                {
-                    // A precondition the client set in the patch: 409, not retried.
-                    return Err(ApiError::modified(&t.rt.group, &t.rt.plural, name));
+                if !rv.is_empty() {
+                    // A resourceVersion the client set in the patch.
+                    let sent = parse_object_revision("metadata.resourceVersion", &rv)?;
+                    check_resource_version(t, name, sent, current)?;
                 }
                 self.plan_update(t, name, current, obj, sub, opts, &mut warnings)
                     .await
@@ -1116,29 +1104,6 @@ pub fn strict_decoding_error(t: &Target, errors: &[String]) -> ApiError {
         kind = t.rt.kind,
         version = quote(&t.version),
     ))
-}
-
-/// kube's 409 for an update whose `metadata.uid` is not the stored object's
-/// (the storage precondition's message, with kube's etcd key for the object).
-fn uid_precondition_failed(t: &Target, name: &str, want: &str, actual: &str) -> ApiError {
-    let key = if t.namespace.is_empty() {
-        format!("/registry/{}/{}/{name}", t.rt.group, t.rt.plural)
-    } else {
-        format!(
-            "/registry/{}/{}/{}/{name}",
-            t.rt.group, t.rt.plural, t.namespace
-        )
-    };
-    ApiError::conflict(
-        &t.rt.group,
-        &t.rt.plural,
-        name,
-        &format!(
-            "StorageError: invalid object, Code: 4, Key: {key}, ResourceVersion: 0, \
-             AdditionalErrorMsg: Precondition failed: UID in precondition: {want}, \
-             UID in object meta: {actual}"
-        ),
-    )
 }
 
 /// kube's `IgnoreManagedFieldsTimestampsTransformer`, run on every update:

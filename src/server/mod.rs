@@ -258,10 +258,15 @@ fn load_catalog(cfg: &ServeConfig) -> Result<(Catalog, crate::definitions::Sourc
     let mut sources = crate::definitions::Sources {
         paths: cfg.crds.clone(),
         builtin: Vec::new(),
+        // The admission kinds' validation and field ownership, kube's
+        // built-in types' (below the admission module, the registry cannot
+        // name them).
+        strategies: crate::admission::strategy::strategies(),
         serve_definitions: false,
         host: None,
     };
     let mut catalog = Catalog::load(&cfg.crds)?;
+    catalog.register_strategies(sources.strategies.clone());
     let mut add_builtin = |catalog: &mut Catalog, name: &str, manifests: String| {
         let builtin = (PathBuf::from(name), manifests);
         catalog.add_builtin_manifests(&builtin.0, &builtin.1)?;

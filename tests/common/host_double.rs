@@ -6,7 +6,7 @@
 //! come back on the same address with every connection cut; a real host
 //! cannot be made to do any of these for one kind of request while the rest
 //! of it keeps working. Every test that needs only a working host uses the
-//! real one (README, "Which tests use which host").
+//! real one (ARCHITECTURE.md, "Which tests use which host").
 //!
 //! It speaks the real wire protocol over HTTPS for what kshard needs behind
 //! a host to become ready and to authenticate and authorize: TokenReview and

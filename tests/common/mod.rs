@@ -13,7 +13,7 @@ pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::Value;
@@ -154,14 +154,20 @@ impl TestServer {
 
     /// Runs kubectl and returns stdout, failing the test with stderr when it fails.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        kubectl_ok_with(&self.running.kubeconfig, args)
     }
+}
+
+/// kubectl's stdout; panics with its stderr when it fails.
+pub fn kubectl_ok_with(kubeconfig: &Path, args: &[&str]) -> String {
+    let out = kubectl_with(kubeconfig, args, None);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} ({}) failed: {}",
+        kubeconfig.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 pub fn kubectl_with(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
@@ -207,6 +213,7 @@ fn spawn_and_wait(mut cmd: std::process::Command, stdin: Option<&str>) -> Output
     child.wait_with_output().expect("kubectl output")
 }
 
+/// A blue `Widget` (the `demo.kshard.dev` example every test server serves).
 pub fn widget(name: &str, replicas: i64) -> Value {
     serde_json::json!({
         "apiVersion": "demo.kshard.dev/v1",
@@ -216,21 +223,59 @@ pub fn widget(name: &str, replicas: i64) -> Value {
     })
 }
 
+/// A namespaced CustomResourceDefinition `<plural>.<group>` of kind
+/// `kind`, with one version `v1` (served, stored) whose `spec` object has
+/// `spec_properties`; tests change what they need in it.
+pub fn crd(group: &str, plural: &str, kind: &str, spec_properties: Value) -> Value {
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "kind": kind},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": spec_properties}}}}
+            }]
+        }
+    })
+}
+
 pub const WIDGETS: &str = "/apis/demo.kshard.dev/v1/namespaces/default/widgets";
 
-/// Polls `f` until it returns true (for effects of background work like GC).
+/// Polls `f` until it returns `Some`, for at most `limit` (the machine
+/// may be loaded: callers give generous limits, and the loop stops as soon
+/// as the condition holds).
+pub async fn until<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls `f` until it returns true, for at most 10 s (for effects of
+/// background work like GC).
 pub async fn eventually<F, Fut>(what: &str, mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    for _ in 0..100 {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
+    until(what, Duration::from_secs(10), || {
+        let done = f();
+        async move { done.await.then_some(()) }
+    })
+    .await
 }
 
 /// A long-running kubectl (`get -w`) whose output is read line by line as it

@@ -317,13 +317,7 @@ impl RealHost {
 
     /// kubectl as the administrator; panics with its stderr on failure.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} against the host: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        super::kubectl_ok_with(&self.admin_kubeconfig, args)
     }
 
     /// Applies JSON objects to the host (client-side apply, as an installer's

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -251,22 +251,4 @@ async fn serve(State(hooks): State<Arc<Hooks>>, req: Request) -> Response {
         http::HeaderValue::from_static("application/json"),
     );
     r
-}
-
-/// Polls `f` until it returns `Some`, for at most `limit` (the machine
-/// may be loaded: callers give generous limits, and the loop stops as soon
-/// as the condition holds).
-pub async fn until<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

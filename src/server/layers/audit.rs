@@ -1,14 +1,21 @@
-//! The audit hook: every request gets an `Audit-Id` response header (the
-//! client's `Audit-ID` if it sent one) and, under an audit policy, its events
-//! per stage (`crate::audit`). It runs after authentication, so the event
-//! names the user; impersonation below adds the impersonated user.
+//! Auditing in two steps, as kube's filters do it. [`layer`] runs before
+//! authentication (kube's `WithAuditID` and failed-authentication audit):
+//! every request gets an `Audit-Id` response header (the client's `Audit-ID`
+//! if it sent one), and under an audit policy a request whose credentials
+//! authentication refused is recorded. [`events`] runs after authentication
+//! and the body (kube's `WithAudit`): the policy's events per stage
+//! (`crate::audit`), naming the user; impersonation below adds the
+//! impersonated user. Authentication knows nothing of auditing: it marks its
+//! 401 [`Unauthenticated`].
 
 use std::sync::Arc;
 
 use axum::extract::Request;
 use axum::response::Response;
 
-use super::Authenticated;
+use http::HeaderValue;
+
+use super::{Authenticated, Unauthenticated};
 use crate::api::request::{Route, Verb};
 use crate::audit::{Auditor, ObjectReference, RequestMeta, UserInfo};
 use crate::auth::Identity;
@@ -78,23 +85,68 @@ pub fn meta(req: &Request, user: &Identity) -> RequestMeta {
     }
 }
 
-pub async fn layer<F, Fut>(auditor: Option<&Arc<Auditor>>, req: Request, next: F) -> Response
+/// The request's audit ID, chosen by [`layer`] for every later stage.
+#[derive(Clone, Debug)]
+pub struct AuditId(pub Arc<str>);
+
+/// Under a policy, what the event says about the request before the user
+/// is known; gathered by [`layer`] for [`events`].
+#[derive(Clone)]
+struct Pending(RequestMeta);
+
+/// Before authentication: the audit ID, and the event of a request whose
+/// credentials were refused.
+pub async fn layer<F, Fut>(auditor: Option<&Arc<Auditor>>, mut req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,
 {
-    // Without an auditor only the Audit-Id header is added: the event's
-    // fields are not gathered.
-    let meta = match auditor {
-        Some(_) => {
-            let user = req
-                .extensions()
-                .get::<Authenticated>()
-                .map(|a| a.0.clone())
-                .unwrap_or_default();
-            meta(&req, &user)
+    let id: Arc<str> = crate::audit::audit_id(req.headers()).into();
+    // Without an auditor the event's fields are not gathered.
+    let meta = auditor.map(|_| meta(&req, &Identity::default()));
+    req.extensions_mut().insert(AuditId(id.clone()));
+    if let Some(m) = &meta {
+        req.extensions_mut().insert(Pending(m.clone()));
+    }
+    let mut resp = next(req).await;
+    if let (Some(auditor), Some(meta)) = (auditor, meta) {
+        if resp.extensions().get::<Unauthenticated>().is_some() {
+            resp = crate::audit::record_failed_authentication(auditor, &id, &meta, resp).await;
         }
-        None => crate::audit::RequestMeta::default(),
+    }
+    if let Ok(h) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("audit-id", h);
+    }
+    resp
+}
+
+/// After authentication: the policy's events for the request, naming the
+/// authenticated user.
+pub async fn events<F, Fut>(auditor: Option<&Arc<Auditor>>, mut req: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
+    let Some(auditor) = auditor else {
+        return next(req).await;
     };
-    crate::audit::record(auditor, meta, req, next).await
+    let user = req
+        .extensions()
+        .get::<Authenticated>()
+        .map(|a| a.0.clone())
+        .unwrap_or_default();
+    let id = req.extensions().get::<AuditId>().map_or_else(
+        || crate::audit::audit_id(req.headers()).into(),
+        |a| a.0.clone(),
+    );
+    let meta = match req.extensions_mut().remove::<Pending>() {
+        Some(Pending(mut m)) => {
+            m.user = UserInfo::from(&user);
+            m.groups_for_policy = user.groups.clone();
+            m
+        }
+        // Without the first step (as in unit tests): gathered here.
+        None => meta(&req, &user),
+    };
+    crate::audit::record(auditor, &id, meta, req, next).await
 }

@@ -2,22 +2,19 @@
 //! client certificate, bearer token, anonymous; see `crate::auth`). The user
 //! goes into the request's extensions as [`Authenticated`] and as the acting
 //! [`Identity`] (which impersonation may replace). Credentials that are
-//! presented and refused are 401, audited with no user.
-
-use std::sync::Arc;
+//! presented and refused are 401, marked [`Unauthenticated`] for the audit
+//! layer around this one to record.
 
 use axum::extract::Request;
 use axum::response::Response;
 
-use super::{Authenticated, Forwarded, FrontProxied, InsecureListener};
+use super::{Authenticated, Forwarded, FrontProxied, InsecureListener, Unauthenticated};
 use crate::auth::{Authenticator, Identity, PeerCertificates};
 use crate::replica::forward::ForwardedIdentity;
 use crate::status::ApiError;
 
 pub struct Authentication {
     pub auth: Authenticator,
-    /// Failed authentication is audited too.
-    pub auditor: Option<Arc<crate::audit::Auditor>>,
 }
 
 /// kube's 401.
@@ -49,11 +46,9 @@ where
                 id
             }
             Err(_) => {
-                let meta = super::audit::meta(&req, &Identity::default());
-                return crate::audit::record(a.auditor.as_ref(), meta, req, |_| async {
-                    unauthorized()
-                })
-                .await;
+                let mut resp = unauthorized();
+                resp.extensions_mut().insert(Unauthenticated);
+                return resp;
             }
         }
     };

@@ -12,14 +12,15 @@
 //! | 3 | [`metrics`] | `apiserver_request_total` / `_duration_seconds` for every answer | |
 //! | | [`cache_control`] | `Cache-Control: no-cache, private` unless the handler set one | |
 //! | 4 | [`deadline`] | `--request-timeout` / `?timeout=` for non-long-running requests | 400, 504 |
-//! | 5 | [`authentication`] | front proxy, client certificate, bearer token, anonymous | 401 |
+//! | 5 | [`audit`] | `Audit-Id` on every answer; under a policy, the event of a refused authentication | |
+//! | 6 | [`authentication`] | front proxy, client certificate, bearer token, anonymous | 401 |
 //! | | [`trace`] | with `--tracing-config-file`: the request's server span (the caller's `traceparent` followed for privileged callers and the host's aggregator), back-dated to its arrival | |
-//! | 6 | [`body`] | reads the request body (3 MiB, under the deadline and a memory budget) before any seat is taken | 413, 429 |
-//! | 7 | [`audit`] | `Audit-Id`, the policy's events per stage | |
-//! | 8 | [`impersonation`] | `Impersonate-*` headers, authorized with the `impersonate` verb | 400, 403 |
-//! | 9 | [`forward`] | several replicas: writes go to the leader | the leader's answer |
-//! | 10 | [`priority`] | API Priority and Fairness: classify, queue, hold seats until the response is sent | 429 |
-//! | 11 | [`authorization`] | SubjectAccessReview (or standalone rules) with the request info's attributes | 403 |
+//! | 7 | [`body`] | reads the request body (3 MiB, under the deadline and a memory budget) before any seat is taken | 413, 429 |
+//! | 8 | [`audit::events`] | the policy's events per stage, naming the user | |
+//! | 9 | [`impersonation`] | `Impersonate-*` headers, authorized with the `impersonate` verb | 400, 403 |
+//! | 10 | [`forward`] | several replicas: writes go to the leader | the leader's answer |
+//! | 11 | [`priority`] | API Priority and Fairness: classify, queue, hold seats until the response is sent | 429 |
+//! | 12 | [`authorization`] | SubjectAccessReview (or standalone rules) with the request info's attributes | 403 |
 //!
 //! Kube runs authorization inside the flow-control seat too: a request
 //! denied there has still been paid for by its flow.
@@ -90,10 +91,7 @@ pub fn stack(app: Router, parts: Parts) -> Router {
     };
     let stack = Stack(Arc::new(Layers {
         request_timeout,
-        authentication: authentication::Authentication {
-            auth,
-            auditor: auditor.clone(),
-        },
+        authentication: authentication::Authentication { auth },
         body,
         auditor,
         impersonation,
@@ -145,7 +143,11 @@ impl Layers {
     }
 
     async fn deadline(&self, req: Request) -> Response {
-        deadline::layer(self.request_timeout, req, |req| {
+        deadline::layer(self.request_timeout, req, |req| Box::pin(self.audit(req))).await
+    }
+
+    async fn audit(&self, req: Request) -> Response {
+        audit::layer(self.auditor.as_ref(), req, |req| {
             Box::pin(self.authentication(req))
         })
         .await
@@ -168,12 +170,12 @@ impl Layers {
     }
 
     async fn body(&self, req: Request) -> Response {
-        body::layer(&self.body, req, |req| Box::pin(self.audit(req))).await
+        body::layer(&self.body, req, |req| Box::pin(self.audit_events(req))).await
     }
 
-    async fn audit(&self, req: Request) -> Response {
+    async fn audit_events(&self, req: Request) -> Response {
         let step = crate::traces::Span::child("audit");
-        audit::layer(self.auditor.as_ref(), req, |req| {
+        audit::events(self.auditor.as_ref(), req, |req| {
             drop(step);
             Box::pin(self.impersonation(req))
         })
@@ -246,6 +248,11 @@ pub struct InsecureListener;
 /// Who authenticated (before impersonation). Set by [`authentication`].
 #[derive(Clone, Debug)]
 pub struct Authenticated(pub Identity);
+
+/// Set on authentication's 401 (credentials presented and refused), for
+/// the [`audit`] layer around it to record.
+#[derive(Clone, Copy, Debug)]
+pub struct Unauthenticated;
 
 /// Set by [`authentication`] for a write a follower forwarded: authenticated
 /// and impersonated there already, so neither runs again here.

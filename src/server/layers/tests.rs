@@ -216,7 +216,6 @@ fn delegating(anonymous: Anonymous) -> authentication::Authentication {
             tokens: None,
             anonymous,
         },
-        auditor: None,
     }
 }
 
@@ -291,7 +290,10 @@ async fn authentication_answers_401_without_credentials_when_anonymous_is_refuse
     let resp = authentication::layer(&delegating(Anonymous::Refused), req, next).await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     assert!(taken(&seen).is_none(), "nothing below runs");
-    assert!(resp.headers().contains_key("audit-id"), "audited");
+    assert!(
+        resp.extensions().get::<Unauthenticated>().is_some(),
+        "marked for the audit layer around it"
+    );
     let status = status_body(resp).await;
     assert_eq!(status["kind"], "Status");
     assert_eq!(status["reason"], "Unauthorized");
@@ -369,6 +371,94 @@ async fn audit_ids_are_the_clients_or_new() {
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     let id = resp.headers()["audit-id"].to_str().expect("text");
     assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
+}
+
+/// An auditor at level Request for everything, keeping what it emits.
+fn recording_auditor() -> (
+    Arc<crate::audit::Auditor>,
+    Arc<Mutex<Vec<crate::audit::Event>>>,
+) {
+    struct Keep(Arc<Mutex<Vec<crate::audit::Event>>>);
+    impl crate::audit::Sink for Keep {
+        fn process(&self, event: &crate::audit::Event) {
+            self.0.lock().expect("lock").push(event.clone());
+        }
+    }
+    let policy = crate::audit::Policy::parse(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Request\n",
+    )
+    .expect("policy");
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let auditor = crate::audit::Auditor::new(policy, vec![Arc::new(Keep(kept.clone()))]);
+    (auditor, kept)
+}
+
+#[tokio::test]
+async fn audit_records_a_refused_authentication_as_kube_does() {
+    // The audit layer around authentication, as the stack orders them: a
+    // refused credential is one ResponseStarted event with no user and the
+    // 401's Status (kube-apiserver v1.36 writes exactly that, at any level,
+    // without the request body).
+    let (auditor, kept) = recording_auditor();
+    let mut req = parsed("POST", "/apis/g.example/v1/namespaces/ns/things");
+    *req.body_mut() = Body::from(r#"{"kind":"Thing"}"#);
+    let (seen, next) = recorder(|_| ());
+    let resp = audit::layer(Some(&auditor), req, |req| async move {
+        authentication::layer(&delegating(Anonymous::Refused), req, next).await
+    })
+    .await;
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert!(taken(&seen).is_none());
+    let id = resp.headers()["audit-id"].to_str().expect("id").to_string();
+    let status = status_body(resp).await;
+    assert_eq!(status["reason"], "Unauthorized", "the body is passed on");
+    let events = kept.lock().expect("lock").clone();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e.stage, crate::audit::Stage::ResponseStarted);
+    assert_eq!(e.audit_id, id);
+    assert_eq!(e.verb, "create");
+    assert!(e.user.username.is_empty());
+    assert!(e.request_object.is_none());
+    let rs = e.response_status.as_ref().expect("status");
+    assert_eq!(
+        (
+            rs.code,
+            rs.status.as_str(),
+            rs.reason.as_str(),
+            rs.message.as_str()
+        ),
+        (401, "Failure", "Unauthorized", "Unauthorized")
+    );
+
+    // An authenticated request: the events step below records it, naming
+    // the user, under the same audit ID the first step chose.
+    let (auditor, kept) = recording_auditor();
+    let mut req = parsed("GET", "/apis/g.example/v1/things");
+    req.headers_mut()
+        .insert("audit-id", "client-id".parse().expect("header"));
+    let inner = auditor.clone();
+    let resp = audit::layer(Some(&auditor), req, |req| async move {
+        let req = authenticated(req, user("alice"));
+        audit::events(Some(&inner), req, |_| async {
+            StatusCode::OK.into_response()
+        })
+        .await
+    })
+    .await;
+    assert_eq!(resp.headers()["audit-id"], "client-id");
+    let events = kept.lock().expect("lock").clone();
+    let stages: Vec<_> = events
+        .iter()
+        .map(|e| (e.stage, e.audit_id.as_str(), e.user.username.as_str()))
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            (crate::audit::Stage::RequestReceived, "client-id", "alice"),
+            (crate::audit::Stage::ResponseComplete, "client-id", "alice")
+        ]
+    );
 }
 
 #[test]

@@ -26,6 +26,7 @@ use axum::response::Response;
 use opentelemetry::trace::{Link, SpanKind, Status, TraceContextExt};
 use opentelemetry::{Context, KeyValue};
 
+use super::audit::AuditId;
 use super::{Authenticated, Forwarded, FrontProxied};
 use crate::api::request::{RequestInfo, Route};
 use crate::traces;
@@ -65,6 +66,7 @@ where
     };
     // Authentication ran before the span could exist: its child, back-dated.
     drop(traces::Span::child_of(&cx, "authentication", start));
+    let audit_id = req.extensions().get::<AuditId>().map(|a| a.0.clone());
     let mut resp = traces::in_context(cx.clone(), next(req)).await;
     let span = cx.span();
     let status = resp.status().as_u16();
@@ -72,7 +74,7 @@ where
         "http.response.status_code",
         i64::from(status),
     ));
-    if let Some(id) = resp.headers().get("audit-id").and_then(|v| v.to_str().ok()) {
+    if let Some(id) = audit_id {
         span.set_attribute(KeyValue::new("audit-id", id.to_string()));
     }
     // otelhttp's server rule: only a 5xx is the server's error.
