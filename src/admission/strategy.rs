@@ -86,7 +86,13 @@ mod tests {
                 found.errors.iter().map(|e| &e.field).collect::<Vec<_>>()
             );
             assert!(rt(MUTATING).strategy().builtin_validation(&bad).is_some());
-            assert!(rt(POLICIES).strategy().builtin_validation(&bad).is_none());
+            // kube checks a policy whole on every update: no ratcheting.
+            let policy = rt(POLICIES)
+                .strategy()
+                .builtin_validation(&json!({"spec": {}}))
+                .expect("kube's validation");
+            assert!(!policy.ratcheted);
+            assert!(policy.errors.iter().any(|e| e.field.starts_with("spec.")));
             assert_eq!(rt(POLICIES).strategy().always_present(), ["spec", "status"]);
             assert_eq!(rt(BINDINGS).strategy().always_present(), ["spec"]);
         }
