@@ -223,25 +223,27 @@ fn has_prefix_ignore_case(name: &str, prefix: &str) -> bool {
 }
 
 /// Removes the request headers a front proxy may set, whoever sent them.
+/// The named headers are removed by name (a lookup each); only a request
+/// that carries a header with an extra prefix pays for collecting names.
 fn strip_request_headers(headers: &mut HeaderMap, rh: &RequestHeader) {
-    let names: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| {
-            let k = k.as_str();
-            rh.username_headers
-                .iter()
-                .chain(&rh.uid_headers)
-                .chain(&rh.group_headers)
-                .any(|h| h.eq_ignore_ascii_case(k))
-                || rh
-                    .extra_headers_prefix
-                    .iter()
-                    .any(|p| has_prefix_ignore_case(k, p))
-        })
-        .cloned()
-        .collect();
-    for n in names {
-        headers.remove(n);
+    for name in rh
+        .username_headers
+        .iter()
+        .chain(&rh.uid_headers)
+        .chain(&rh.group_headers)
+    {
+        headers.remove(name.as_str());
+    }
+    let has_extra = |k: &HeaderName| {
+        rh.extra_headers_prefix
+            .iter()
+            .any(|p| has_prefix_ignore_case(k.as_str(), p))
+    };
+    if headers.keys().any(has_extra) {
+        let names: Vec<HeaderName> = headers.keys().filter(|k| has_extra(k)).cloned().collect();
+        for n in names {
+            headers.remove(n);
+        }
     }
 }
 
