@@ -15,11 +15,13 @@
 //! - [`validation`]: kube's validation of the webhook configurations kshard stores;
 //! - [`policy_validation`]: kube's validation of the policies and bindings it stores;
 //! - [`strategy`]: those kinds' strategies, registered with the catalog;
+//! - [`columns`]: kube's table columns for those kinds;
 //! - [`webhook`]: the HTTPS call (clients, CA bundles, timeouts, errors);
 //! - [`policy`]: ValidatingAdmissionPolicy and its bindings, in CEL;
 //! - `dispatch`: the mutating (in order, with reinvocation) and validating
 //!   (in parallel) runs, failure policy, patches, warnings, audit annotations.
 
+pub mod columns;
 pub mod config;
 pub mod crd;
 mod dispatch;

@@ -9,7 +9,8 @@
 use serde_json::Value;
 
 use super::config::{BINDINGS, GROUP, MUTATING, POLICIES, VALIDATING};
-use crate::apiextensions::strategy::{BuiltinValidation, Strategies, Strategy};
+use crate::apiextensions::catalog::PrinterColumn;
+use crate::apiextensions::strategy::{BuiltinValidation, ComputedCell, Strategies, Strategy};
 
 /// One admissionregistration kind, by its resource name.
 #[derive(Debug)]
@@ -27,6 +28,10 @@ impl Strategy for Kind {
 
     fn always_present(&self) -> &'static [&'static str] {
         super::crd::always_present(GROUP, self.0)
+    }
+
+    fn table_columns(&self) -> Option<Vec<(PrinterColumn, ComputedCell)>> {
+        super::columns::table_columns(self.0)
     }
 }
 

@@ -10,7 +10,11 @@
 
 use serde_json::Value;
 
+use super::catalog::PrinterColumn;
 use crate::status::FieldError;
+
+/// A table cell computed from an object.
+pub type ComputedCell = fn(&Value) -> Value;
 
 pub trait Strategy: Sync + std::fmt::Debug {
     /// Defaults the type sets on an object being created or updated, after
@@ -36,6 +40,13 @@ pub trait Strategy: Sync + std::fmt::Debug {
     /// on create.
     fn always_present(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// The columns of a kube built-in type's table (kube's printer for it,
+    /// between Name and Age), each computed from the object, in place of
+    /// the definition's printer columns.
+    fn table_columns(&self) -> Option<Vec<(PrinterColumn, ComputedCell)>> {
+        None
     }
 
     /// A finalizer the type adds when an object is first deleted (its
