@@ -592,6 +592,91 @@ async fn a_restored_shard_serves_the_snapshot_and_informers_relist() {
     assert!(next > restored_rv, "{next} after {restored_rv}");
 }
 
+/// A dependent whose owner is gone when the server starts is collected,
+/// wherever it is in the store: the garbage collector reads the store a
+/// page at a time at start-up (2,048 objects), and this one is past the
+/// first page. The store is made by restoring a snapshot without the owner.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dependent_whose_owner_is_gone_at_start_is_collected() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (source, restored) = (dir.path().join("source"), dir.path().join("restored"));
+    let (saved, edited) = (
+        dir.path().join("saved.snap"),
+        dir.path().join("edited.snap"),
+    );
+    {
+        let _server = serve_at(&source, "127.0.0.1:0", &[]);
+        let api = widgets(common::client_for(&source.join("kubeconfig")).await);
+        let owner = api
+            .create(&PostParams::default(), &padded("a-owner", 1, 0))
+            .await
+            .expect("owner");
+        let mut dependent = common::widget("zz-dependent", 1);
+        dependent["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+            "name": "a-owner", "uid": owner.metadata.uid,
+        }]);
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(dependent).expect("widget"),
+        )
+        .await
+        .expect("dependent");
+        // More objects than a page of the collector's start-up read, keyed
+        // between the owner and its dependent.
+        futures::stream::iter(0..2100)
+            .map(|i| {
+                let api = api.clone();
+                async move {
+                    api.create(&PostParams::default(), &padded(&format!("m{i:04}"), 1, 0))
+                        .await
+                        .expect("create")
+                }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+    }
+    kshard_ok(&[
+        "snapshot",
+        "save",
+        "-q",
+        "--store",
+        "embedded",
+        "--data-dir",
+        path_str(&source),
+        path_str(&saved),
+    ]);
+    let (header, entries) = read_snapshot(&saved);
+    let owner_key = format!("{KEY_PREFIX}a-owner");
+    assert!(entries.iter().any(|e| e.key == owner_key));
+    let kept: Vec<Entry> = entries.into_iter().filter(|e| e.key != owner_key).collect();
+    let mut enc = format::Encoder::new();
+    let mut file = enc.start(&header).to_vec();
+    for chunk in kept.chunks(500) {
+        file.extend_from_slice(&enc.objects(chunk));
+    }
+    file.extend_from_slice(&enc.finish().0);
+    std::fs::write(&edited, file).expect("write");
+    kshard_ok(&[
+        "snapshot",
+        "restore",
+        "-q",
+        "--data-dir",
+        path_str(&restored),
+        path_str(&edited),
+    ]);
+
+    let _server = serve_at(&restored, "127.0.0.1:0", &[]);
+    let api = widgets(common::client_for(&restored.join("kubeconfig")).await);
+    common::eventually("the dependent of a missing owner is collected", || {
+        let api = api.clone();
+        async move { api.get_opt("zz-dependent").await.expect("get").is_none() }
+    })
+    .await;
+    assert!(api.get_opt("m2099").await.expect("get").is_some());
+}
+
 /// The operator's protections: a non-empty target is refused unless
 /// --force (which replaces it); a truncated or corrupted file is refused by
 /// name before anything is written; `status` checks a file whole.

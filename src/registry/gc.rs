@@ -153,6 +153,9 @@ fn gc_write_options() -> WriteOptions {
     }
 }
 
+/// Stored objects read and parsed at a time when the collector starts.
+const LOAD_PAGE: usize = 2048;
+
 pub fn spawn(registry: Arc<Registry>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         if let Err(e) = run(registry).await {
@@ -163,17 +166,34 @@ pub fn spawn(registry: Arc<Registry>) -> tokio::task::JoinHandle<()> {
 
 async fn run(registry: Arc<Registry>) -> Result<(), StorageError> {
     let (rev, mut feed) = registry.store.subscribe();
-    let page = registry
-        .store
-        .list("", rev, None, None, Arc::new(|_| true))
-        .await?;
     let mut graph = Graph::default();
     let mut dirty: HashSet<String> = HashSet::new();
-    for (key, json) in page.items {
-        if let Ok(v) = serde_json::from_slice::<Value>(&json) {
+    // The store is read a page at a time, each parsed off the runtime's
+    // workers: read whole, a million objects were a second copy of all their
+    // JSON (1.3 GB) beside the watch cache's, parsed on a worker for seconds,
+    // just as the server became ready.
+    let mut after = None;
+    loop {
+        let page = registry
+            .store
+            .list_counting("", rev, after, Some(LOAD_PAGE), Arc::new(|_| true), false)
+            .await?;
+        after = page.continue_after;
+        let values = tokio::task::spawn_blocking(move || {
+            page.items
+                .into_iter()
+                .filter_map(|(key, json)| Some((key, serde_json::from_slice::<Value>(&json).ok()?)))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| StorageError::Engine(e.to_string()))?;
+        for (key, v) in values {
             if let Some(uid) = observe(&registry, &mut graph, &key, &v) {
                 dirty.insert(uid);
             }
+        }
+        if after.is_none() {
+            break;
         }
     }
     loop {
