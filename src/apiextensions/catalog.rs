@@ -866,17 +866,3 @@ spec:
             .is_err());
     }
 }
-#[cfg(test)]
-mod cost_limits {
-    /// The flow-control CRDs are installed into host clusters, whose kube-apiserver
-    /// checks their rules' estimated cost: they must pass as a user's definition.
-    #[test]
-    fn flowcontrol_crds_pass_kubes_cost_limits() {
-        let mut c = super::Catalog::default();
-        c.add_manifests(
-            std::path::Path::new("flowcontrol"),
-            &crate::controller::crd::manifests_yaml(),
-        )
-        .expect("within kube's limits");
-    }
-}

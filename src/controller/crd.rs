@@ -172,3 +172,18 @@ pub fn manifests_yaml() -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    /// The flow-control CRDs are installed into host clusters, whose kube-apiserver
+    /// checks their rules' estimated cost: they must pass as a user's definition.
+    #[test]
+    fn flowcontrol_crds_pass_kubes_cost_limits() {
+        let mut c = crate::apiextensions::Catalog::default();
+        c.add_manifests(
+            std::path::Path::new("flowcontrol"),
+            &super::manifests_yaml(),
+        )
+        .expect("within kube's limits");
+    }
+}

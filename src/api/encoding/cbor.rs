@@ -648,6 +648,13 @@ fn epoch_tag(v: &Value) -> Result<Value, CborError> {
 
 #[cfg(test)]
 mod tests {
+    /// A CBOR body nests no deeper than what the store reads back (and JSON
+    /// patches are held to).
+    #[test]
+    fn cbor_nesting_is_the_stores() {
+        assert_eq!(super::MAX_NESTING, crate::storage::MAX_OBJECT_NESTING);
+    }
+
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
