@@ -178,6 +178,14 @@ fn start_etcd(bin: &str, dir: &Path) -> (common::KillOnDrop, u16) {
             "--initial-cluster",
             &format!("default=http://127.0.0.1:{peer}"),
         ])
+        // As a cluster kube-apiserver runs on: history compacted every 5
+        // minutes (kube-apiserver's --etcd-compaction-interval; kshard
+        // compacts as often) and the largest quota etcd recommends. With
+        // neither, the updates of one run filled etcd's 2 GiB default and
+        // every later write failed with "database space exceeded".
+        .args(["--auto-compaction-mode", "periodic"])
+        .args(["--auto-compaction-retention", "5m"])
+        .args(["--quota-backend-bytes", "8589934592"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
