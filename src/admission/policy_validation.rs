@@ -217,29 +217,7 @@ fn match_resources(m: &Value, at: &str, errs: &mut Vec<FieldError>) {
 
 /// CEL's identifiers, less its reserved words.
 fn is_cel_identifier(name: &str) -> bool {
-    const RESERVED: [&str; 21] = [
-        "true",
-        "false",
-        "null",
-        "in",
-        "as",
-        "break",
-        "const",
-        "continue",
-        "else",
-        "for",
-        "function",
-        "if",
-        "import",
-        "let",
-        "loop",
-        "package",
-        "namespace",
-        "return",
-        "var",
-        "void",
-        "while",
-    ];
+    use crate::schema::cel_decl::RESERVED;
     let mut chars = name.chars();
     chars
         .next()

@@ -3,6 +3,10 @@
 //! finalizers, then one conditional write per change (through
 //! `guaranteed::Attempts`), with admission where kube has it. Deletion is in
 //! `delete.rs`.
+//!
+//! One file (about 1,200 lines): create, update, patch and apply run the same steps in one
+//! order, each a named function here; the read-modify-write loop (`guaranteed.rs`),
+//! preconditions, strategies, patches and admission are their own modules.
 
 use crate::object::MetaField;
 use std::sync::Arc;

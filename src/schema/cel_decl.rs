@@ -217,7 +217,8 @@ pub fn child_multiplicity(n: &Node) -> Option<u64> {
     }
 }
 
-const RESERVED: &[&str] = &[
+/// CEL's reserved words: no identifier or escaped property name may be one.
+pub const RESERVED: &[&str] = &[
     "true",
     "false",
     "null",

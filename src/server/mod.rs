@@ -1,6 +1,10 @@
 //! Process wiring: open the store, start the watch cache, garbage collector
 //! and compactor, then serve the API over TLS (HTTP/1.1 and h2) and, if asked,
 //! plain HTTP for local debugging.
+//!
+//! Long (about 1,200 lines) because it wires every subsystem, one named phase each in
+//! `start`; the request layers, connections, TLS, the dev PKI and the configuration are
+//! their own files.
 
 mod config;
 pub mod conn;

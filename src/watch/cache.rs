@@ -1,3 +1,8 @@
+//! The watch cache of each resource: its current objects, its watchers and
+//! the fan-out of the store's change feed to them (the event history, a
+//! watcher's queue and the event itself are their own files). About 800
+//! lines; the rest of the file is its tests.
+
 use crate::object::MetaField;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
