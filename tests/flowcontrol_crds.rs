@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use kshard::flowcontrol::config::{FlowSchemaResource, PriorityLevelConfigurationResource};
+use kshard::flowcontrol::types::{FlowSchemaResource, PriorityLevelConfigurationResource};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 

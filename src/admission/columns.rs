@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
+use super::hooks::{BINDINGS, MUTATING, POLICIES, VALIDATING};
 use crate::apiextensions::catalog::PrinterColumn;
 use crate::apiextensions::strategy::ComputedCell;
 

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::config::Hook;
+use super::hooks::Hook;
 use super::matching::{self, Criteria, Verdict};
 use super::review::{self, Invocation, ReviewVersion};
 use super::webhook::CallFailure;
 use super::Webhooks;
-use crate::registry::admission::{Attributes, Gvk};
 use crate::registry::patch::{self, PatchType};
+use crate::registry::write_admission::{Attributes, Gvk};
 use crate::registry::ResourceType;
 use crate::status::{quote, ApiError, Details};
 
@@ -44,7 +44,7 @@ fn calling(reason: impl Into<String>) -> HookError {
 /// `IsExemptAdmissionConfigurationResource`), so a broken webhook can
 /// always be removed.
 pub(super) fn exempt(kind: &Gvk) -> bool {
-    kind.group == super::config::GROUP
+    kind.group == super::hooks::GROUP
         && matches!(
             kind.kind.as_str(),
             "ValidatingWebhookConfiguration"
@@ -236,7 +236,7 @@ impl Webhooks {
     async fn ready(
         &self,
         attrs: &Attributes<'_>,
-    ) -> Result<std::sync::Arc<super::config::Hooks>, ApiError> {
+    ) -> Result<std::sync::Arc<super::hooks::Hooks>, ApiError> {
         if !self.source.is_synced() && !self.source.wait_synced(READY_WAIT).await {
             let t = attrs.target;
             return Err(ApiError::forbidden_resource(
@@ -785,7 +785,7 @@ mod tests {
             version: "v1".into(),
             namespace: "default".into(),
         };
-        let caller = crate::registry::admission::Caller::default();
+        let caller = crate::registry::write_admission::Caller::default();
         let attrs = Attributes {
             target: &target,
             name: "w1",
@@ -795,13 +795,13 @@ mod tests {
                 version: "v1".into(),
                 kind: "Widget".into(),
             },
-            operation: crate::registry::admission::Operation::Create,
+            operation: crate::registry::write_admission::Operation::Create,
             old_object: None,
             dry_run: false,
             caller: &caller,
         };
         let w = Webhooks::new(
-            super::super::config::Source::fixed(Default::default()),
+            super::super::hooks::Source::fixed(Default::default()),
             super::super::webhook::Clients::new(&[]),
             std::sync::Arc::new(super::super::ImplicitNamespaces),
             None,

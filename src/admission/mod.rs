@@ -5,10 +5,10 @@
 //! validation); ValidatingAdmissionPolicy, then ValidatingAdmissionWebhook
 //! after validation (before the write), for every create, update, patch,
 //! apply and delete, subresources and dry runs too. The registry calls them
-//! through `registry::admission::Admission`.
+//! through `registry::write_admission::Admission`.
 //!
 //! - [`config`]: the webhook configurations (kshard's own objects
-//!   standalone, the host's behind one), compiled into [`config::Hooks`];
+//!   standalone, the host's behind one), compiled into [`hooks::Hooks`];
 //! - [`crd`]: the built-in CRDs that serve those kinds standalone;
 //! - [`matching`]: rules, selectors, match policy, match conditions;
 //! - [`review`]: the AdmissionReview sent and the answer's checks;
@@ -21,10 +21,10 @@
 //! - `dispatch`: the mutating (in order, with reinvocation) and validating
 //!   (in parallel) runs, failure policy, patches, warnings, audit annotations.
 
+pub mod builtin_crds;
 pub mod columns;
-pub mod config;
-pub mod crd;
 mod dispatch;
+pub mod hooks;
 pub mod matching;
 pub mod policy;
 pub mod policy_validation;
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::registry::admission::{Admission, Attributes};
+use crate::registry::write_admission::{Admission, Attributes};
 use crate::status::ApiError;
 
 /// The label kube puts on every namespace: its own name.
@@ -99,7 +99,7 @@ pub fn namespace_view(ns: &Value) -> Value {
 
 /// The admission webhooks and policies in force, and what running them needs.
 pub struct Webhooks {
-    source: config::Source,
+    source: hooks::Source,
     clients: webhook::Clients,
     namespaces: Arc<dyn Namespaces>,
     /// Where policies' params are read (`None`: bindings with params fail).
@@ -108,7 +108,7 @@ pub struct Webhooks {
 
 impl Webhooks {
     pub fn new(
-        source: config::Source,
+        source: hooks::Source,
         clients: webhook::Clients,
         namespaces: Arc<dyn Namespaces>,
         params: Option<Arc<dyn policy::Params>>,
@@ -122,8 +122,8 @@ impl Webhooks {
     }
 
     /// Whether the configuration has been read whole (readiness).
-    /// Host admission kinds not followed, with why (see [`config::Missing`]).
-    pub fn missing(&self) -> config::Missing {
+    /// Host admission kinds not followed, with why (see [`hooks::Missing`]).
+    pub fn missing(&self) -> hooks::Missing {
         self.source.missing()
     }
 

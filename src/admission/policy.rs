@@ -25,7 +25,7 @@ use super::dispatch::{versioned_opt, NamespaceOnce, Undecided};
 use super::matching::{self, Activation, Conditions, Criteria, Expr, NamedRule, Selector, Verdict};
 use super::review::{self, Invocation};
 use super::Webhooks;
-use crate::registry::admission::Attributes;
+use crate::registry::write_admission::Attributes;
 use crate::registry::{convert_values, ReadAt, Registry, Selectors, Target};
 use crate::status::ApiError;
 

@@ -8,7 +8,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::registry::admission::{Attributes, Gvk};
+use crate::registry::write_admission::{Attributes, Gvk};
 
 /// The resource and kind a webhook is called for: the request's, or an
 /// equivalent version of it (match policy Equivalent).

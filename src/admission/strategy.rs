@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use super::config::{BINDINGS, GROUP, MUTATING, POLICIES, VALIDATING};
+use super::hooks::{BINDINGS, GROUP, MUTATING, POLICIES, VALIDATING};
 use crate::apiextensions::catalog::PrinterColumn;
 use crate::apiextensions::strategy::{BuiltinValidation, ComputedCell, Strategies, Strategy};
 
@@ -18,16 +18,16 @@ struct Kind(&'static str);
 
 impl Strategy for Kind {
     fn prepare(&self, obj: &mut Value) {
-        super::crd::omit_empty_lists(obj);
+        super::builtin_crds::omit_empty_lists(obj);
     }
 
     fn builtin_validation(&self, obj: &Value) -> Option<BuiltinValidation> {
-        let (errors, ratcheted) = super::crd::builtin_validation(GROUP, self.0, obj)?;
+        let (errors, ratcheted) = super::builtin_crds::builtin_validation(GROUP, self.0, obj)?;
         Some(BuiltinValidation { errors, ratcheted })
     }
 
     fn always_present(&self) -> &'static [&'static str] {
-        super::crd::always_present(GROUP, self.0)
+        super::builtin_crds::always_present(GROUP, self.0)
     }
 
     fn table_columns(&self) -> Option<Vec<(PrinterColumn, ComputedCell)>> {
@@ -63,7 +63,7 @@ mod tests {
         let load = |c: &mut Catalog| {
             c.add_builtin_manifests(
                 std::path::Path::new("<admission>"),
-                &super::super::crd::manifests_yaml(),
+                &super::super::builtin_crds::manifests_yaml(),
             )
             .expect("the CRDs load");
         };

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use http_body_util::BodyExt;
 use serde_json::Value;
 
-use super::config::{Endpoint, Hook};
+use super::hooks::{Endpoint, Hook};
 pub use crate::webhook_tls::MAX_ANSWER_BYTES as MAX_RESPONSE_BYTES;
 
 /// A failure to get an answer from a webhook (kube's `ErrCallingWebhook`):

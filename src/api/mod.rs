@@ -254,15 +254,15 @@ async fn serve(state: &ApiState, req: Request) -> Response {
 
 /// Who a write comes from, for admission: the acting user (after
 /// impersonation) and the request's audit event for annotations.
-fn caller_of(ext: &http::Extensions) -> crate::registry::admission::Caller {
-    let annotate: Option<crate::registry::admission::Annotate> = ext
+fn caller_of(ext: &http::Extensions) -> crate::registry::write_admission::Caller {
+    let annotate: Option<crate::registry::write_admission::Annotate> = ext
         .get::<Arc<crate::audit::Recording>>()
         .cloned()
         .map(|rec| {
             Arc::new(move |k: &str, v: &str| rec.annotate(k, v))
-                as crate::registry::admission::Annotate
+                as crate::registry::write_admission::Annotate
         });
-    crate::registry::admission::Caller {
+    crate::registry::write_admission::Caller {
         user: ext
             .get::<crate::auth::Identity>()
             .cloned()

@@ -43,7 +43,8 @@ fn kind_schema(rt: &ResourceType, version: &str, v3: bool) -> Value {
     go_numbers(&mut schema);
     // kube's built-in types kshard serves publish their patch metadata, which
     // kubectl's client-side apply computes its strategic merge patch from.
-    if let Some(meta) = crate::admission::crd::strategic_merge_meta(&rt.group, &rt.plural) {
+    if let Some(meta) = crate::admission::builtin_crds::strategic_merge_meta(&rt.group, &rt.plural)
+    {
         overlay_patch_meta(&mut schema, &meta);
     }
     let root_preserves = schema

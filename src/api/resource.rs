@@ -14,10 +14,10 @@ use super::options::{delete_options, write_options, ListOptions, Query};
 use super::request::{ResourceRequest, Verb};
 use super::response::{self, error_response, ListMeta};
 use super::ApiState;
-use crate::registry::admission::Caller;
 use crate::registry::patch::{self, PatchType};
 use crate::registry::scale::{apply_scale, to_scale};
 use crate::registry::table::IncludeObject;
+use crate::registry::write_admission::Caller;
 use crate::registry::{DeleteOutcome, Item, Selectors, Subresource, Target};
 use crate::status::ApiError;
 
@@ -492,7 +492,8 @@ impl Handler<'_> {
         }
         // Strategic merge patch only for kube's built-in types kshard
         // serves (with their patch metadata); a custom resource's is 415.
-        let patch_meta = crate::admission::crd::strategic_merge_meta(&t.rt.group, &t.rt.plural);
+        let patch_meta =
+            crate::admission::builtin_crds::strategic_merge_meta(&t.rt.group, &t.rt.plural);
         let kind = PatchType::from_content_type(ct)
             .filter(|k| *k != PatchType::Strategic || patch_meta.is_some())
             .ok_or_else(|| ApiError::unsupported_media_type(PATCH_TYPES))?;

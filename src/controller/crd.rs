@@ -5,7 +5,7 @@
 use kube::CustomResourceExt;
 use serde_json::{json, Value};
 
-use crate::flowcontrol::config::{FlowSchemaResource, PriorityLevelConfigurationResource};
+use crate::flowcontrol::types::{FlowSchemaResource, PriorityLevelConfigurationResource};
 
 fn schema_mut<'a>(
     crd: &'a mut Value,

@@ -6,7 +6,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use super::object::FlowObject;
 use super::ControllerError;
 use crate::flowcontrol::bootstrap::{self, Action};
-use crate::flowcontrol::config::{FlowSchemaResource, PriorityLevelConfigurationResource};
+use crate::flowcontrol::types::{FlowSchemaResource, PriorityLevelConfigurationResource};
 
 /// Field manager of the bootstrap objects' specs.
 const BOOTSTRAP_FIELD_MANAGER: &str = "kshard-flowcontrol-bootstrap";

@@ -29,7 +29,7 @@ use futures::{FutureExt, StreamExt};
 use kube::api::Api;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 
-use crate::flowcontrol::config::{FlowSchemaResource, PriorityLevelConfigurationResource};
+use crate::flowcontrol::types::{FlowSchemaResource, PriorityLevelConfigurationResource};
 use crate::flowcontrol::Apf;
 use object::FlowObject;
 use reconcile::Reconciler;

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::flowcontrol::bootstrap;
-use crate::flowcontrol::config::{
+use crate::flowcontrol::types::{
     self, Condition, FieldError, FlowSchemaResource, PriorityLevelConfigurationResource,
 };
 
@@ -24,8 +24,8 @@ pub(super) trait FlowObject:
     + 'static
 {
     const KIND: &'static str;
-    /// The configuration object (`config::FlowSchema` or
-    /// `config::PriorityLevelConfiguration`).
+    /// The configuration object (`types::FlowSchema` or
+    /// `types::PriorityLevelConfiguration`).
     type Config: Clone;
 
     /// The object as configuration, as stored (not defaulted).
@@ -40,8 +40,8 @@ pub(super) trait FlowObject:
     fn conditions(&self) -> &[Condition];
 }
 
-fn meta_of(m: &kube::api::ObjectMeta) -> config::ObjectMeta {
-    config::ObjectMeta {
+fn meta_of(m: &kube::api::ObjectMeta) -> types::ObjectMeta {
+    types::ObjectMeta {
         name: m.name.clone().unwrap_or_default(),
         uid: m.uid.clone().unwrap_or_default(),
         resource_version: m.resource_version.clone().unwrap_or_default(),
@@ -52,7 +52,7 @@ fn meta_of(m: &kube::api::ObjectMeta) -> config::ObjectMeta {
 
 /// Only what a bootstrap write sets: the name, the auto-update annotation,
 /// and the resourceVersion it replaces (empty for a create).
-fn kube_meta(m: &config::ObjectMeta) -> kube::api::ObjectMeta {
+fn kube_meta(m: &types::ObjectMeta) -> kube::api::ObjectMeta {
     kube::api::ObjectMeta {
         name: Some(m.name.clone()),
         annotations: (!m.annotations.is_empty()).then(|| m.annotations.clone()),
@@ -63,17 +63,17 @@ fn kube_meta(m: &config::ObjectMeta) -> kube::api::ObjectMeta {
 
 impl FlowObject for FlowSchemaResource {
     const KIND: &'static str = "FlowSchema";
-    type Config = config::FlowSchema;
+    type Config = types::FlowSchema;
 
-    fn to_config(&self) -> config::FlowSchema {
-        config::FlowSchema {
+    fn to_config(&self) -> types::FlowSchema {
+        types::FlowSchema {
             metadata: meta_of(&self.metadata),
             spec: self.spec.clone(),
             status: None,
         }
     }
 
-    fn from_config(c: config::FlowSchema) -> Self {
+    fn from_config(c: types::FlowSchema) -> Self {
         FlowSchemaResource {
             metadata: kube_meta(&c.metadata),
             spec: c.spec,
@@ -87,9 +87,9 @@ impl FlowObject for FlowSchemaResource {
             .any(|o| o.metadata.name == name)
     }
 
-    fn default_and_validate(c: &mut config::FlowSchema) -> Vec<FieldError> {
+    fn default_and_validate(c: &mut types::FlowSchema) -> Vec<FieldError> {
         c.apply_defaults();
-        config::validate_flow_schema(c)
+        types::validate_flow_schema(c)
     }
 
     fn conditions(&self) -> &[Condition] {
@@ -102,17 +102,17 @@ impl FlowObject for FlowSchemaResource {
 
 impl FlowObject for PriorityLevelConfigurationResource {
     const KIND: &'static str = "PriorityLevelConfiguration";
-    type Config = config::PriorityLevelConfiguration;
+    type Config = types::PriorityLevelConfiguration;
 
-    fn to_config(&self) -> config::PriorityLevelConfiguration {
-        config::PriorityLevelConfiguration {
+    fn to_config(&self) -> types::PriorityLevelConfiguration {
+        types::PriorityLevelConfiguration {
             metadata: meta_of(&self.metadata),
             spec: self.spec.clone(),
             status: None,
         }
     }
 
-    fn from_config(c: config::PriorityLevelConfiguration) -> Self {
+    fn from_config(c: types::PriorityLevelConfiguration) -> Self {
         PriorityLevelConfigurationResource {
             metadata: kube_meta(&c.metadata),
             spec: c.spec,
@@ -126,9 +126,9 @@ impl FlowObject for PriorityLevelConfigurationResource {
             .any(|o| o.metadata.name == name)
     }
 
-    fn default_and_validate(c: &mut config::PriorityLevelConfiguration) -> Vec<FieldError> {
+    fn default_and_validate(c: &mut types::PriorityLevelConfiguration) -> Vec<FieldError> {
         c.apply_defaults();
-        config::validate_priority_level(c)
+        types::validate_priority_level(c)
     }
 
     fn conditions(&self) -> &[Condition] {

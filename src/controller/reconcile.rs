@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::object::FlowObject;
 use super::{status, ControllerError};
-use crate::flowcontrol::config::{FlowSchemaResource, PriorityLevelConfigurationResource};
+use crate::flowcontrol::types::{FlowSchemaResource, PriorityLevelConfigurationResource};
 use crate::flowcontrol::Apf;
 
 /// The last valid spec of each object, kept in force while its current spec

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::object::FlowObject;
 use super::{CONDITION_IN_FORCE, FIELD_MANAGER};
-use crate::flowcontrol::config::{Condition, ConditionStatus, FieldError, CONDITION_DANGLING};
+use crate::flowcontrol::types::{Condition, ConditionStatus, FieldError, CONDITION_DANGLING};
 
 /// The `InForce` condition.
 pub(super) fn in_force(ok: bool, reason: &str, message: String, generation: i64) -> Value {

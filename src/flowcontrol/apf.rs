@@ -15,10 +15,10 @@ use tokio::time::Instant;
 use super::bootstrap;
 use super::classifier::{Classification, Classifier, RequestDigest};
 use super::concurrency::{self, BorrowInput, LevelShares};
-use super::config::*;
 use super::estimator;
 use super::level::{uid_or_stable, Level};
 use super::snapshot::{ApfObserver, FlowCounters};
+use super::types::*;
 
 /// Server-wide limits (kube's --max-requests-inflight and
 /// --max-mutating-requests-inflight); ServerCL is their sum.

@@ -4,7 +4,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::config::*;
+use super::types::*;
 
 /// Deterministic UID for a built-in object, so that every replica and every
 /// restart reports the same `X-Kubernetes-PF-*-UID` before the objects exist

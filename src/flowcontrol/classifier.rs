@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::config::*;
+use super::types::*;
 
 /// What APF needs to know about a request: the authenticated user and the
 /// parsed request info. Built by the HTTP layer.

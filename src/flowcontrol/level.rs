@@ -8,9 +8,9 @@ use tokio::time::Instant;
 use super::apf::Apf;
 use super::bootstrap;
 use super::concurrency::{LevelLimits, SeatDemandIntegrator};
-use super::config::{ObjectMeta, PriorityLevelConfiguration};
 use super::queueset::QueueSet;
 use super::retry_after::RetryAfter;
+use super::types::{ObjectMeta, PriorityLevelConfiguration};
 
 pub(super) struct Level {
     pub(super) name: Arc<str>,

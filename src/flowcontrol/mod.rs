@@ -29,12 +29,11 @@
 //! (run, queue or reject), `wait` (a queued request), `seats` (`SeatGuard`
 //! and release), `snapshot` (counters and observer hooks).
 
-mod admission;
 mod apf;
 pub mod bootstrap;
 pub mod classifier;
 pub mod concurrency;
-pub mod config;
+mod decide;
 pub mod dump;
 pub mod estimator;
 mod level;
@@ -45,13 +44,14 @@ pub mod shuffle;
 mod snapshot;
 #[cfg(test)]
 mod test_support;
+pub mod types;
 mod wait;
 
-pub use admission::{Rejected, DEFAULT_WAIT_LIMIT, MAX_WAIT_LIMIT, TOO_MANY_REQUESTS_BODY};
 pub use apf::{Apf, ConfigReport, ServerConfig};
 pub use classifier::{Classification, RequestDigest};
-pub use config::{FieldError, FlowSchema, PriorityLevelConfiguration};
+pub use decide::{Rejected, DEFAULT_WAIT_LIMIT, MAX_WAIT_LIMIT, TOO_MANY_REQUESTS_BODY};
 pub use estimator::{EstimateInputs, WorkEstimate};
 pub use queueset::RejectReason;
 pub use seats::SeatGuard;
 pub use snapshot::{ApfObserver, ApfSnapshot, FlowCounters, LevelSnapshot};
+pub use types::{FieldError, FlowSchema, PriorityLevelConfiguration};

@@ -5,8 +5,8 @@ use std::sync::{Arc, Weak};
 
 use tokio::time::Instant;
 
-use super::admission::Admitted;
 use super::apf::Apf;
+use super::decide::Admitted;
 use super::estimator::WorkEstimate;
 use super::queueset::Execution;
 

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use super::apf::{Apf, ServerConfig};
 use super::bootstrap;
 use super::classifier::RequestDigest;
-use super::config::fixtures;
-use super::config::*;
 use super::estimator::EstimateInputs;
 use super::seats::SeatGuard;
 use super::snapshot::LevelSnapshot;
+use super::types::fixtures;
+use super::types::*;
 
 pub(super) fn user(name: &str) -> RequestDigest {
     RequestDigest {

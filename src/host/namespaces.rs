@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 
-use crate::registry::admission::CreateAdmission;
+use crate::registry::write_admission::CreateAdmission;
 use crate::registry::Target;
 use crate::status::ApiError;
 

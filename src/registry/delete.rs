@@ -6,10 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::admission::{Caller, Operation, Step};
 use super::guaranteed::{Attempts, Current, Plan};
 use super::preconditions::Preconditions;
 use super::read::Item;
+use super::write_admission::{Caller, Operation, Step};
 use super::{ReadAt, Registry, Selectors, Target};
 use crate::object::now_rfc3339;
 use crate::object::{finalizers, generation, is_deleting, meta_mut, meta_str, set_finalizers};

@@ -3,7 +3,6 @@
 //! (create/update/delete/finalizers/generation), subresources, selectors,
 //! tables and garbage collection.
 
-pub mod admission;
 mod continuation;
 mod delete;
 pub mod gc;
@@ -18,6 +17,7 @@ pub mod selector;
 pub mod strategic;
 pub mod table;
 mod write;
+pub mod write_admission;
 
 use std::sync::Arc;
 
@@ -156,9 +156,9 @@ pub struct Registry {
     store: Arc<Store>,
     cache: Arc<Cache>,
     /// Checks every create passes (namespace lifecycle against a host).
-    admission: Option<Arc<dyn admission::CreateAdmission>>,
+    admission: Option<Arc<dyn write_admission::CreateAdmission>>,
     /// Admission webhooks, installed once the server has built them.
-    webhooks: std::sync::OnceLock<Arc<dyn admission::Admission>>,
+    webhooks: std::sync::OnceLock<Arc<dyn write_admission::Admission>>,
 }
 
 impl Registry {
@@ -172,7 +172,7 @@ impl Registry {
         catalog: Arc<crate::apiextensions::live::LiveCatalog>,
         store: Arc<Store>,
         cache: Arc<Cache>,
-        admission: Option<Arc<dyn admission::CreateAdmission>>,
+        admission: Option<Arc<dyn write_admission::CreateAdmission>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             catalog,

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::admission::{Caller, Operation, Step};
 use super::guaranteed::{too_deep, too_large, Attempts, Current, Plan};
 use super::preconditions::{check_resource_version, Preconditions};
 use super::read::Item;
 use super::resource_version::parse_object_revision;
+use super::write_admission::{Caller, Operation, Step};
 use super::{convert_value, storage_error, Registry, Target};
 use crate::apply::{ApplyError, ConvertError, FieldManager, MergeSchema, Versions};
 use crate::object::meta::{go_string_slice, path_segment_errors, validate_object_meta};

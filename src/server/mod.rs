@@ -313,16 +313,16 @@ fn load_catalog(cfg: &ServeConfig) -> Result<(Catalog, crate::definitions::Sourc
     if standalone
         && catalog
             .find(
-                crate::admission::config::GROUP,
+                crate::admission::hooks::GROUP,
                 "v1",
-                crate::admission::config::MUTATING,
+                crate::admission::hooks::MUTATING,
             )
             .is_none()
     {
         add_builtin(
             &mut catalog,
             "<built-in admissionregistration.k8s.io CRDs>",
-            crate::admission::crd::manifests_yaml(),
+            crate::admission::builtin_crds::manifests_yaml(),
         )?;
     }
     sources.serve_definitions = serve_definitions;
@@ -412,7 +412,7 @@ impl Wiring<'_> {
         };
         let admission = host
             .as_ref()
-            .map(|(_, l)| l.clone() as Arc<dyn crate::registry::admission::CreateAdmission>);
+            .map(|(_, l)| l.clone() as Arc<dyn crate::registry::write_admission::CreateAdmission>);
         let registry = Registry::new(live_catalog, store.clone(), cache, admission);
         Ok((registry, host))
     }
@@ -455,11 +455,11 @@ impl Wiring<'_> {
         let host_client = host.as_ref().map(|(c, _)| c.clone());
         let (source, namespaces, task): (_, Arc<dyn crate::admission::Namespaces>, _) = match host {
             Some((client, lifecycle)) => {
-                let (source, task) = crate::admission::config::Source::host(client);
+                let (source, task) = crate::admission::hooks::Source::host(client);
                 (source, lifecycle, task)
             }
             None => {
-                let (source, task) = crate::admission::config::Source::local(registry.clone());
+                let (source, task) = crate::admission::hooks::Source::local(registry.clone());
                 (source, Arc::new(crate::admission::ImplicitNamespaces), task)
             }
         };

@@ -48,7 +48,7 @@ pub async fn install(
     schemas: Vec<FlowSchema>,
     levels: Vec<PriorityLevelConfiguration>,
 ) {
-    use kshard::flowcontrol::config::{FlowSchemaResource, PriorityLevelConfigurationResource};
+    use kshard::flowcontrol::types::{FlowSchemaResource, PriorityLevelConfigurationResource};
     let pp = kube::api::PostParams::default();
     let names: Vec<String> = levels.iter().map(|l| l.metadata.name.clone()).collect();
     let pl_api: kube::Api<PriorityLevelConfigurationResource> = kube::Api::all(s.client.clone());

@@ -96,7 +96,11 @@ struct Pending(RequestMeta);
 
 /// Before authentication: the audit ID, and the event of a request whose
 /// credentials were refused.
-pub async fn layer<F, Fut>(auditor: Option<&Arc<Auditor>>, mut req: Request, next: F) -> Response
+pub async fn audit_layer<F, Fut>(
+    auditor: Option<&Arc<Auditor>>,
+    mut req: Request,
+    next: F,
+) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

@@ -25,7 +25,7 @@ pub fn unauthorized() -> Response {
     super::status_response(&e)
 }
 
-pub async fn layer<F, Fut>(a: &Authentication, mut req: Request, next: F) -> Response
+pub async fn authentication_layer<F, Fut>(a: &Authentication, mut req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

@@ -26,7 +26,7 @@ pub fn attributes(info: &RequestInfo, method: &http::Method, user: &Identity) ->
     }
 }
 
-pub async fn layer<F, Fut>(authz: &Authorizer, req: Request, next: F) -> Response
+pub async fn authorization_layer<F, Fut>(authz: &Authorizer, req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

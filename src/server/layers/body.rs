@@ -102,7 +102,7 @@ async fn read(
     Ok(buf.freeze())
 }
 
-pub async fn layer<F, Fut>(limits: &BodyLimits, req: Request, next: F) -> Response
+pub async fn body_layer<F, Fut>(limits: &BodyLimits, req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

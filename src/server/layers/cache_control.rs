@@ -4,7 +4,7 @@
 use axum::extract::Request;
 use axum::response::Response;
 
-pub async fn layer<F, Fut>(req: Request, next: F) -> Response
+pub async fn cache_control_layer<F, Fut>(req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

@@ -61,7 +61,7 @@ fn forwarded_timeout(req: &Request) -> Option<Duration> {
     Some(Duration::from_millis(ms.max(1)))
 }
 
-pub async fn layer<F, Fut>(max: Duration, mut req: Request, next: F) -> Response
+pub async fn deadline_layer<F, Fut>(max: Duration, mut req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

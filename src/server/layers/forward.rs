@@ -13,7 +13,11 @@ use super::Forwarded;
 use crate::api::request::Route;
 use crate::replica::{Replica, Routed, WriteInfo};
 
-pub async fn layer<F, Fut>(replica: Option<&Arc<Replica>>, req: Request, next: F) -> Response
+pub async fn forward_layer<F, Fut>(
+    replica: Option<&Arc<Replica>>,
+    req: Request,
+    next: F,
+) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

@@ -17,7 +17,7 @@ pub struct Impersonation {
     pub dev: bool,
 }
 
-pub async fn layer<F, Fut>(im: &Impersonation, mut req: Request, next: F) -> Response
+pub async fn impersonation_layer<F, Fut>(im: &Impersonation, mut req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

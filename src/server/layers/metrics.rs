@@ -42,7 +42,7 @@ pub fn labels(method: &http::Method, info: &RequestInfo) -> RequestLabels {
     }
 }
 
-pub async fn layer<F, Fut>(req: Request, next: F) -> Response
+pub async fn metrics_layer<F, Fut>(req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

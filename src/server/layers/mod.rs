@@ -106,7 +106,7 @@ pub fn stack(app: Router, parts: Parts) -> Router {
     }));
     Router::new().fallback_service(
         tower::ServiceBuilder::new()
-            .layer(panic::layer())
+            .layer(panic::panic_layer())
             .service(stack),
     )
 }
@@ -131,30 +131,30 @@ struct Layers {
 // memcpy per request); boxed, each level is moved once at its own size.
 impl Layers {
     async fn serve(&self, req: Request) -> Response {
-        request_info::layer(req, |req| Box::pin(self.metrics(req))).await
+        request_info::request_info_layer(req, |req| Box::pin(self.metrics(req))).await
     }
 
     async fn metrics(&self, req: Request) -> Response {
-        metrics::layer(req, |req| Box::pin(self.cache_control(req))).await
+        metrics::metrics_layer(req, |req| Box::pin(self.cache_control(req))).await
     }
 
     async fn cache_control(&self, req: Request) -> Response {
-        cache_control::layer(req, |req| Box::pin(self.deadline(req))).await
+        cache_control::cache_control_layer(req, |req| Box::pin(self.deadline(req))).await
     }
 
     async fn deadline(&self, req: Request) -> Response {
-        deadline::layer(self.request_timeout, req, |req| Box::pin(self.audit(req))).await
+        deadline::deadline_layer(self.request_timeout, req, |req| Box::pin(self.audit(req))).await
     }
 
     async fn audit(&self, req: Request) -> Response {
-        audit::layer(self.auditor.as_ref(), req, |req| {
+        audit::audit_layer(self.auditor.as_ref(), req, |req| {
             Box::pin(self.authentication(req))
         })
         .await
     }
 
     async fn authentication(&self, req: Request) -> Response {
-        authentication::layer(&self.authentication, req, |req| {
+        authentication::authentication_layer(&self.authentication, req, |req| {
             // Untraced, the trace step is skipped, not boxed.
             if crate::traces::enabled() {
                 futures::future::Either::Left(Box::pin(self.trace(req)))
@@ -166,11 +166,11 @@ impl Layers {
     }
 
     async fn trace(&self, req: Request) -> Response {
-        trace::layer(req, |req| Box::pin(self.body(req))).await
+        trace::trace_layer(req, |req| Box::pin(self.body(req))).await
     }
 
     async fn body(&self, req: Request) -> Response {
-        body::layer(&self.body, req, |req| Box::pin(self.audit_events(req))).await
+        body::body_layer(&self.body, req, |req| Box::pin(self.audit_events(req))).await
     }
 
     async fn audit_events(&self, req: Request) -> Response {
@@ -184,7 +184,7 @@ impl Layers {
 
     async fn impersonation(&self, req: Request) -> Response {
         let step = crate::traces::Span::child("impersonation");
-        impersonation::layer(&self.impersonation, req, |req| {
+        impersonation::impersonation_layer(&self.impersonation, req, |req| {
             drop(step);
             Box::pin(self.forward(req))
         })
@@ -192,18 +192,18 @@ impl Layers {
     }
 
     async fn forward(&self, req: Request) -> Response {
-        forward::layer(self.replica.as_ref(), req, |req| {
+        forward::forward_layer(self.replica.as_ref(), req, |req| {
             Box::pin(self.priority(req))
         })
         .await
     }
 
     async fn priority(&self, req: Request) -> Response {
-        priority::layer(&self.priority, req, |req| Box::pin(self.authorization(req))).await
+        priority::priority_layer(&self.priority, req, |req| Box::pin(self.authorization(req))).await
     }
 
     async fn authorization(&self, req: Request) -> Response {
-        authorization::layer(&self.authz, req, |req| Box::pin(self.handle(req))).await
+        authorization::authorization_layer(&self.authz, req, |req| Box::pin(self.handle(req))).await
     }
 
     async fn handle(&self, req: Request) -> Response {

@@ -14,7 +14,7 @@ pub const PANIC_BODY: &str =
 /// What the layer calls with a caught panic's payload.
 pub type PanicHandler = fn(Box<dyn Any + Send + 'static>) -> Response<Body>;
 
-pub fn layer() -> CatchPanicLayer<PanicHandler> {
+pub fn panic_layer() -> CatchPanicLayer<PanicHandler> {
     CatchPanicLayer::custom(respond as PanicHandler)
 }
 
@@ -51,7 +51,7 @@ mod tests {
             }
             Ok::<_, std::convert::Infallible>(Response::new(Body::empty()))
         });
-        let resp = layer()
+        let resp = panic_layer()
             .layer(handler)
             .oneshot(http::Request::new(Body::empty()))
             .await

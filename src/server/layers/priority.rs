@@ -98,7 +98,7 @@ fn rejected(r: &crate::flowcontrol::Rejected) -> Response {
     resp
 }
 
-pub async fn layer<F, Fut>(p: &Priority, mut req: Request, next: F) -> Response
+pub async fn priority_layer<F, Fut>(p: &Priority, mut req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

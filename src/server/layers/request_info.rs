@@ -8,7 +8,7 @@ use axum::response::Response;
 
 use crate::api::request::RequestInfo;
 
-pub async fn layer<F, Fut>(mut req: Request, next: F) -> Response
+pub async fn request_info_layer<F, Fut>(mut req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

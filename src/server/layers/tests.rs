@@ -90,7 +90,7 @@ async fn request_info_parses_the_path_once_for_every_later_stage() {
         (Arc::ptr_eq(&first, &again), first)
     });
     let req = request("GET", "/apis/g.example/v1/namespaces/ns/things/t1%2Fstatus");
-    let resp = request_info::layer(req, next).await;
+    let resp = request_info::request_info_layer(req, next).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let (shared, info) = taken(&seen).expect("next ran");
     assert!(shared, "every stage reads the one parsed value");
@@ -119,19 +119,19 @@ async fn request_info_parses_the_path_once_for_every_later_stage() {
 
 #[tokio::test]
 async fn cache_control_is_no_cache_private_unless_the_handler_chose() {
-    let resp = cache_control::layer(request("GET", "/apis"), |_| async {
+    let resp = cache_control::cache_control_layer(request("GET", "/apis"), |_| async {
         StatusCode::OK.into_response()
     })
     .await;
     assert_eq!(resp.headers()["cache-control"], "no-cache, private");
 
-    let resp = cache_control::layer(request("GET", "/openapi/v2"), |_| async {
+    let resp = cache_control::cache_control_layer(request("GET", "/openapi/v2"), |_| async {
         ([(http::header::CACHE_CONTROL, "public, max-age=60")], "doc").into_response()
     })
     .await;
     assert_eq!(resp.headers()["cache-control"], "public, max-age=60");
 
-    let resp = cache_control::layer(request("GET", "/openapi/v2"), |_| async {
+    let resp = cache_control::cache_control_layer(request("GET", "/openapi/v2"), |_| async {
         StatusCode::NOT_MODIFIED.into_response()
     })
     .await;
@@ -178,7 +178,8 @@ fn metrics_label_requests_as_kube_does() {
 async fn metrics_count_every_answer_with_its_code() {
     let recorder = crate::server::metrics::handle().expect("the recorder");
     let req = parsed("DELETE", "/apis/metrics.example/v1/namespaces/ns/probes/p1");
-    let resp = metrics::layer(req, |_| async { StatusCode::IM_A_TEAPOT.into_response() }).await;
+    let resp =
+        metrics::metrics_layer(req, |_| async { StatusCode::IM_A_TEAPOT.into_response() }).await;
     assert_eq!(resp.status(), StatusCode::IM_A_TEAPOT);
     let text = recorder.render();
     let line = text
@@ -232,7 +233,7 @@ async fn authentication_names_the_user_for_the_stages_below() {
     };
     // No credentials, anonymous allowed: system:anonymous.
     let (seen, next) = recorder(look);
-    let resp = authentication::layer(
+    let resp = authentication::authentication_layer(
         &delegating(Anonymous::Allowed),
         parsed("GET", "/apis"),
         next,
@@ -255,7 +256,7 @@ async fn authentication_names_the_user_for_the_stages_below() {
         http::header::AUTHORIZATION,
         "Bearer some-token".parse().expect("header"),
     );
-    authentication::layer(&delegating(Anonymous::Allowed), req, next).await;
+    authentication::authentication_layer(&delegating(Anonymous::Allowed), req, next).await;
     assert_eq!(
         taken(&seen).and_then(|s| s.0),
         Some("system:anonymous".into())
@@ -265,7 +266,7 @@ async fn authentication_names_the_user_for_the_stages_below() {
     let (seen, next) = recorder(look);
     let mut req = parsed("GET", "/apis");
     req.extensions_mut().insert(InsecureListener);
-    authentication::layer(&delegating(Anonymous::Refused), req, next).await;
+    authentication::authentication_layer(&delegating(Anonymous::Refused), req, next).await;
     assert_eq!(
         taken(&seen),
         Some((Some("system:admin".into()), "system:admin".into(), false))
@@ -276,7 +277,7 @@ async fn authentication_names_the_user_for_the_stages_below() {
     let mut req = parsed("POST", "/apis/g.example/v1/namespaces/ns/things");
     req.extensions_mut()
         .insert(crate::replica::forward::ForwardedIdentity(user("alice")));
-    authentication::layer(&delegating(Anonymous::Refused), req, next).await;
+    authentication::authentication_layer(&delegating(Anonymous::Refused), req, next).await;
     assert_eq!(
         taken(&seen),
         Some((Some("alice".into()), "alice".into(), true))
@@ -287,7 +288,8 @@ async fn authentication_names_the_user_for_the_stages_below() {
 async fn authentication_answers_401_without_credentials_when_anonymous_is_refused() {
     let (seen, next) = recorder(|_| ());
     let req = parsed("GET", "/apis/g.example/v1/things");
-    let resp = authentication::layer(&delegating(Anonymous::Refused), req, next).await;
+    let resp =
+        authentication::authentication_layer(&delegating(Anonymous::Refused), req, next).await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     assert!(taken(&seen).is_none(), "nothing below runs");
     assert!(
@@ -310,7 +312,7 @@ async fn authorization_lets_allowed_requests_through_with_the_authorizer() {
     };
     let (seen, next) = recorder(|req: &Request| req.extensions().get::<Authorizer>().is_some());
     let req = authenticated(parsed("GET", "/apis/g.example/v1/things"), user("alice"));
-    let resp = authorization::layer(&authz, req, next).await;
+    let resp = authorization::authorization_layer(&authz, req, next).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(
         taken(&seen),
@@ -322,7 +324,9 @@ async fn authorization_lets_allowed_requests_through_with_the_authorizer() {
     let (seen, next) = recorder(|_| ());
     let req = authenticated(parsed("GET", "/healthz"), anonymous());
     assert_eq!(
-        authorization::layer(&authz, req, next).await.status(),
+        authorization::authorization_layer(&authz, req, next)
+            .await
+            .status(),
         StatusCode::OK
     );
     assert!(taken(&seen).is_some());
@@ -345,7 +349,7 @@ async fn authorization_answers_403_in_kubes_words() {
     ] {
         let (seen, next) = recorder(|_| ());
         let req = authenticated(parsed("GET", uri), anonymous());
-        let resp = authorization::layer(&authz, req, next).await;
+        let resp = authorization::authorization_layer(&authz, req, next).await;
         assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{uri}");
         assert!(taken(&seen).is_none(), "the handler does not run");
         let status = status_body(resp).await;
@@ -361,10 +365,10 @@ async fn audit_ids_are_the_clients_or_new() {
     let mut req = parsed("GET", "/apis");
     req.headers_mut()
         .insert("audit-id", "from-the-client".parse().expect("header"));
-    let resp = audit::layer(None, req, |_| async { StatusCode::OK.into_response() }).await;
+    let resp = audit::audit_layer(None, req, |_| async { StatusCode::OK.into_response() }).await;
     assert_eq!(resp.headers()["audit-id"], "from-the-client");
 
-    let resp = audit::layer(None, parsed("GET", "/apis"), |_| async {
+    let resp = audit::audit_layer(None, parsed("GET", "/apis"), |_| async {
         StatusCode::NOT_FOUND.into_response()
     })
     .await;
@@ -403,8 +407,8 @@ async fn audit_records_a_refused_authentication_as_kube_does() {
     let mut req = parsed("POST", "/apis/g.example/v1/namespaces/ns/things");
     *req.body_mut() = Body::from(r#"{"kind":"Thing"}"#);
     let (seen, next) = recorder(|_| ());
-    let resp = audit::layer(Some(&auditor), req, |req| async move {
-        authentication::layer(&delegating(Anonymous::Refused), req, next).await
+    let resp = audit::audit_layer(Some(&auditor), req, |req| async move {
+        authentication::authentication_layer(&delegating(Anonymous::Refused), req, next).await
     })
     .await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
@@ -438,7 +442,7 @@ async fn audit_records_a_refused_authentication_as_kube_does() {
     req.headers_mut()
         .insert("audit-id", "client-id".parse().expect("header"));
     let inner = auditor.clone();
-    let resp = audit::layer(Some(&auditor), req, |req| async move {
+    let resp = audit::audit_layer(Some(&auditor), req, |req| async move {
         let req = authenticated(req, user("alice"));
         audit::events(Some(&inner), req, |_| async {
             StatusCode::OK.into_response()
@@ -545,7 +549,8 @@ async fn impersonation_replaces_the_acting_user_once_authorized() {
     };
     let (seen, next) = recorder(look);
     let req = authenticated(parsed("GET", "/apis/g.example/v1/things"), user("alice"));
-    let resp = impersonation::layer(&im, impersonating(req, "bob", &["devs"]), next).await;
+    let resp =
+        impersonation::impersonation_layer(&im, impersonating(req, "bob", &["devs"]), next).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let (acting, requester, headers_left) = taken(&seen).expect("next ran");
     assert_eq!(acting.user, "bob");
@@ -556,7 +561,7 @@ async fn impersonation_replaces_the_acting_user_once_authorized() {
     // Without the headers: the authenticated user acts.
     let (seen, next) = recorder(look);
     let req = authenticated(parsed("GET", "/apis/g.example/v1/things"), user("alice"));
-    impersonation::layer(&im, req, next).await;
+    impersonation::impersonation_layer(&im, req, next).await;
     assert_eq!(taken(&seen).map(|s| s.0.user), Some("alice".into()));
 }
 
@@ -570,7 +575,7 @@ async fn impersonation_refused_is_403_and_nothing_runs() {
     };
     let (seen, next) = recorder(|_| ());
     let req = authenticated(parsed("GET", "/apis/g.example/v1/things"), anonymous());
-    let resp = impersonation::layer(&im, impersonating(req, "bob", &[]), next).await;
+    let resp = impersonation::impersonation_layer(&im, impersonating(req, "bob", &[]), next).await;
     assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     assert!(taken(&seen).is_none());
     let status = status_body(resp).await;
@@ -584,7 +589,7 @@ async fn impersonation_refused_is_403_and_nothing_runs() {
     let mut req = authenticated(parsed("GET", "/apis"), user("alice"));
     req.headers_mut()
         .insert("impersonate-group", "devs".parse().expect("header"));
-    let resp = impersonation::layer(&im, req, next).await;
+    let resp = impersonation::impersonation_layer(&im, req, next).await;
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     assert!(taken(&seen).is_none());
 }
@@ -618,7 +623,8 @@ async fn impersonation_is_skipped_where_it_happened_already_or_cannot() {
             }
             None => {}
         }
-        let resp = impersonation::layer(&im, impersonating(req, "bob", &[]), next).await;
+        let resp =
+            impersonation::impersonation_layer(&im, impersonating(req, "bob", &[]), next).await;
         assert_eq!(resp.status(), StatusCode::OK, "{marker:?}");
         assert_eq!(
             taken(&seen),
@@ -637,7 +643,7 @@ async fn forward_passes_everything_through_without_replicas() {
         ("GET", "/apis/g.example/v1/namespaces/ns/things"),
     ] {
         let (seen, next) = recorder(|_| ());
-        let resp = forward::layer(None, parsed(method, uri), next).await;
+        let resp = forward::forward_layer(None, parsed(method, uri), next).await;
         assert_eq!(resp.status(), StatusCode::OK);
         assert!(taken(&seen).is_some(), "{method}");
     }
@@ -662,13 +668,13 @@ async fn forward_runs_the_leaders_writes_and_refuses_forwarded_ones_elsewhere() 
     // The leader handles writes, its own and forwarded ones.
     for req in [write(), forwarded()] {
         let (seen, next) = recorder(|_| ());
-        let resp = forward::layer(Some(&leader), req, next).await;
+        let resp = forward::forward_layer(Some(&leader), req, next).await;
         assert_eq!(resp.status(), StatusCode::OK);
         assert!(taken(&seen).is_some());
     }
     // Reads are served wherever they arrive.
     let (seen, next) = recorder(|_| ());
-    let resp = forward::layer(
+    let resp = forward::forward_layer(
         Some(&follower),
         parsed("GET", "/apis/g.example/v1/things"),
         next,
@@ -679,7 +685,7 @@ async fn forward_runs_the_leaders_writes_and_refuses_forwarded_ones_elsewhere() 
     // A write forwarded to a replica that does not lead: refused, so the
     // sender looks for the leader again; never forwarded twice.
     let (seen, next) = recorder(|_| ());
-    let resp = forward::layer(Some(&follower), forwarded(), next).await;
+    let resp = forward::forward_layer(Some(&follower), forwarded(), next).await;
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(resp
         .headers()

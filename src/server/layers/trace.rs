@@ -38,7 +38,7 @@ pub struct Received(pub SystemTime);
 /// Groups whose trace context kube follows (`notSystemPrivilegedGroup`).
 const TRUSTED_GROUPS: [&str; 2] = ["system:masters", "system:monitoring"];
 
-pub async fn layer<F, Fut>(req: Request, next: F) -> Response
+pub async fn trace_layer<F, Fut>(req: Request, next: F) -> Response
 where
     F: FnOnce(Request) -> Fut,
     Fut: std::future::Future<Output = Response>,

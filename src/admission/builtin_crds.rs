@@ -12,7 +12,7 @@
 
 use serde_json::{json, Value};
 
-use super::config::GROUP;
+use super::hooks::GROUP;
 
 fn strings() -> Value {
     json!({"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "atomic"})
@@ -267,7 +267,7 @@ fn strip_value_rules(s: &mut Value) {
 /// strategic merge patch. `None` for any other resource: a custom
 /// resource takes no strategic merge patch.
 pub fn strategic_merge_meta(group: &str, plural: &str) -> Option<Value> {
-    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
+    use super::hooks::{BINDINGS, MUTATING, POLICIES, VALIDATING};
     let by_name = |items: Value| {
         json!({"type": "array", "x-kubernetes-patch-strategy": "merge",
                "x-kubernetes-patch-merge-key": "name", "items": items})
@@ -299,7 +299,7 @@ pub fn builtin_validation(
     plural: &str,
     obj: &Value,
 ) -> Option<(Vec<crate::status::FieldError>, bool)> {
-    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
+    use super::hooks::{BINDINGS, MUTATING, POLICIES, VALIDATING};
     match (group, plural) {
         (GROUP, MUTATING) => Some((super::validation::webhook_configuration(obj, true), true)),
         (GROUP, VALIDATING) => Some((super::validation::webhook_configuration(obj, false), true)),
@@ -359,7 +359,7 @@ fn crd(kind: &str, plural: &str, schema: Value, status: bool) -> Value {
 /// The top-level fields kube's type of a kind always carries, even empty
 /// (its non-pointer structs), which field ownership starts from on create.
 pub fn always_present(group: &str, plural: &str) -> &'static [&'static str] {
-    use super::config::{BINDINGS, POLICIES};
+    use super::hooks::{BINDINGS, POLICIES};
     match (group, plural) {
         (GROUP, POLICIES) => &["spec", "status"],
         (GROUP, BINDINGS) => &["spec"],
@@ -396,7 +396,7 @@ pub fn omit_empty_lists(obj: &mut Value) {
 
 /// The CRDs as one multi-document YAML text (what the catalog loads).
 pub fn manifests_yaml() -> String {
-    use super::config::{BINDINGS, MUTATING, POLICIES, VALIDATING};
+    use super::hooks::{BINDINGS, MUTATING, POLICIES, VALIDATING};
     let mut out = String::new();
     for c in [
         crd(
@@ -454,11 +454,9 @@ mod tests {
         let mut c = crate::registry::Catalog::default();
         c.add_builtin_manifests(std::path::Path::new("<admission>"), &manifests_yaml())
             .expect("built-in admission CRDs load");
+        assert!(c.find(GROUP, "v1", super::super::hooks::MUTATING).is_some());
         assert!(c
-            .find(GROUP, "v1", super::super::config::MUTATING)
-            .is_some());
-        assert!(c
-            .find(GROUP, "v1", super::super::config::VALIDATING)
+            .find(GROUP, "v1", super::super::hooks::VALIDATING)
             .is_some());
     }
 }

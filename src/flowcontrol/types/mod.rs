@@ -9,12 +9,12 @@
 mod defaults;
 #[cfg(test)]
 pub(crate) mod fixtures;
-mod types;
+mod objects;
 mod validate_flow_schema;
 mod validate_priority_level;
 mod validation;
 
-pub use types::*;
+pub use objects::*;
 pub use validate_flow_schema::validate_flow_schema;
 pub use validate_priority_level::{required_entropy_bits, validate_priority_level};
 pub use validation::FieldError;

@@ -11,12 +11,12 @@ use tokio::time::Instant;
 use super::apf::Apf;
 use super::bootstrap;
 use super::classifier::{Classification, RequestDigest};
-use super::config::CATCH_ALL;
 use super::estimator::{self, EstimateInputs, WorkEstimate};
 use super::level::uid_or_stable;
 use super::queueset::{Execution, RejectReason, WaitingRequest};
 use super::seats::SeatGuard;
 use super::snapshot::FlowCounters;
+use super::types::CATCH_ALL;
 use super::wait::WaitTicket;
 
 /// Queue wait limit for requests without a deadline.
