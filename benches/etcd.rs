@@ -704,6 +704,17 @@ async fn driver_round(
     }
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
     let ops = v["ops"].as_u64()? as usize;
+    // A round whose requests failed says why (the round counts only successes).
+    if let Some(first) = v["first_error"].as_str() {
+        progress(&format!(
+            "etcd-driver: {} of {} requests failed; the first: {first}",
+            v["errors"].as_u64().unwrap_or(0),
+            v["errors"].as_u64().unwrap_or(0) + ops as u64
+        ));
+    }
+    if ops == 0 {
+        return None;
+    }
     let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
     Some(Round {
         ops,

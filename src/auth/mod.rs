@@ -97,9 +97,65 @@ pub fn authenticate_dev(headers: &HeaderMap) -> Identity {
     }
 }
 
-/// The verified client certificate chain of a TLS connection (leaf first).
+/// The client certificate chain of a TLS connection (leaf first), with the
+/// verdicts of the CA bundles that checked it: every request on the
+/// connection presents the same chain, so it is checked once per bundle
+/// (a digest of the chain and a shared cache's lock per request before).
 #[derive(Clone, Debug, Default)]
-pub struct PeerCertificates(pub std::sync::Arc<Vec<CertificateDer<'static>>>);
+pub struct PeerCertificates(Arc<PeerChain>);
+
+#[derive(Default)]
+struct PeerChain {
+    chain: Vec<CertificateDer<'static>>,
+    /// By bundle id; two at most (the client CA and the front proxy's).
+    verdicts: std::sync::Mutex<Vec<(u64, x509::Verdict)>>,
+}
+
+impl std::fmt::Debug for PeerChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PeerChain({} certificates)", self.chain.len())
+    }
+}
+
+/// Verdicts a connection keeps at most (bundles are replaced on reload).
+const PEER_VERDICTS_MAX: usize = 4;
+
+impl PeerCertificates {
+    pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
+        Self(Arc::new(PeerChain {
+            chain,
+            verdicts: Default::default(),
+        }))
+    }
+
+    pub fn chain(&self) -> &[CertificateDer<'static>] {
+        &self.0.chain
+    }
+
+    /// `ca.verify(chain)`, remembered for this connection until the verdict
+    /// expires (as the bundle's own cache does).
+    pub fn verified_by(&self, ca: &CaBundle) -> Option<Arc<x509::Subject>> {
+        let now = std::time::SystemTime::now();
+        {
+            let verdicts = self.0.verdicts.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, v)) = verdicts
+                .iter()
+                .find(|(id, v)| *id == ca.id() && now < v.until)
+            {
+                return v.subject.clone();
+            }
+        }
+        let verdict = ca.verdict(&self.0.chain);
+        let subject = verdict.subject.clone();
+        let mut verdicts = self.0.verdicts.lock().unwrap_or_else(|e| e.into_inner());
+        verdicts.retain(|(id, v)| *id != ca.id() && now < v.until);
+        if verdicts.len() >= PEER_VERDICTS_MAX {
+            verdicts.remove(0);
+        }
+        verdicts.push((ca.id(), verdict));
+        subject
+    }
+}
 
 /// Front-proxy (requestheader) settings, with k8s.io/apiserver's flag defaults.
 #[derive(Clone, Debug)]
@@ -218,14 +274,27 @@ fn header_values(headers: &HeaderMap, name: &str) -> Vec<String> {
 /// with `prefix`, compared without case and without allocating: this runs
 /// for every header of every request.
 fn has_prefix_ignore_case(name: &str, prefix: &str) -> bool {
-    name.len() >= prefix.len()
-        && name.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+    let (name, prefix) = (name.as_bytes(), prefix.as_bytes());
+    // The first byte rejects most headers (`accept`, `user-agent`) cheaply.
+    match (name.first(), prefix.first()) {
+        (_, None) => true,
+        (Some(n), Some(p)) if n.eq_ignore_ascii_case(p) => {
+            name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix)
+        }
+        _ => false,
+    }
 }
 
 /// Removes the request headers a front proxy may set, whoever sent them.
 /// The named headers are removed by name (a lookup each); only a request
 /// that carries a header with an extra prefix pays for collecting names.
-fn strip_request_headers(headers: &mut HeaderMap, rh: &RequestHeader) {
+/// `has_extra_header` is whether the request carries an extra header, when a scan
+/// of the headers already found out.
+fn strip_request_headers(
+    headers: &mut HeaderMap,
+    rh: &RequestHeader,
+    has_extra_header: Option<bool>,
+) {
     for name in rh
         .username_headers
         .iter()
@@ -239,7 +308,7 @@ fn strip_request_headers(headers: &mut HeaderMap, rh: &RequestHeader) {
             .iter()
             .any(|p| has_prefix_ignore_case(k.as_str(), p))
     };
-    if headers.keys().any(has_extra) {
+    if has_extra_header.unwrap_or_else(|| headers.keys().any(has_extra)) {
         let names: Vec<HeaderName> = headers.keys().filter(|k| has_extra(k)).cloned().collect();
         for n in names {
             headers.remove(n);
@@ -285,25 +354,28 @@ impl Authenticator {
         // (kube's union of authenticators fails on their error).
         let mut rejected = false;
         let config = config.get();
-        let chain: &[CertificateDer<'static>] = peer.map(|p| p.0.as_slice()).unwrap_or(&[]);
+        let chain: &[CertificateDer<'static>] = peer.map(|p| p.chain()).unwrap_or(&[]);
         let mut identity = None;
         let mut via = Via::Anonymous;
         if let Some(rh) = &config.request_header {
-            if is_trusted_proxy(rh, chain) {
-                identity = from_request_headers(rh, headers);
+            // Whether the request carries extra headers, when a scan of its
+            // headers already told (one scan a request, not two).
+            let mut has_extra = None;
+            if is_trusted_proxy(rh, peer, chain) {
+                (identity, has_extra) = from_request_headers(rh, headers);
                 if identity.is_some() {
                     via = Via::FrontProxy;
                 }
             }
             // The headers are only ever trusted above; never pass them on.
-            strip_request_headers(headers, rh);
+            strip_request_headers(headers, rh, has_extra);
         }
         if identity.is_none() {
             if let (Some(ca), false) = (&config.client_ca, chain.is_empty()) {
                 // A certificate that does not chain to the client CA (a front
                 // proxy's that named no user included) is an error, as kube's
                 // x509 authenticator makes it.
-                match ca.verify(chain) {
+                match verify_peer(ca, peer, chain) {
                     None => rejected = true,
                     // kube: a certificate without a common name names no user.
                     Some(s) if !s.common_name.is_empty() => {
@@ -360,17 +432,42 @@ fn bearer_token(headers: &HeaderMap) -> Option<String> {
 }
 
 /// A front proxy: a certificate chaining to the requestheader CA with an allowed CN.
-fn is_trusted_proxy(rh: &RequestHeader, chain: &[CertificateDer<'static>]) -> bool {
-    rh.ca
-        .verify(chain)
+fn is_trusted_proxy(
+    rh: &RequestHeader,
+    peer: Option<&PeerCertificates>,
+    chain: &[CertificateDer<'static>],
+) -> bool {
+    verify_peer(&rh.ca, peer, chain)
         .is_some_and(|s| rh.allowed_names.is_empty() || rh.allowed_names.contains(&s.common_name))
 }
 
-fn from_request_headers(rh: &RequestHeader, headers: &HeaderMap) -> Option<Identity> {
-    let user = rh
+/// `ca.verify(chain)`, remembered on the connection: every request on it
+/// presents the same chain.
+fn verify_peer(
+    ca: &CaBundle,
+    peer: Option<&PeerCertificates>,
+    chain: &[CertificateDer<'static>],
+) -> Option<Arc<x509::Subject>> {
+    match peer {
+        Some(p) => p.verified_by(ca),
+        None => ca.verify(chain),
+    }
+}
+
+/// The identity the front proxy's headers name, and whether the request
+/// carries any extra header when the headers were scanned for them (so that
+/// stripping them needs no second scan).
+fn from_request_headers(
+    rh: &RequestHeader,
+    headers: &HeaderMap,
+) -> (Option<Identity>, Option<bool>) {
+    let Some(user) = rh
         .username_headers
         .iter()
-        .find_map(|h| header_values(headers, h).into_iter().next())?;
+        .find_map(|h| header_values(headers, h).into_iter().next())
+    else {
+        return (None, None);
+    };
     let groups = rh
         .group_headers
         .iter()
@@ -382,10 +479,12 @@ fn from_request_headers(rh: &RequestHeader, headers: &HeaderMap) -> Option<Ident
         .find_map(|h| header_values(headers, h).into_iter().next())
         .unwrap_or_default();
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut has_extra = false;
     for (k, v) in headers.iter() {
         let k = k.as_str();
         for p in &rh.extra_headers_prefix {
             if has_prefix_ignore_case(k, p) {
+                has_extra = true;
                 let key = &k[p.len()..];
                 if let Ok(v) = v.to_str() {
                     extra
@@ -396,12 +495,13 @@ fn from_request_headers(rh: &RequestHeader, headers: &HeaderMap) -> Option<Ident
             }
         }
     }
-    Some(Identity {
+    let id = Identity {
         user,
         groups,
         uid,
         extra,
-    })
+    };
+    (Some(id), Some(has_extra))
 }
 
 #[cfg(test)]
@@ -445,15 +545,29 @@ mod tests {
                 v.parse().expect("value"),
             );
         }
-        let id = from_request_headers(&rh, &h).expect("identity");
+        let (id, has_extra) = from_request_headers(&rh, &h);
+        let id = id.expect("identity");
+        assert_eq!(has_extra, Some(true));
         assert_eq!(id.user, "alice");
         assert_eq!(id.groups, ["tenants", "system:authenticated"]);
         assert_eq!(id.extra["scopes"], ["a", "b"]);
         assert_eq!(id.extra["acme.com/project"], ["p1"]);
         assert_eq!(id.extra["k"], ["v"]);
-        strip_request_headers(&mut h, &rh);
-        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        left.sort_unstable();
-        assert_eq!(left, ["accept", "x-remote"]);
+        // Stripped whether the identity scan found the extras or not.
+        for known in [Some(true), None] {
+            let mut h = h.clone();
+            strip_request_headers(&mut h, &rh, known);
+            let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+            left.sort_unstable();
+            assert_eq!(left, ["accept", "x-remote"]);
+        }
+        // A request without extras says so, and without a user is not scanned.
+        strip_request_headers(&mut h, &rh, None);
+        h.insert("x-remote-user", "alice".parse().expect("value"));
+        let (id, has_extra) = from_request_headers(&rh, &h);
+        assert_eq!((id.is_some(), has_extra), (true, Some(false)));
+        h.remove("x-remote-user");
+        let (id, has_extra) = from_request_headers(&rh, &h);
+        assert_eq!((id.is_some(), has_extra), (false, None));
     }
 }

@@ -28,13 +28,19 @@ pub struct CaBundle {
     /// of P-256 arithmetic) was a fifth of a create's CPU. A reloaded bundle
     /// is a new `CaBundle` with an empty cache.
     verified: Arc<Mutex<HashMap<[u8; 32], Verdict>>>,
+    /// Unique per loaded bundle, so that a connection's remembered verdict
+    /// (`PeerCertificates::verified_by`) is never taken for another bundle's.
+    id: u64,
 }
 
+/// The next bundle's `id`.
+static NEXT_BUNDLE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 #[derive(Clone)]
-struct Verdict {
+pub(crate) struct Verdict {
     /// The leaf's subject when the chain verified; `None` when it did not.
-    subject: Option<Arc<Subject>>,
-    until: SystemTime,
+    pub(crate) subject: Option<Arc<Subject>>,
+    pub(crate) until: SystemTime,
 }
 
 /// Who a verified leaf certificate names: kube reads CN as the user and O
@@ -88,6 +94,7 @@ impl CaBundle {
             roots,
             verifier,
             verified: Arc::default(),
+            id: NEXT_BUNDLE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -99,13 +106,28 @@ impl CaBundle {
     /// The leaf's subject when `chain` (leaf first) chains to this bundle
     /// and is valid now; `None` otherwise.
     pub fn verify(&self, chain: &[CertificateDer<'static>]) -> Option<Arc<Subject>> {
-        let (leaf, intermediates) = chain.split_first()?;
-        let key = chain_digest(chain);
+        self.verdict(chain).subject
+    }
+
+    /// This bundle's identity, for verdicts remembered elsewhere.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The verdict on `chain` and until when it holds.
+    pub(crate) fn verdict(&self, chain: &[CertificateDer<'static>]) -> Verdict {
         let now = SystemTime::now();
+        let Some((leaf, intermediates)) = chain.split_first() else {
+            return Verdict {
+                subject: None,
+                until: now + VERDICT_TTL,
+            };
+        };
+        let key = chain_digest(chain);
         {
             let cache = self.verified.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(v) = cache.get(&key).filter(|v| now < v.until) {
-                return v.subject.clone();
+                return v.clone();
             }
         }
         let ok = self
@@ -125,14 +147,9 @@ impl CaBundle {
         if cache.len() >= VERDICTS_MAX {
             cache.clear();
         }
-        cache.insert(
-            key,
-            Verdict {
-                subject: subject.clone(),
-                until,
-            },
-        );
-        subject
+        let verdict = Verdict { subject, until };
+        cache.insert(key, verdict.clone());
+        verdict
     }
 }
 
@@ -214,5 +231,36 @@ mod tests {
         let expiry = not_after(&admin_a[0]).expect("not after");
         assert!(until <= expiry && until <= SystemTime::now() + VERDICT_TTL);
         assert!(!ca_a.verifies(&[]), "no chain, no user");
+    }
+
+    #[test]
+    fn a_connection_remembers_each_bundles_verdict_and_not_a_reloaded_ones() {
+        let (a, b) = (
+            tempfile::tempdir().expect("a"),
+            tempfile::tempdir().expect("b"),
+        );
+        let (pa, pb) = (
+            crate::server::pki::ensure(a.path(), &[]).expect("pki a"),
+            crate::server::pki::ensure(b.path(), &[]).expect("pki b"),
+        );
+        let ca_a = CaBundle::load(&pa.ca_cert()).expect("ca a");
+        let ca_b = CaBundle::load(&pb.ca_cert()).expect("ca b");
+        let conn = crate::auth::PeerCertificates::new(pem_chain(&pa.admin_cert()));
+        for _ in 0..3 {
+            let s = conn.verified_by(&ca_a).expect("verified by its CA");
+            assert!(!s.common_name.is_empty());
+            assert!(conn.verified_by(&ca_b).is_none(), "another CA's verdict");
+        }
+        // Only the connection's memo answered the repeats: the bundle's
+        // shared cache was asked once.
+        assert_eq!(ca_a.verified.lock().map(|c| c.len()).unwrap_or(0), 1);
+        ca_a.verified.lock().expect("lock").clear();
+        assert!(conn.verified_by(&ca_a).is_some());
+        assert_eq!(ca_a.verified.lock().map(|c| c.len()).unwrap_or(0), 0);
+        // A bundle loaded again from other CAs (a rotated ConfigMap) is a
+        // bundle of its own: the connection's verdict for the old one is
+        // not taken for it.
+        let rotated = CaBundle::load(&pb.ca_cert()).expect("rotated");
+        assert!(conn.verified_by(&rotated).is_none());
     }
 }

@@ -19,6 +19,15 @@ use crate::storage::{Revision, StorageError, Write};
 /// Attempts before a write that keeps losing races gives up with 409.
 const MAX_RETRIES: usize = 16;
 
+/// How long a write waits for the watch cache to hold the revision its
+/// client names before reading the store instead. The cache applies a
+/// committed write within microseconds unless it is stalled. (Longer in
+/// tests, which hold the cache back on purpose on loaded machines.)
+#[cfg(not(test))]
+const CACHE_CATCH_UP: std::time::Duration = std::time::Duration::from_millis(200);
+#[cfg(test)]
+const CACHE_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The object as stored: its revision and value (in the request's version,
 /// with the defaults kube adds when decoding it).
 pub(super) struct Current {
@@ -88,6 +97,9 @@ pub(super) struct Attempts<'a> {
     source: Source,
     /// What the next attempt decides from, when already read.
     next: Option<Option<Current>>,
+    /// The revision the client's object names (an update's
+    /// resourceVersion): the cache is read once it has caught up with it.
+    named: Option<Revision>,
 }
 
 impl<'a> Attempts<'a> {
@@ -99,7 +111,18 @@ impl<'a> Attempts<'a> {
             tries: 0,
             source: Source::Store,
             next: None,
+            named: None,
         }
+    }
+
+    /// Attempts at an object the client names at `rev` (the resourceVersion
+    /// of its update). A client writing again right after its last write
+    /// names a revision the watch cache may not hold yet (the answer does
+    /// not wait for the cache): the first read waits for the cache to get
+    /// there rather than deciding from a stale object and reading the store.
+    pub fn named_at(mut self, rev: Option<Revision>) -> Self {
+        self.named = rev;
+        self
     }
 
     /// The object for the next attempt (`None`: absent): the first from the
@@ -112,7 +135,7 @@ impl<'a> Attempts<'a> {
         }
         self.tries += 1;
         if self.tries == 1 {
-            if let Some(cached) = reg.cached_current(t, name).await? {
+            if let Some(cached) = reg.cached_current(t, name, self.named).await? {
                 self.source = Source::Cache;
                 return Ok(Some(cached));
             }
@@ -206,10 +229,24 @@ impl Registry {
     }
 
     /// The object as the watch cache holds it, when that is the stored
-    /// encoding (not one the cache rewrote with read defaults); `None`
-    /// sends the attempt to the store.
-    async fn cached_current(&self, t: &Target, name: &str) -> Result<Option<Current>, ApiError> {
-        let (_, cached) = self.cache.get(&t.rt.id(), &t.cache_key(name));
+    /// encoding (not one the cache rewrote with read defaults), once the
+    /// cache holds revision `named` (when the store has it: a revision
+    /// beyond the store's is a conflict to find out, not to wait for);
+    /// `None` sends the attempt to the store (absent, or the cache lags on).
+    async fn cached_current(
+        &self,
+        t: &Target,
+        name: &str,
+        named: Option<Revision>,
+    ) -> Result<Option<Current>, ApiError> {
+        let (id, key) = (t.rt.id(), t.cache_key(name));
+        let (seen, mut cached) = self.cache.get(&id, &key);
+        if let Some(named) = named.filter(|r| *r > seen && *r <= self.store.revision()) {
+            if self.cache.wait_for(named, CACHE_CATCH_UP).await.is_err() {
+                return Ok(None);
+            }
+            cached = self.cache.get(&id, &key).1;
+        }
         let Some(obj) = cached.filter(|o| o.is_stored_form()) else {
             return Ok(None);
         };
@@ -473,6 +510,56 @@ mod tests {
             .await;
         assert!(deleted.is_ok(), "{:?}", deleted.err().map(|e| e.message));
         gate.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A client writing again at the resourceVersion it was just answered
+    /// decides from the watch cache once the cache has it, instead of
+    /// deciding from the older cached object and reading the store: the
+    /// PUT waits while the cache is held back and lands when it is let go.
+    /// A resourceVersion the store does not have yet is a 409 at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_update_at_the_revision_just_written_waits_for_the_cache() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (reg, t, gate) = gated_registry(dir.path()).await;
+        let created = reg.create(&t, widget(), &opts()).await.expect("create");
+        let rev0 = created.item.value()["metadata"]["resourceVersion"].clone();
+        until_cached(&reg, &t, &rev0).await;
+        gate.store(true, std::sync::atomic::Ordering::SeqCst);
+        let first = reg
+            .update_with(&t, "g", Subresource::Main, &opts(), |cur| {
+                let mut v = cur.clone();
+                v["spec"]["n"] = json!(1);
+                Ok(v)
+            })
+            .await
+            .expect("update");
+        let mut latest = first.item.value().clone();
+        latest["spec"]["n"] = json!(2);
+        let mut beyond = latest.clone();
+        beyond["metadata"]["resourceVersion"] = json!("999999");
+        let started = std::time::Instant::now();
+        let e = reg
+            .update(&t, "g", beyond, Subresource::Main, &opts())
+            .await
+            .err()
+            .map(|e| e.code);
+        assert_eq!(e, Some(409));
+        assert!(
+            started.elapsed() < CACHE_CATCH_UP,
+            "no wait for a revision the store lacks"
+        );
+        let put = tokio::spawn({
+            let (reg, t) = (reg.clone(), t.clone());
+            async move {
+                reg.update(&t, "g", latest, Subresource::Main, &opts())
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!put.is_finished(), "the PUT waits for the cache");
+        gate.store(false, std::sync::atomic::Ordering::SeqCst);
+        let put = put.await.expect("join").expect("the PUT lands");
+        assert_eq!(put.item.value()["spec"]["n"], 2);
     }
 
     /// A registry whose watch cache stops applying changes while the

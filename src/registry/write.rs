@@ -676,7 +676,7 @@ impl Registry {
         };
         let preconditions = Preconditions::uid_of(&obj);
         let mut notes = Vec::new();
-        let mut attempts = Attempts::new(self, t, name);
+        let mut attempts = Attempts::new(self, t, name).named_at(expected);
         let item = loop {
             let read = attempts.read().await?;
             let current = read.as_ref();

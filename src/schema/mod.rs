@@ -52,6 +52,10 @@ pub struct Schema {
     rules: Option<cel::Rules>,
     /// Whether any node has a `default` (reads skip defaulting when none does).
     has_defaults: bool,
+    /// Whether any node is an embedded resource or a set or map list: most
+    /// schemas have neither, and their writes skip those two walks.
+    has_embedded: bool,
+    has_list_types: bool,
 }
 
 impl Schema {
@@ -75,10 +79,15 @@ impl Schema {
             cel::RulesError::Cost(errs) => CompileError::Fields(errs),
         })?;
         let has_defaults = defaults::any(&root);
+        let has_embedded = root.any_in_tree(&|n| n.embedded);
+        let has_list_types =
+            root.any_in_tree(&|n| matches!(n.list_type.as_deref(), Some("set") | Some("map")));
         Ok(Schema {
             root,
             rules,
             has_defaults,
+            has_embedded,
+            has_list_types,
         })
     }
 
@@ -125,13 +134,16 @@ impl Schema {
     /// list-type uniqueness, then CEL unless an error so far (`errs` holds
     /// every earlier one, metadata and scale included) blocks it.
     pub fn validate_structure(&self, obj: &Value, old: Option<&Value>, errs: &mut Vec<FieldError>) {
-        embedded::validate(&self.root, obj, "", errs);
+        if self.has_embedded {
+            embedded::validate(&self.root, obj, "", errs);
+        }
         // On update kube skips list-type checks when the old object already broke them.
-        let old_lists_ok = old.is_none_or(|o| {
-            let mut e = Vec::new();
-            listtype::validate(&self.root, o, "", &mut e);
-            e.is_empty()
-        });
+        let old_lists_ok = self.has_list_types
+            && old.is_none_or(|o| {
+                let mut e = Vec::new();
+                listtype::validate(&self.root, o, "", &mut e);
+                e.is_empty()
+            });
         if old_lists_ok {
             listtype::validate(&self.root, obj, "", errs);
         }
@@ -227,6 +239,41 @@ mod tests {
             &json!({"type":"object","x-kubernetes-validations":[{"rule":")"}]})
         )
         .is_err());
+    }
+
+    #[test]
+    fn set_lists_and_embedded_resources_are_found_however_deep() {
+        // A set under a map's values' items, an embedded resource in a list.
+        let deep = Schema::compile(&json!({"type":"object","properties":{"spec":{
+            "type":"object",
+            "additionalProperties":{"type":"array","items":{"type":"array",
+                "x-kubernetes-list-type":"set","items":{"type":"string"}}},
+            "properties":{"templates":{"type":"array","items":{"type":"object",
+                "x-kubernetes-embedded-resource":true,
+                "x-kubernetes-preserve-unknown-fields":true}}}}}}))
+        .expect("schema");
+        let obj = json!({"spec":{"a":[["x","x"]],"templates":[{"kind":"Pod"}]}});
+        let mut errs = Vec::new();
+        deep.validate_structure(&obj, None, &mut errs);
+        assert_eq!(
+            strings(&errs),
+            [
+                "spec[a][0][1]: Duplicate value: \"x\"",
+                "spec.templates[0].apiVersion: Required value"
+            ]
+            .map(String::from)
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+        );
+        // Without either, the same object has nothing to answer for.
+        let plain = Schema::compile(&json!({"type":"object","properties":{"spec":{
+            "type":"object","x-kubernetes-preserve-unknown-fields":true}}}))
+        .expect("schema");
+        assert!(!plain.has_list_types && !plain.has_embedded);
+        let mut errs = Vec::new();
+        plain.validate_structure(&obj, None, &mut errs);
+        assert!(errs.is_empty());
     }
 
     /// `../shared/realworld-crds` beside the repository: public projects'

@@ -240,6 +240,17 @@ impl Node {
         self.index.get(k).map(|&i| &self.properties[i].1)
     }
 
+    /// Whether `pred` holds for this node or one under it that a walk of a
+    /// value visits (properties, `additionalProperties`, items).
+    pub fn any_in_tree(&self, pred: &impl Fn(&Node) -> bool) -> bool {
+        pred(self)
+            || self.properties.iter().any(|(_, p)| p.any_in_tree(pred))
+            || self
+                .additional_schema()
+                .is_some_and(|a| a.any_in_tree(pred))
+            || self.items.as_ref().is_some_and(|i| i.any_in_tree(pred))
+    }
+
     /// The schema for the value of an undeclared key, if `additionalProperties` gives one.
     pub fn additional_schema(&self) -> Option<&Node> {
         match &self.additional {

@@ -1147,14 +1147,14 @@ async fn serve_tls(
                     return;
                 }
             };
-            let peer_certs = crate::auth::PeerCertificates(Arc::new(
+            let peer_certs = crate::auth::PeerCertificates::new(
                 stream
                     .get_ref()
                     .1
                     .peer_certificates()
                     .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
                     .unwrap_or_default(),
-            ));
+            );
             let certs = Some(peer_certs);
             if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
                 // Many streams' frames leave as few TLS records in one write.

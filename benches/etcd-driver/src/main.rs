@@ -110,12 +110,13 @@ async fn work(
     value: Vec<u8>,
     mut keys: Vec<(String, i64)>,
     until: Instant,
-) -> (Vec<Duration>, usize) {
+) -> (Vec<Duration>, usize, Option<String>) {
     let (mut lat, mut errors) = (Vec::new(), 0usize);
+    let mut first_error = None;
     let mut i = 0usize;
     while Instant::now() < until {
         let t = Instant::now();
-        let ok = match op.as_str() {
+        let outcome = match op.as_str() {
             "update" => {
                 let Some((key, rev)) = keys.first_mut() else {
                     break;
@@ -127,9 +128,10 @@ async fn work(
                 match kv.txn(txn).await {
                     Ok(r) if r.succeeded() => {
                         *rev = r.header().map_or(0, |h| h.revision());
-                        true
+                        Ok(())
                     }
-                    _ => false,
+                    Ok(_) => Err("compare failed".to_string()),
+                    Err(e) => Err(e.to_string()),
                 }
             }
             "delete" => {
@@ -140,21 +142,30 @@ async fn work(
                     .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
                     .and_then([TxnOp::delete(key.clone(), None)])
                     .or_else([TxnOp::get(key, None)]);
-                matches!(kv.txn(txn).await, Ok(r) if r.succeeded())
+                match kv.txn(txn).await {
+                    Ok(r) if r.succeeded() => Ok(()),
+                    Ok(_) => Err("compare failed".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
             }
             _ => {
                 let key = format!("{prefix}-w{w}-{i}");
                 i += 1;
-                kv.put(key, value.clone(), None).await.is_ok()
+                kv.put(key, value.clone(), None)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             }
         };
-        if ok {
-            lat.push(t.elapsed());
-        } else {
-            errors += 1;
+        match outcome {
+            Ok(()) => lat.push(t.elapsed()),
+            Err(e) => {
+                errors += 1;
+                first_error.get_or_insert(e);
+            }
         }
     }
-    (lat, errors)
+    (lat, errors, first_error)
 }
 
 async fn run(a: Args) -> Result<serde_json::Value, String> {
@@ -198,11 +209,12 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
             until,
         )));
     }
-    let (mut lat, mut errors) = (Vec::new(), 0);
+    let (mut lat, mut errors, mut first_error) = (Vec::new(), 0, None);
     for h in handles {
-        let (l, e) = h.await.map_err(|e| format!("worker: {e}"))?;
+        let (l, e, first) = h.await.map_err(|e| format!("worker: {e}"))?;
         lat.extend(l);
         errors += e;
+        first_error = first_error.or(first);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds("self") - cpu;
@@ -216,7 +228,8 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
     };
     Ok(serde_json::json!({
-        "ops": lat.len(), "errors": errors, "elapsed_secs": elapsed,
+        "ops": lat.len(), "errors": errors, "first_error": first_error,
+        "elapsed_secs": elapsed,
         "p50_ms": pct(0.5), "p99_ms": pct(0.99), "cpu_secs": cpu,
         "server_cpu_secs": server_cpu,
     }))
