@@ -201,16 +201,25 @@ mod tests {
             .expect("pem")
     }
 
-    #[test]
-    fn a_verdict_is_reused_for_the_same_chain_and_only_by_its_own_bundle() {
-        let (a, b) = (
+    /// Two PKIs (CA and certificates) in temporary directories (kept
+    /// while the returned guard lives).
+    fn two_pkis() -> (
+        [tempfile::TempDir; 2],
+        crate::server::pki::Pki,
+        crate::server::pki::Pki,
+    ) {
+        let dirs = [
             tempfile::tempdir().expect("a"),
             tempfile::tempdir().expect("b"),
-        );
-        let (pa, pb) = (
-            crate::server::pki::ensure(a.path(), &[]).expect("pki a"),
-            crate::server::pki::ensure(b.path(), &[]).expect("pki b"),
-        );
+        ];
+        let pa = crate::server::pki::ensure(dirs[0].path(), &[]).expect("pki a");
+        let pb = crate::server::pki::ensure(dirs[1].path(), &[]).expect("pki b");
+        (dirs, pa, pb)
+    }
+
+    #[test]
+    fn a_verdict_is_reused_for_the_same_chain_and_only_by_its_own_bundle() {
+        let (_dirs, pa, pb) = two_pkis();
         let ca_a = CaBundle::load(&pa.ca_cert()).expect("ca a");
         let ca_b = CaBundle::load(&pb.ca_cert()).expect("ca b");
         let admin_a = pem_chain(&pa.admin_cert());
@@ -235,14 +244,7 @@ mod tests {
 
     #[test]
     fn a_connection_remembers_each_bundles_verdict_and_not_a_reloaded_ones() {
-        let (a, b) = (
-            tempfile::tempdir().expect("a"),
-            tempfile::tempdir().expect("b"),
-        );
-        let (pa, pb) = (
-            crate::server::pki::ensure(a.path(), &[]).expect("pki a"),
-            crate::server::pki::ensure(b.path(), &[]).expect("pki b"),
-        );
+        let (_dirs, pa, pb) = two_pkis();
         let ca_a = CaBundle::load(&pa.ca_cert()).expect("ca a");
         let ca_b = CaBundle::load(&pb.ca_cert()).expect("ca b");
         let conn = crate::auth::PeerCertificates::new(pem_chain(&pa.admin_cert()));

@@ -451,21 +451,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_stale_cached_object_is_confirmed_against_the_store() {
         let dir = tempfile::tempdir().expect("dir");
-        let (reg, t, gate) = gated_registry(dir.path()).await;
-        let created = reg.create(&t, widget(), &opts()).await.expect("create");
-        let rev0 = created.item.value()["metadata"]["resourceVersion"].clone();
-        until_cached(&reg, &t, &rev0).await;
-        gate.store(true, std::sync::atomic::Ordering::SeqCst);
-        // The cache stops here: it still holds the object as created.
-        let first = reg
-            .update_with(&t, "g", Subresource::Main, &opts(), |cur| {
-                let mut v = cur.clone();
-                v["spec"]["n"] = json!(1);
-                Ok(v)
-            })
-            .await
-            .expect("update");
-        let mut latest = first.item.value().clone();
+        let (reg, t, gate, rev0, mut latest) = written_past_the_cache(dir.path()).await;
         assert_ne!(latest["metadata"]["resourceVersion"], rev0);
         let (_, cached) = reg.cache.get(&t.rt.id(), &t.cache_key("g"));
         assert_eq!(
@@ -520,20 +506,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn an_update_at_the_revision_just_written_waits_for_the_cache() {
         let dir = tempfile::tempdir().expect("dir");
-        let (reg, t, gate) = gated_registry(dir.path()).await;
-        let created = reg.create(&t, widget(), &opts()).await.expect("create");
-        let rev0 = created.item.value()["metadata"]["resourceVersion"].clone();
-        until_cached(&reg, &t, &rev0).await;
-        gate.store(true, std::sync::atomic::Ordering::SeqCst);
-        let first = reg
-            .update_with(&t, "g", Subresource::Main, &opts(), |cur| {
-                let mut v = cur.clone();
-                v["spec"]["n"] = json!(1);
-                Ok(v)
-            })
-            .await
-            .expect("update");
-        let mut latest = first.item.value().clone();
+        let (reg, t, gate, _, mut latest) = written_past_the_cache(dir.path()).await;
         latest["spec"]["n"] = json!(2);
         let mut beyond = latest.clone();
         beyond["metadata"]["resourceVersion"] = json!("999999");
@@ -560,6 +533,35 @@ mod tests {
         gate.store(false, std::sync::atomic::Ordering::SeqCst);
         let put = put.await.expect("join").expect("the PUT lands");
         assert_eq!(put.item.value()["spec"]["n"], 2);
+    }
+
+    /// A widget created (at the returned revision) and cached, then the
+    /// cache held back (the gate set) and the widget updated (`spec.n` 1,
+    /// the returned object): the cache still holds it as created.
+    async fn written_past_the_cache(
+        dir: &Path,
+    ) -> (
+        Arc<Registry>,
+        Target,
+        Arc<std::sync::atomic::AtomicBool>,
+        serde_json::Value,
+        serde_json::Value,
+    ) {
+        let (reg, t, gate) = gated_registry(dir).await;
+        let created = reg.create(&t, widget(), &opts()).await.expect("create");
+        let rev0 = created.item.value()["metadata"]["resourceVersion"].clone();
+        until_cached(&reg, &t, &rev0).await;
+        gate.store(true, std::sync::atomic::Ordering::SeqCst);
+        let first = reg
+            .update_with(&t, "g", Subresource::Main, &opts(), |cur| {
+                let mut v = cur.clone();
+                v["spec"]["n"] = json!(1);
+                Ok(v)
+            })
+            .await
+            .expect("update");
+        let latest = first.item.value().clone();
+        (reg, t, gate, rev0, latest)
     }
 
     /// A registry whose watch cache stops applying changes while the
