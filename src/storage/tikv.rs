@@ -38,8 +38,14 @@ use tikv_client::{
 use super::engine::{Engine, ReadTxn, Visitor, WriteFn, WriteTxn};
 use super::StorageError;
 
-/// Pairs fetched per scan request.
+/// Pairs fetched per scan request at most.
 const SCAN_BATCH: u32 = 512;
+/// Pairs asked for by a scan's first request, before their sizes are known.
+const FIRST_SCAN_BATCH: u32 = 64;
+/// Bytes a scan request should bring back: tikv-client refuses a gRPC
+/// answer over 4 MiB (its default) and TiKV sends 10 MiB at most
+/// (`server.max-grpc-send-msg-len`), while one object may be 1.5 MiB.
+const SCAN_BYTES: usize = 2 * 1024 * 1024;
 /// How long to wait for an undetermined commit to become readable.
 const VERIFY_FOR: Duration = Duration::from_secs(30);
 /// How long to keep retrying a timestamp request: tikv-client reconnects to
@@ -222,16 +228,34 @@ impl Shared {
     ) -> Result<(), StorageError> {
         let end_key: Vec<u8> = Vec::from(self.key(end));
         let mut from: Vec<u8> = Vec::from(self.key(start));
+        // Pairs per request, so that an answer stays near SCAN_BYTES: sized
+        // by the largest pair seen so far, and halved when an answer was
+        // too large for gRPC anyway (larger pairs than any seen before).
+        let mut limit = FIRST_SCAN_BATCH;
+        let mut largest = 0usize;
         loop {
             let t = txn.clone();
             let (lo, hi) = (from.clone(), end_key.clone());
-            let batch: Vec<(Vec<u8>, Vec<u8>)> = self
-                .run(async move { t.lock().await.scan(lo, hi, SCAN_BATCH).await })?
-                .map_err(engine_err)?;
-            let full = batch.len() as u32 >= SCAN_BATCH;
+            let batch: Vec<(Vec<u8>, Vec<u8>)> =
+                match self.run(async move { t.lock().await.scan(lo, hi, limit).await })? {
+                    Ok(batch) => batch,
+                    Err(e) if limit > 1 && is_message_too_large(&e) => {
+                        limit /= 2;
+                        continue;
+                    }
+                    Err(e) => return Err(engine_err(e)),
+                };
+            let full = batch.len() as u32 >= limit;
             let Some(last) = batch.last().map(|(k, _)| k.clone()) else {
                 return Ok(());
             };
+            largest = batch
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .fold(largest, usize::max);
+            limit = u32::try_from(SCAN_BYTES / largest.max(1))
+                .unwrap_or(SCAN_BATCH)
+                .clamp(1, SCAN_BATCH);
             for (k, v) in &batch {
                 let Some(k) = k.strip_prefix(self.prefix.as_slice()) else {
                     return Err(StorageError::Corrupt("key outside the shard prefix".into()));
@@ -247,6 +271,14 @@ impl Shared {
             from.push(0);
         }
     }
+}
+
+/// Whether a request failed because its answer was larger than a gRPC
+/// message may be (tonic's "message length too large" on this side, gRPC's
+/// "larger than max" from TiKV's).
+fn is_message_too_large(e: &tikv_client::Error) -> bool {
+    let text = e.to_string();
+    text.contains("message length too large") || text.contains("larger than max")
 }
 
 impl Drop for Shared {
