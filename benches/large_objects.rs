@@ -121,17 +121,10 @@ struct Sample {
 }
 
 fn sample(pid: u32, start: Instant) -> Option<Sample> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    };
+    let field = |name: &str| common::try_proc_status_bytes(pid, name).unwrap_or(0);
     Some(Sample {
         at: start.elapsed().as_secs_f64(),
-        rss: field("VmRSS:"),
+        rss: common::try_proc_status_bytes(pid, "VmRSS:")?,
         anon: field("RssAnon:"),
         file: field("RssFile:") + field("RssShmem:"),
     })
@@ -143,39 +136,6 @@ fn median(mut v: Vec<u64>) -> u64 {
     }
     v.sort_unstable();
     v[v.len() / 2]
-}
-
-/// A watcher that reads everything (HTTP/1.1 over TLS, hyper), as an
-/// informer does: counts the frames it gets.
-async fn reading_watch(data: &std::path::Path, frames: Arc<AtomicUsize>) {
-    use http_body_util::BodyExt;
-    use hyper_util::rt::TokioIo;
-    let tls = common::connect_to(data, &[b"http/1.1"]).await;
-    let (mut send, conn) = hyper::client::conn::http1::handshake::<
-        _,
-        http_body_util::Empty<bytes::Bytes>,
-    >(TokioIo::new(tls))
-    .await
-    .expect("handshake");
-    tokio::spawn(conn);
-    let req = http::Request::get(format!(
-        "{}?watch=true&resourceVersion=0&timeoutSeconds=3600",
-        common::WIDGETS
-    ))
-    .header("host", "localhost")
-    .body(http_body_util::Empty::new())
-    .expect("req");
-    let resp = send.send_request(req).await.expect("watch");
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.into_body();
-    tokio::spawn(async move {
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Ok(data) = frame.into_data() {
-                let n = memchr::memchr_iter(b'\n', &data).count();
-                frames.fetch_add(n, Ordering::Relaxed);
-            }
-        }
-    });
 }
 
 struct Outcome {
@@ -223,27 +183,12 @@ async fn run_case(case: &Case, watchers: usize, updates: usize) -> Outcome {
     client.request_text(create).await.expect("created");
     let frames = Arc::new(AtomicUsize::new(0));
     for _ in 0..watchers {
-        reading_watch(&data, frames.clone()).await;
+        common::line_counting_watch(&data, frames.clone(), 3600).await;
     }
-    let uri = format!("{}/big", common::WIDGETS);
     let began = Instant::now();
     let first_sample = samples.lock().expect("samples").len();
     for i in 1..=updates {
-        // A different 1 MB value each time: every event holds its own copy.
-        let fill = char::from(b'a' + (i % 26) as u8)
-            .to_string()
-            .repeat(OBJECT_BYTES);
-        let body = json!({"spec": {"replicas": i, "color": fill}});
-        let req = http::Request::patch(uri.clone())
-            .header("content-type", "application/merge-patch+json")
-            .body(serde_json::to_vec(&body).expect("json"))
-            .expect("request");
-        client.request_text(req).await.unwrap_or_else(|e| {
-            panic!(
-                "update {i} refused ({e}); server alive: {:?}",
-                child.try_wait()
-            )
-        });
+        common::rewrite_big_widget(&client, &mut child, i, OBJECT_BYTES).await;
         if i % 100 == 0 {
             eprintln!("    {i}/{updates} updates");
         }

@@ -58,20 +58,6 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 const RSS_PER_JSON: f64 = 2.0;
 const PAGE: usize = 500;
 
-fn kshard_bin() -> String {
-    std::env::var("KSHARD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kshard").into())
-}
-
-/// A `kB` figure of /proc/<pid>/status, in bytes.
-fn status_bytes(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-}
-
 fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
@@ -124,7 +110,7 @@ fn template(work: &Path) -> Template {
         stop(&mut server.0);
     }
     let file = work.join("template.snap");
-    let out = Command::new(kshard_bin())
+    let out = Command::new(common::kshard_bin())
         .args([
             "snapshot",
             "save",
@@ -404,7 +390,7 @@ struct Start {
 fn start(data: &Path, rt: &tokio::runtime::Runtime) -> Start {
     let port = free_port();
     let t0 = Instant::now();
-    let child = Command::new(kshard_bin())
+    let child = Command::new(common::kshard_bin())
         .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--crds"])
         .arg(common::repo_path("crds/examples"))
         .arg("--data-dir")
@@ -420,7 +406,7 @@ fn start(data: &Path, rt: &tokio::runtime::Runtime) -> Start {
         let (sampling, max_rss) = (sampling.clone(), max_rss.clone());
         std::thread::spawn(move || {
             while sampling.load(Ordering::Relaxed) {
-                if let Some(r) = status_bytes(pid, "VmRSS:") {
+                if let Some(r) = common::try_proc_status_bytes(pid, "VmRSS:") {
                     max_rss.fetch_max(r, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -441,8 +427,8 @@ fn start(data: &Path, rt: &tokio::runtime::Runtime) -> Start {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-    let rss_ready = status_bytes(pid, "VmRSS:").unwrap_or(0);
-    let hwm_ready = status_bytes(pid, "VmHWM:").unwrap_or(0);
+    let rss_ready = common::try_proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
+    let hwm_ready = common::try_proc_status_bytes(pid, "VmHWM:").unwrap_or(0);
     Start {
         child,
         pid,
@@ -460,7 +446,7 @@ impl Start {
     fn finish(mut self) -> (Duration, u64) {
         self.sampling.store(false, Ordering::Relaxed);
         let _ = self.sampler.join();
-        let hwm = status_bytes(self.pid, "VmHWM:").unwrap_or(0);
+        let hwm = common::try_proc_status_bytes(self.pid, "VmHWM:").unwrap_or(0);
         (
             stop(&mut self.child),
             hwm.max(self.max_rss.load(Ordering::Relaxed)),
@@ -514,7 +500,7 @@ fn one_count(
     let data = work.join(format!("data-{n}"));
     let _ = std::fs::remove_dir_all(&data);
     let started = Instant::now();
-    let out = Command::new(kshard_bin())
+    let out = Command::new(common::kshard_bin())
         .args(["snapshot", "restore", "-q", "--data-dir"])
         .arg(&data)
         .arg(&file)
@@ -559,7 +545,7 @@ fn one_count(
         load_average()
     );
     let l = rt.block_on(lists(&data, again.port));
-    let rss_after_lists = status_bytes(again.pid, "VmRSS:").unwrap_or(0);
+    let rss_after_lists = common::try_proc_status_bytes(again.pid, "VmRSS:").unwrap_or(0);
     println!(
         "  first list (pages of {PAGE}, no resourceVersion): first page {:.1} ms, {} pages, {} widgets in {:.2} s",
         l.first_page.as_secs_f64() * 1e3,
@@ -741,7 +727,7 @@ fn main() {
     let t = template(&work);
     println!(
         "kshard {} (load average {}); widgets of {} bytes of JSON",
-        kshard_bin(),
+        common::kshard_bin(),
         load_average(),
         t.json.len() + 8
     );
@@ -767,7 +753,7 @@ fn main() {
     std::fs::write(
         out.join(format!("{name}.json")),
         serde_json::to_vec_pretty(&json!({
-            "kshard_bin": kshard_bin(),
+            "kshard_bin": common::kshard_bin(),
             "load_average_at_end": load_average(),
             "page": PAGE,
             "results": results,

@@ -53,20 +53,6 @@ fn widget_1k(name: &str) -> DynamicObject {
     .expect("widget")
 }
 
-fn kshard_bin() -> String {
-    std::env::var("KSHARD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kshard").into())
-}
-
-/// A `kB` figure of /proc/<pid>/status, in bytes (`None` once the process is gone).
-fn status_bytes(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-}
-
 /// One command's run: how long, its peak resident memory, and the peak of
 /// another process (the server) meanwhile.
 struct Run {
@@ -80,7 +66,7 @@ struct Run {
 /// `other`'s resident memory every 5 ms until it exits.
 fn run_sampled(args: &[&str], other: Option<u32>) -> Run {
     let started = Instant::now();
-    let mut child = Command::new(kshard_bin())
+    let mut child = Command::new(common::kshard_bin())
         .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -89,10 +75,10 @@ fn run_sampled(args: &[&str], other: Option<u32>) -> Run {
     let pid = child.id();
     let (mut peak, mut other_peak) = (0, 0);
     loop {
-        if let Some(hwm) = status_bytes(pid, "VmHWM:") {
+        if let Some(hwm) = common::try_proc_status_bytes(pid, "VmHWM:") {
             peak = peak.max(hwm);
         }
-        if let Some(o) = other.and_then(|p| status_bytes(p, "VmRSS:")) {
+        if let Some(o) = other.and_then(|p| common::try_proc_status_bytes(p, "VmRSS:")) {
             other_peak = other_peak.max(o);
         }
         if child.try_wait().expect("wait").is_some() {
@@ -209,7 +195,7 @@ async fn measure(objects: usize) -> (serde_json::Value, Vec<String>) {
 
     let file = dir.path().join("bench.snap");
     let server_pid = server.id();
-    let server_before = status_bytes(server_pid, "VmRSS:").unwrap_or(0);
+    let server_before = common::try_proc_status_bytes(server_pid, "VmRSS:").unwrap_or(0);
     progress("saving through the API…");
     let save = tokio::task::block_in_place(|| {
         run_sampled(

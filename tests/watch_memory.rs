@@ -113,42 +113,6 @@ async fn stalled_watch(
     c
 }
 
-/// A watcher that reads everything (HTTP/1.1, hyper): counts the frames
-/// (newline-ended) it gets into `frames`.
-async fn reading_watch(
-    data: &std::path::Path,
-    frames: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-) {
-    use http_body_util::BodyExt;
-    use hyper_util::rt::TokioIo;
-    let tls = common::connect_to(data, &[b"http/1.1"]).await;
-    let (mut send, conn) = hyper::client::conn::http1::handshake::<
-        _,
-        http_body_util::Empty<bytes::Bytes>,
-    >(TokioIo::new(tls))
-    .await
-    .expect("handshake");
-    tokio::spawn(conn);
-    let req = http::Request::get(format!(
-        "{}?watch=true&resourceVersion=0&timeoutSeconds=600",
-        common::WIDGETS
-    ))
-    .header("host", "localhost")
-    .body(http_body_util::Empty::new())
-    .expect("req");
-    let resp = send.send_request(req).await.expect("watch");
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.into_body();
-    tokio::spawn(async move {
-        while let Some(Ok(frame)) = body.frame().await {
-            if let Ok(data) = frame.into_data() {
-                let n = data.iter().filter(|b| **b == b'\n').count();
-                frames.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-    });
-}
-
 /// Reads a raw HTTP/1.1 response until its chunked body ends; `None` if it
 /// has not ended within `within`.
 async fn read_to_end_of_body(
@@ -187,14 +151,13 @@ async fn a_watch_that_never_reads_is_ended_and_pins_no_memory() {
     );
     let pid = child.id();
     let client = common::client_for(&data.join("kubeconfig")).await;
-    let uri = format!("{}/big", common::WIDGETS);
     let create = http::Request::post(common::WIDGETS)
         .header("content-type", "application/json")
         .body(serde_json::to_vec(&common::widget("big", 0)).expect("json"))
         .expect("request");
     client.request_text(create).await.expect("created");
     let frames = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    reading_watch(&data, frames.clone()).await;
+    common::line_counting_watch(&data, frames.clone(), 600).await;
     let mut stalled = vec![stalled_watch(&data).await, stalled_watch(&data).await];
     // Without a byte bound each stalled watch kept every event: about 2 MB
     // per update (object and frame), past this cap within 600 updates.
@@ -202,20 +165,7 @@ async fn a_watch_that_never_reads_is_ended_and_pins_no_memory() {
     let baseline = common::rss_bytes(pid);
     let mut peak = 0;
     for i in 1..=UPDATES {
-        let fill = char::from(b'a' + (i % 26) as u8)
-            .to_string()
-            .repeat(OBJECT_BYTES);
-        let body = json!({"spec": {"replicas": i, "color": fill}});
-        let req = http::Request::patch(uri.clone())
-            .header("content-type", "application/merge-patch+json")
-            .body(serde_json::to_vec(&body).expect("json"))
-            .expect("request");
-        client.request_text(req).await.unwrap_or_else(|e| {
-            panic!(
-                "update {i} refused ({e}); server alive: {:?}",
-                child.try_wait()
-            )
-        });
+        common::rewrite_big_widget(&client, &mut child, i, OBJECT_BYTES).await;
         if i % 50 == 0 {
             peak = peak.max(common::rss_bytes(pid));
         }

@@ -386,7 +386,7 @@ impl Drop for KillOnDrop {
 pub fn spawn_kshard_with(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> KillOnDrop {
     use std::io::{BufRead, BufReader};
     // `KSHARD_BIN` runs another build (a profiling build, an older commit).
-    let bin = std::env::var("KSHARD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kshard").into());
+    let bin = kshard_bin();
     let mut child = std::process::Command::new(bin)
         .args(["serve", "--listen", "127.0.0.1:0", "--crds"])
         .arg(repo_path("crds/examples"))
@@ -417,13 +417,83 @@ pub fn rss_bytes(pid: u32) -> u64 {
 
 /// A `kB` figure of /proc/<pid>/status (`VmRSS:`, `VmSize:`), in bytes.
 pub fn proc_status_bytes(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    try_proc_status_bytes(pid, field).unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+/// [`proc_status_bytes`], `None` once the process is gone (or without the field).
+pub fn try_proc_status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
-        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+/// The kshard binary to run: `KSHARD_BIN` (a profiling build, an older
+/// commit) or this build's.
+pub fn kshard_bin() -> String {
+    std::env::var("KSHARD_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kshard").into())
+}
+
+/// The `i`th rewrite of the widget `big` by merge patch: `spec.color` a
+/// different `bytes`-long value each time (every event holds its own copy),
+/// `spec.replicas` `i`. A refusal panics, saying whether the server lives.
+pub async fn rewrite_big_widget(
+    client: &kube::Client,
+    server: &mut KillOnDrop,
+    i: usize,
+    bytes: usize,
+) {
+    let fill = char::from(b'a' + (i % 26) as u8).to_string().repeat(bytes);
+    let body = serde_json::json!({"spec": {"replicas": i, "color": fill}});
+    let req = http::Request::patch(format!("{WIDGETS}/big"))
+        .header("content-type", "application/merge-patch+json")
+        .body(serde_json::to_vec(&body).expect("json"))
+        .expect("request");
+    client.request_text(req).await.unwrap_or_else(|e| {
+        panic!(
+            "update {i} refused ({e}); server alive: {:?}",
+            server.try_wait()
+        )
+    });
+}
+
+/// A watcher of widgets that reads everything (HTTP/1.1 over TLS, hyper),
+/// as an informer does, counting the frames (newline-ended) it gets into
+/// `frames`; it ends after `timeout_secs`.
+pub async fn line_counting_watch(
+    data: &Path,
+    frames: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    timeout_secs: u64,
+) {
+    use http_body_util::BodyExt;
+    use hyper_util::rt::TokioIo;
+    let tls = connect_to(data, &[b"http/1.1"]).await;
+    let (mut send, conn) = hyper::client::conn::http1::handshake::<
+        _,
+        http_body_util::Empty<bytes::Bytes>,
+    >(TokioIo::new(tls))
+    .await
+    .expect("handshake");
+    tokio::spawn(conn);
+    let req = http::Request::get(format!(
+        "{WIDGETS}?watch=true&resourceVersion=0&timeoutSeconds={timeout_secs}"
+    ))
+    .header("host", "localhost")
+    .body(http_body_util::Empty::new())
+    .expect("req");
+    let resp = send.send_request(req).await.expect("watch");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    tokio::spawn(async move {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                let n = data.iter().filter(|b| **b == b'\n').count();
+                frames.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
 }
 
 /// Caps a running process's address space at its current size plus
