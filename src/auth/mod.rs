@@ -354,14 +354,13 @@ impl Authenticator {
         // (kube's union of authenticators fails on their error).
         let mut rejected = false;
         let config = config.get();
-        let chain: &[CertificateDer<'static>] = peer.map(|p| p.chain()).unwrap_or(&[]);
         let mut identity = None;
         let mut via = Via::Anonymous;
         if let Some(rh) = &config.request_header {
             // Whether the request carries extra headers, when a scan of its
             // headers already told (one scan a request, not two).
             let mut has_extra = None;
-            if is_trusted_proxy(rh, peer, chain) {
+            if is_trusted_proxy(rh, peer) {
                 (identity, has_extra) = from_request_headers(rh, headers);
                 if identity.is_some() {
                     via = Via::FrontProxy;
@@ -371,11 +370,13 @@ impl Authenticator {
             strip_request_headers(headers, rh, has_extra);
         }
         if identity.is_none() {
-            if let (Some(ca), false) = (&config.client_ca, chain.is_empty()) {
+            if let (Some(ca), Some(peer)) =
+                (&config.client_ca, peer.filter(|p| !p.chain().is_empty()))
+            {
                 // A certificate that does not chain to the client CA (a front
                 // proxy's that named no user included) is an error, as kube's
                 // x509 authenticator makes it.
-                match verify_peer(ca, peer, chain) {
+                match peer.verified_by(ca) {
                     None => rejected = true,
                     // kube: a certificate without a common name names no user.
                     Some(s) if !s.common_name.is_empty() => {
@@ -432,26 +433,9 @@ fn bearer_token(headers: &HeaderMap) -> Option<String> {
 }
 
 /// A front proxy: a certificate chaining to the requestheader CA with an allowed CN.
-fn is_trusted_proxy(
-    rh: &RequestHeader,
-    peer: Option<&PeerCertificates>,
-    chain: &[CertificateDer<'static>],
-) -> bool {
-    verify_peer(&rh.ca, peer, chain)
+fn is_trusted_proxy(rh: &RequestHeader, peer: Option<&PeerCertificates>) -> bool {
+    peer.and_then(|p| p.verified_by(&rh.ca))
         .is_some_and(|s| rh.allowed_names.is_empty() || rh.allowed_names.contains(&s.common_name))
-}
-
-/// `ca.verify(chain)`, remembered on the connection: every request on it
-/// presents the same chain.
-fn verify_peer(
-    ca: &CaBundle,
-    peer: Option<&PeerCertificates>,
-    chain: &[CertificateDer<'static>],
-) -> Option<Arc<x509::Subject>> {
-    match peer {
-        Some(p) => p.verified_by(ca),
-        None => ca.verify(chain),
-    }
 }
 
 /// The identity the front proxy's headers name, and whether the request
