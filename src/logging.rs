@@ -11,7 +11,8 @@
 
 use std::fmt::Write as _;
 
-use serde_json::{Map, Value};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
@@ -49,10 +50,10 @@ pub fn init_with(format: LogFormat, default_filter: &str) {
 /// kube's JSON line for one event.
 pub struct KubeJson;
 
-/// The fields of an event as JSON values; `message` becomes `msg` and
-/// `error` becomes `err` (kube's keys).
+/// The fields of an event as JSON values, in the order they were recorded;
+/// `message` becomes `msg` and `error` becomes `err` (kube's keys).
 #[derive(Default)]
-struct Fields(Map<String, Value>);
+struct Fields(Vec<(&'static str, Value)>);
 
 impl Fields {
     fn put(&mut self, field: &Field, v: Value) {
@@ -61,7 +62,42 @@ impl Fields {
             "error" => "err",
             other => other,
         };
-        self.0.insert(key.to_string(), v);
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some(slot) => slot.1 = v,
+            None => self.0.push((key, v)),
+        }
+    }
+
+    fn take(&mut self, key: &str) -> Option<Value> {
+        let i = self.0.iter().position(|(k, _)| *k == key)?;
+        Some(self.0.remove(i).1)
+    }
+}
+
+/// One log line: its keys in kube's order (a JSON map's order is not kept
+/// by `serde_json::Map`).
+pub struct JsonLine(Vec<(std::borrow::Cow<'static, str>, Value)>);
+
+impl JsonLine {
+    fn push(&mut self, key: impl Into<std::borrow::Cow<'static, str>>, value: Value) {
+        self.0.push((key.into(), value));
+    }
+}
+
+impl Serialize for JsonLine {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k.as_ref(), v)?;
+        }
+        map.end()
+    }
+}
+
+impl std::fmt::Display for JsonLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = serde_json::to_string(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(&text)
     }
 }
 
@@ -103,42 +139,38 @@ fn verbosity(level: &Level) -> Option<u8> {
 }
 
 /// One event as kube's JSON object (without the newline).
-pub fn json_line(event: &Event<'_>, now: std::time::SystemTime) -> Value {
+pub fn json_line(event: &Event<'_>, now: std::time::SystemTime) -> JsonLine {
     let meta = event.metadata();
     let mut fields = Fields::default();
     event.record(&mut fields);
-    let mut line = Map::new();
+    let mut line = JsonLine(Vec::with_capacity(6 + fields.0.len()));
     let ts = now
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as f64 / 1e6)
         .unwrap_or_default();
-    line.insert("ts".into(), Value::from(ts));
-    line.insert("logger".into(), Value::String(meta.target().to_string()));
+    line.push("ts", Value::from(ts));
+    line.push("logger", Value::String(meta.target().to_string()));
     if let (Some(file), Some(l)) = (meta.file(), meta.line()) {
-        line.insert(
-            "caller".into(),
+        line.push(
+            "caller",
             Value::String(format!("{}:{l}", short_caller(file))),
         );
     }
-    let msg = fields
-        .0
-        .shift_remove("msg")
-        .unwrap_or(Value::String(String::new()));
-    line.insert("msg".into(), msg);
-    match verbosity(meta.level()) {
+    let msg = fields.take("msg").unwrap_or(Value::String(String::new()));
+    line.push("msg", msg);
+    let err = match verbosity(meta.level()) {
         Some(v) => {
-            line.insert("v".into(), Value::from(v));
-            line.extend(fields.0);
+            line.push("v", Value::from(v));
+            None
         }
-        None => {
-            let err = fields.0.shift_remove("err");
-            line.extend(fields.0);
-            if let Some(err) = err {
-                line.insert("err".into(), err);
-            }
-        }
+        None => fields.take("err"),
+    };
+    line.0
+        .extend(fields.0.into_iter().map(|(k, v)| (k.into(), v)));
+    if let Some(err) = err {
+        line.push("err", err);
     }
-    Value::Object(line)
+    line
 }
 
 /// zap's `ShortCallerEncoder`: the file's directory and name, no more
@@ -210,13 +242,12 @@ mod tests {
         assert_eq!(lines[0]["kind"], "wal");
         assert!(lines[0].get("v").is_none(), "{}", lines[0]);
         // kube's order: zapr writes the error after the key/value pairs.
-        let keys: Vec<&str> = lines[0]
-            .as_object()
-            .expect("object")
-            .keys()
-            .map(String::as_str)
+        let first = text.lines().next().expect("a line");
+        let at: Vec<usize> = ["ts", "logger", "caller", "msg", "kind", "err"]
+            .iter()
+            .map(|k| first.find(&format!("\"{k}\":")).expect("key"))
             .collect();
-        assert_eq!(keys, ["ts", "logger", "caller", "msg", "kind", "err"]);
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{first}");
         assert_eq!(lines[0]["logger"], module_path!());
         assert!(
             lines[0]["caller"]

@@ -148,6 +148,28 @@ pub fn aggregate(errors: &[FieldError]) -> String {
     }
 }
 
+/// A failure `Status` borrowed from an [`ApiError`], serialized in kube's order.
+#[derive(Serialize)]
+pub struct StatusBody<'a> {
+    kind: &'static str,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    metadata: StatusMeta<'a>,
+    status: &'static str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<&'a Details>,
+    code: u16,
+}
+
+#[derive(Serialize)]
+struct StatusMeta<'a> {
+    #[serde(rename = "continue", skip_serializing_if = "Option::is_none")]
+    continue_token: Option<&'a str>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
 #[serde(default)]
 pub struct Cause {
@@ -513,6 +535,28 @@ impl ApiError {
         .with_details(Details::default())
     }
 
+    /// The Status as kube writes it: its fields in `metav1.Status`'s order,
+    /// which a `Value` (whose keys sort) would not keep.
+    pub fn status_body(&self) -> StatusBody<'_> {
+        StatusBody {
+            kind: "Status",
+            api_version: "v1",
+            metadata: StatusMeta {
+                continue_token: self.continue_token.as_deref(),
+            },
+            status: "Failure",
+            message: &self.message,
+            reason: &self.reason,
+            details: self.details.as_deref(),
+            code: self.code,
+        }
+    }
+
+    /// The Status body's JSON bytes (see [`ApiError::status_body`]).
+    pub fn status_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.status_body()).unwrap_or_default()
+    }
+
     pub fn to_json(&self) -> Value {
         let mut metadata = serde_json::Map::new();
         if let Some(c) = &self.continue_token {
@@ -552,6 +596,20 @@ impl std::error::Error for ApiError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_status_body_keeps_kubes_field_order_and_says_what_to_json_says() {
+        let mut e = ApiError::not_found("demo.kshard.dev", "widgets", "nope");
+        e.continue_token = Some("t".into());
+        let text = String::from_utf8(e.status_json()).expect("utf8");
+        // metav1.Status's order, as kube-apiserver writes a 404.
+        assert_eq!(
+            text,
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{"continue":"t"},"status":"Failure","message":"widgets.demo.kshard.dev \"nope\" not found","reason":"NotFound","details":{"name":"nope","group":"demo.kshard.dev","kind":"widgets"},"code":404}"#
+        );
+        let parsed: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(parsed, e.to_json());
+    }
 
     #[test]
     fn invalid_message_has_kube_shape() {

@@ -220,8 +220,11 @@ impl Norm {
                 let dates: Vec<usize> = cols
                     .iter()
                     .enumerate()
-                    // Built-in printers give an age column the type `date`.
-                    .filter(|(_, c)| c["format"] == "date" || c["type"] == "date")
+                    // Built-in printers give an age column the type `date`
+                    // (the webhook configurations' printer a `string` named Age).
+                    .filter(|(_, c)| {
+                        c["format"] == "date" || c["type"] == "date" || c["name"] == "Age"
+                    })
                     .map(|(i, _)| i)
                     .collect();
                 if let Some(Value::Array(rows)) = o.get_mut("rows") {

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::hooks::Hook;
 use super::matching::{self, Criteria, Verdict};
@@ -546,10 +546,22 @@ impl Webhooks {
                 observe(hook, "admit", attrs.operation.as_str(), started, &outcome);
                 let changed = matches!(outcome, Ok(true));
                 if let Some(annotate) = &attrs.caller.annotate {
-                    let value = json!({"configuration": hook.configuration, "webhook": hook.name, "mutated": changed});
+                    // kube's `MutationAuditAnnotation`, fields in its order.
+                    #[derive(serde::Serialize)]
+                    struct Mutation<'a> {
+                        configuration: &'a str,
+                        webhook: &'a str,
+                        mutated: bool,
+                    }
+                    let value = serde_json::to_string(&Mutation {
+                        configuration: &hook.configuration,
+                        webhook: &hook.name,
+                        mutated: changed,
+                    })
+                    .unwrap_or_default();
                     annotate(
                         &format!("mutation.webhook.admission.k8s.io/round_{round}_index_{index}"),
-                        &value.to_string(),
+                        &value,
                     );
                 }
                 if changed {
@@ -691,6 +703,7 @@ fn call_error(hook: &Hook, f: &CallFailure) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn denials_read_as_kube_writes_them() {

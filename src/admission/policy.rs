@@ -19,7 +19,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MatchResources, ParamRef, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use kube_cel::cel;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::dispatch::{versioned_opt, NamespaceOnce, Undecided};
 use super::matching::{self, Activation, Conditions, Criteria, Expr, NamedRule, Selector, Verdict};
@@ -755,17 +755,25 @@ impl PolicyRun<'_, '_> {
                 )),
                 "Audit" => {
                     if let Some(annotate) = &self.attrs.caller.annotate {
-                        let value = json!([{
-                            "message": message,
-                            "policy": policy.name,
-                            "binding": binding.name,
-                            "expressionIndex": index,
-                            "validationActions": binding.actions,
-                        }]);
-                        annotate(
-                            "validation.policy.admission.k8s.io/validation_failure",
-                            &value.to_string(),
-                        );
+                        // kube's `validationFailureValue`, fields in its order.
+                        #[derive(serde::Serialize)]
+                        #[serde(rename_all = "camelCase")]
+                        struct Failure<'a> {
+                            message: &'a str,
+                            policy: &'a str,
+                            binding: &'a str,
+                            expression_index: usize,
+                            validation_actions: &'a [String],
+                        }
+                        let value = serde_json::to_string(&[Failure {
+                            message,
+                            policy: &policy.name,
+                            binding: &binding.name,
+                            expression_index: index,
+                            validation_actions: &binding.actions,
+                        }])
+                        .unwrap_or_default();
+                        annotate("validation.policy.admission.k8s.io/validation_failure", &value);
                     }
                 }
                 _ => {}
@@ -813,6 +821,7 @@ impl PolicyRun<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn policy(spec: Value) -> Policy {
         let p: ValidatingAdmissionPolicy =

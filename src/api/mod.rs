@@ -116,30 +116,33 @@ async fn indent_json(resp: Response) -> Response {
         tracing::debug!("a response body failed while being indented");
         return error_response(&ApiError::internal("the response could not be read"));
     };
-    let Ok(mut doc) = serde_json::from_slice::<Value>(&bytes) else {
+    let Ok(doc) = serde_json::from_slice::<Value>(&bytes) else {
         return Response::from_parts(parts, Body::from(bytes));
     };
     let typed = doc
         .get("kind")
         .and_then(Value::as_str)
         .is_some_and(|k| TYPED_KINDS.contains(&k));
-    if !typed {
-        sort_keys(&mut doc);
+    // A typed kind's bytes were written in its fields' order, which a
+    // `Value` (whose keys sort, as kube's maps do) would not keep.
+    let out = if typed {
+        indent_bytes(&bytes)
+    } else {
+        serde_json::to_vec_pretty(&doc).ok()
     }
-    let out = serde_json::to_vec_pretty(&doc).unwrap_or_else(|_| bytes.to_vec());
+    .unwrap_or_else(|| bytes.to_vec());
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(out))
 }
 
-fn sort_keys(v: &mut Value) {
-    match v {
-        Value::Object(o) => {
-            o.sort_keys();
-            o.values_mut().for_each(sort_keys);
-        }
-        Value::Array(a) => a.iter_mut().for_each(sort_keys),
-        _ => {}
-    }
+/// Compact JSON indented as it is, keys in their order.
+fn indent_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let mut ser = serde_json::Serializer::pretty(&mut out);
+    serde_transcode::transcode(&mut de, &mut ser).ok()?;
+    de.end().ok()?;
+    Some(out)
 }
 
 async fn serve(state: &ApiState, req: Request) -> Response {

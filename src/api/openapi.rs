@@ -564,48 +564,68 @@ fn v2_paths(v3_paths: Map<String, Value>) -> Map<String, Value> {
     out
 }
 
-/// A v3 non-body parameter in v2's form, its keys in the order kube-openapi
-/// writes them (its `Parameter`'s fields: validations, then the simple
-/// schema, then the parameter's own props), which the shared parameters'
-/// names hash.
+/// kube-openapi's `Parameter` fields, in the order it writes them:
+/// validations, then the simple schema, then the parameter's own props
+/// (a body parameter's `schema` among them). The shared parameters' names
+/// hash that text.
+const PARAMETER_KEYS: [&str; 25] = [
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "maxLength",
+    "minLength",
+    "pattern",
+    "maxItems",
+    "minItems",
+    "uniqueItems",
+    "multipleOf",
+    "enum",
+    "type",
+    "nullable",
+    "format",
+    "items",
+    "collectionFormat",
+    "default",
+    "example",
+    "description",
+    "name",
+    "in",
+    "required",
+    "schema",
+    "allowEmptyValue",
+];
+
+/// A v3 non-body parameter in v2's form (the schema's keys at the top).
 fn v2_parameter(p: &Value) -> Value {
-    const VALIDATIONS: [&str; 12] = [
-        "maximum",
-        "exclusiveMaximum",
-        "minimum",
-        "exclusiveMinimum",
-        "maxLength",
-        "minLength",
-        "pattern",
-        "maxItems",
-        "minItems",
-        "uniqueItems",
-        "multipleOf",
-        "enum",
-    ];
-    const SIMPLE: [&str; 7] = [
-        "type",
-        "nullable",
-        "format",
-        "items",
-        "collectionFormat",
-        "default",
-        "example",
-    ];
-    const PROPS: [&str; 4] = ["description", "name", "in", "required"];
     let mut o = Map::new();
     let schema = &p["schema"];
-    for k in VALIDATIONS.iter().chain(SIMPLE.iter()) {
-        if let Some(v) = schema.get(*k) {
+    // A v2 non-body parameter has no `schema`: its schema's keys are its own.
+    for (i, k) in PARAMETER_KEYS.iter().take(23).enumerate() {
+        let from = if i < 19 { schema } else { p };
+        if let Some(v) = from.get(*k) {
             o.insert((*k).to_string(), v.clone());
         }
     }
-    for k in PROPS {
+    Value::Object(o)
+}
+
+/// A v2 parameter's JSON as kube-openapi writes it (keys in
+/// [`PARAMETER_KEYS`] order; a `Value`'s own keys sort).
+fn kube_parameter_json(p: &Value) -> String {
+    let mut out = String::from("{");
+    for k in PARAMETER_KEYS {
         if let Some(v) = p.get(k) {
-            o.insert(k.to_string(), v.clone());
+            if out.len() > 1 {
+                out.push(',');
+            }
+            out.push_str(&Value::String(k.to_string()).to_string());
+            out.push(':');
+            out.push_str(&v.to_string());
         }
     }
-    Value::Object(o)
+    out.push('}');
+    out
 }
 
 /// kube-openapi's v2 parameter deduplication: every parameter but the
@@ -632,7 +652,7 @@ fn share_parameters(paths: &mut Map<String, Value>) -> Map<String, Value> {
             if p.get("$ref").is_some() || kept(p) {
                 continue;
             }
-            let text = p.to_string();
+            let text = kube_parameter_json(p);
             let name = format!(
                 "{}-{}",
                 p["name"].as_str().unwrap_or("param"),
@@ -1721,6 +1741,11 @@ spec:
         assert_eq!(parameter_hash(pretty), "tJGM1-ng");
         let namespace = r#"{"uniqueItems":true,"type":"string","description":"object name and auth scope, such as for teams and projects","name":"namespace","in":"path","required":true}"#;
         assert_eq!(parameter_hash(namespace), "vgWSWtn3");
+        // The same text from the parameter as a `Value` (whose keys sort).
+        let v: Value = serde_json::from_str(pretty).expect("json");
+        assert_eq!(kube_parameter_json(&v), pretty);
+        let v: Value = serde_json::from_str(namespace).expect("json");
+        assert_eq!(kube_parameter_json(&v), namespace);
     }
 
     #[test]

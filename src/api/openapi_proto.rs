@@ -713,8 +713,10 @@ mod tests {
             props[0].value.as_ref().map(|p| p.format.as_str()),
             Some("int32")
         );
+        // Properties come in kube's (sorted) order: a, l, m.
+        assert_eq!(props[2].name, "m");
         assert!(matches!(
-            props[1]
+            props[2]
                 .value
                 .as_ref()
                 .and_then(|p| p.additional_properties.as_ref())
@@ -722,7 +724,7 @@ mod tests {
             Some(additional_properties_item::Oneof::Schema(_))
         ));
         assert_eq!(
-            props[2]
+            props[1]
                 .value
                 .as_ref()
                 .and_then(|p| p.items.as_ref())

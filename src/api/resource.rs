@@ -688,7 +688,11 @@ fn scale_spec(t: &Target) -> Result<crate::apiextensions::catalog::ScaleSpec, Ap
 
 fn scale_response(t: &Target, item: &Item, code: StatusCode) -> Response {
     match scale_spec(t) {
-        Ok(spec) => response::json_response(code, &to_scale(&spec, item.value())),
+        Ok(spec) => response::bytes_response(
+            code,
+            response::JSON,
+            super::encoding::typed_order::to_vec(&to_scale(&spec, item.value())),
+        ),
         Err(e) => error_response(&e),
     }
 }

@@ -95,7 +95,7 @@ pub fn error_response(e: &ApiError) -> Response {
         return page_not_found();
     }
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut r = json_response(code, &e.to_json());
+    let mut r = bytes_response(code, JSON, e.status_json());
     if let Some(n) = e.retry_after() {
         if let Ok(v) = HeaderValue::from_str(&n.to_string()) {
             r.headers_mut().insert(header::RETRY_AFTER, v);

@@ -155,8 +155,6 @@ mod tests {
             v,
             serde_json::from_slice::<serde_json::Value>(body).expect("JSON")
         );
-        let keys: Vec<_> = v["spec"].as_object().expect("map").keys().collect();
-        assert_eq!(keys, ["replicas", "x", "items"]);
         assert_eq!(v["spec"]["replicas"], 2);
         assert_eq!(v["kind"], "V");
         let deep = "[".repeat(200) + &"]".repeat(200);

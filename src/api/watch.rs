@@ -162,7 +162,7 @@ fn error_frame(out: &Output, status: &ApiError) -> Bytes {
             )),
             Err(_) => Bytes::new(),
         },
-        _ => frame("ERROR", &serde_json::to_vec(&st).unwrap_or_default()),
+        _ => frame("ERROR", &status.status_json()),
     }
 }
 

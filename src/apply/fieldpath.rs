@@ -336,7 +336,13 @@ impl PathElement {
     /// The FieldsV1 key for this element (`f:`, `k:`, `v:`, `i:`).
     pub fn to_fields_key(&self) -> String {
         match self {
-            PathElement::Field(name) => format!("f:{name}"),
+            PathElement::Field(name) => {
+                // Not `format!`: this runs for every field of every write.
+                let mut s = String::with_capacity(2 + name.len());
+                s.push_str("f:");
+                s.push_str(name);
+                s
+            }
             PathElement::Key(fields) => {
                 let mut s = String::from("k:{");
                 for (i, (k, v)) in fields.iter().enumerate() {

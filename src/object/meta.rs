@@ -435,8 +435,8 @@ mod tests {
     }
 }
 
-/// The fields of kube's ObjectMeta (JSON names).
-const OBJECT_META_FIELDS: [&str; 15] = [
+/// The fields of kube's ObjectMeta (JSON names), in its declaration order.
+pub const OBJECT_META_FIELDS: [&str; 15] = [
     "name",
     "generateName",
     "namespace",

@@ -271,9 +271,11 @@ pub fn read_defaults(rt: &ResourceType, stored: &Value) -> Option<Value> {
 pub fn read_defaulter(live: Arc<crate::apiextensions::live::LiveCatalog>) -> crate::watch::OnLoad {
     Arc::new(move |resource: &str, obj: &Value| {
         let catalog = live.get();
-        let rt = catalog.resources.iter().find(|rt| {
-            rt.has_defaults && resource.split_once('/') == Some((&rt.group, &rt.plural))
-        })?;
+        let (group, plural) = resource.split_once('/')?;
+        let rt = catalog
+            .resources
+            .iter()
+            .find(|rt| rt.has_defaults && rt.group == group && rt.plural == plural)?;
         read_defaults(rt, obj)
     })
 }

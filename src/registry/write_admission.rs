@@ -497,7 +497,7 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&d.options(Operation::Delete, false)).ok(),
             Some(
-                r#"{"kind":"DeleteOptions","apiVersion":"meta.k8s.io/v1","propagationPolicy":"Background"}"#
+                r#"{"apiVersion":"meta.k8s.io/v1","kind":"DeleteOptions","propagationPolicy":"Background"}"#
                     .into()
             )
         );

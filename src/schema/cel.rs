@@ -489,7 +489,7 @@ fn compile_own(
             Some(_) => {
                 let mut s = spec.clone();
                 if let Some(m) = s.as_object_mut() {
-                    m.shift_remove("messageExpression");
+                    m.remove("messageExpression");
                 }
                 Some(alone(s))
             }

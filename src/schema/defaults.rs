@@ -104,7 +104,7 @@ fn drop_nulls(n: &Node, v: &mut Value) {
                 }
             }
             for k in drop {
-                m.shift_remove(&k);
+                m.remove(&k);
             }
         }
         Value::Array(a) => {

@@ -58,7 +58,7 @@ fn prune(n: Option<&Node>, v: &mut Value, path: &str, root: bool, out: &mut Vec<
                 }
             }
             for k in drop {
-                m.shift_remove(&k);
+                m.remove(&k);
             }
         }
         Value::Array(a) => {

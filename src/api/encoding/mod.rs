@@ -20,3 +20,4 @@
 
 pub mod cbor;
 pub mod protobuf;
+pub mod typed_order;
