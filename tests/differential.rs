@@ -402,7 +402,10 @@ fn answer_of(parts: &http::response::Parts, body: &[u8], text: bool, norm: &mut 
         .first()
         .is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf"));
     let body = if text {
-        json!(norm.text(&String::from_utf8_lossy(body)))
+        // kube's JSON bodies end with Go's encoder's newline, kshard's do not
+        // (README, differences): compared without it.
+        let text = String::from_utf8_lossy(body);
+        json!(norm.text(text.strip_suffix('\n').unwrap_or(&text)))
     } else if protobuf && body.starts_with(b"k8s\0") {
         protobuf_tree(&body[4..])
     } else if body.is_empty() {

@@ -294,21 +294,25 @@ pub async fn list(
     };
     match out {
         Output::Json => {
-            let head = serde_json::to_vec(&json!({
-                "apiVersion": api_version,
+            // kube writes a custom resource list from a map, keys sorted:
+            // `{"apiVersion":…,"items":[` … `],"kind":…,"metadata":{…}}`.
+            let head = serde_json::to_vec(&json!({"apiVersion": api_version})).unwrap_or_default();
+            let tail = serde_json::to_vec(&json!({
                 "kind": t.rt.list_kind,
                 "metadata": meta.to_json_unstructured(),
             }))
             .unwrap_or_default();
-            // `{...,"metadata":{...}}` → `{...,"metadata":{...},"items":[` ... `]}`
             let mut prefix = head;
             prefix.pop();
             prefix.extend_from_slice(b",\"items\":[");
+            let mut suffix = b"],".to_vec();
+            suffix.extend_from_slice(tail.get(1..).unwrap_or_default());
             let estimate = prefix.len() as u64
                 + items.iter().map(|i| i.json().len() as u64 + 1).sum::<u64>()
-                + 2;
+                + suffix.len() as u64;
             let body = Body::from_stream(ListChunks {
                 prefix: Some(Bytes::from(prefix)),
+                suffix: Bytes::from(suffix),
                 items: items.into_iter(),
                 first: true,
                 done: false,
@@ -366,6 +370,8 @@ const CHUNK: usize = 64 * 1024;
 /// Streams a JSON list body, packing the items' stored bytes into chunks lazily.
 struct ListChunks {
     prefix: Option<Bytes>,
+    /// `]` and the list's keys after `items`.
+    suffix: Bytes,
     items: std::vec::IntoIter<Item>,
     first: bool,
     done: bool,
@@ -387,7 +393,7 @@ impl futures::Stream for ListChunks {
         }
         while buf.len() < CHUNK {
             let Some(item) = self.items.next() else {
-                buf.extend_from_slice(b"]}");
+                buf.extend_from_slice(&self.suffix);
                 self.done = true;
                 break;
             };
