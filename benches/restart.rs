@@ -323,11 +323,12 @@ async fn lists(data: &Path, port: u16) -> Lists {
         first_page.get_or_insert(started.elapsed());
         pages += 1;
         items += finder.find_iter(&body).count();
-        // The list's metadata comes first: its continue token, if any.
-        let head = &body[..body.len().min(2048)];
-        cont = std::str::from_utf8(head)
+        // The list's metadata comes last, after `items` (keys sorted, as
+        // kube writes a custom resource list): its continue token, if any.
+        let tail = &body[body.len().saturating_sub(2048)..];
+        cont = std::str::from_utf8(tail)
             .ok()
-            .and_then(|h| h.split_once("\"continue\":\"").map(|(_, r)| r))
+            .and_then(|h| h.rsplit_once("\"continue\":\"").map(|(_, r)| r))
             .and_then(|r| r.split_once('"').map(|(c, _)| c.to_string()))
             .filter(|c| !c.is_empty());
         if cont.is_none() {
