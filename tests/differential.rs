@@ -86,6 +86,9 @@ struct Events {
     watch: String,
     /// Events expected; one more arriving within a short grace is reported too.
     count: usize,
+    /// Compare each event's line as text (keys in order), normalised by pattern.
+    #[serde(default)]
+    text: bool,
 }
 
 fn load_scenarios() -> Vec<(String, Scenario)> {
@@ -125,19 +128,18 @@ struct WatchStream {
 }
 
 impl WatchStream {
-    /// The next event, or None when none comes within `wait`.
-    async fn next(&mut self, wait: Duration) -> Option<Value> {
+    /// The next event's line as sent (without its newline), or None when
+    /// none comes within `wait`.
+    async fn next_line(&mut self, wait: Duration) -> Option<Vec<u8>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                let mut line: Vec<u8> = self.buf.drain(..=i).collect();
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                return Some(
-                    serde_json::from_slice(&line)
-                        .unwrap_or_else(|_| json!({"unparsed": String::from_utf8_lossy(&line)})),
-                );
+                line.pop();
+                return Some(line);
             }
             let frame = tokio::time::timeout_at(deadline, self.body.frame()).await;
             match frame {
@@ -549,7 +551,7 @@ async fn run_step(side: &mut Side, step: &Step) -> (Request, Value) {
         };
         let mut got = Vec::new();
         for _ in 0..ev.count {
-            match w.next(Duration::from_secs(5)).await {
+            match w.next_line(Duration::from_secs(5)).await {
                 Some(e) => got.push(e),
                 None => break,
             }
@@ -557,11 +559,26 @@ async fn run_step(side: &mut Side, step: &Step) -> (Request, Value) {
         // An extra event (the kind of difference this catches) shows up
         // within a short while after the expected ones.
         if got.len() == ev.count {
-            if let Some(e) = w.next(Duration::from_millis(500)).await {
+            if let Some(e) = w.next_line(Duration::from_millis(500)).await {
                 got.push(e);
             }
         }
-        let events = side.norm.json(Value::Array(got));
+        let events = if ev.text {
+            let lines = got
+                .iter()
+                .map(|l| Value::String(side.norm.text(&String::from_utf8_lossy(l))))
+                .collect();
+            Value::Array(lines)
+        } else {
+            let parsed = got
+                .iter()
+                .map(|l| {
+                    serde_json::from_slice(l)
+                        .unwrap_or_else(|_| json!({"unparsed": String::from_utf8_lossy(l)}))
+                })
+                .collect();
+            side.norm.json(Value::Array(parsed))
+        };
         let req = Request {
             method: "WATCH".into(),
             path: format!("events of {}", ev.watch),

@@ -151,8 +151,11 @@ impl Clients {
         let client = self
             .client(&d, &hook.ca_bundle)
             .map_err(|e| CallFailure::new(format!("could not get REST client: {e}")))?;
-        let body = serde_json::to_vec(review)
-            .map_err(|e| CallFailure::new(format!("could not create admission objects: {e}")))?;
+        let body = serde_json::to_vec(&crate::api::encoding::typed_order::Shaped(
+            review,
+            crate::api::encoding::typed_order::ADMISSION_REVIEW,
+        ))
+        .map_err(|e| CallFailure::new(format!("could not create admission objects: {e}")))?;
         // kube tells the webhook its deadline in whole seconds.
         let timeout = format!("{}s", hook.timeout.as_secs().max(1));
         let url = format!("{}?timeout={timeout}", d.url);

@@ -84,22 +84,6 @@ fn wants_pretty(path: &str, query: &str) -> bool {
     pretty && !path.split('/').any(|s| s == "watch")
 }
 
-/// Kinds kube encodes from Go structs (fields in declaration order); every
-/// other JSON document here is a custom resource or a list of them, which
-/// kube encodes from maps, keys sorted.
-const TYPED_KINDS: &[&str] = &[
-    "Status",
-    "Table",
-    "PartialObjectMetadata",
-    "PartialObjectMetadataList",
-    "Scale",
-    "APIGroup",
-    "APIGroupList",
-    "APIGroupDiscoveryList",
-    "APIResourceList",
-    "APIVersions",
-];
-
 /// A JSON answer indented as kube's `?pretty=true` gives it (two spaces, a
 /// final newline).
 async fn indent_json(resp: Response) -> Response {
@@ -116,21 +100,10 @@ async fn indent_json(resp: Response) -> Response {
         tracing::debug!("a response body failed while being indented");
         return error_response(&ApiError::internal("the response could not be read"));
     };
-    let Ok(doc) = serde_json::from_slice::<Value>(&bytes) else {
-        return Response::from_parts(parts, Body::from(bytes));
-    };
-    let typed = doc
-        .get("kind")
-        .and_then(Value::as_str)
-        .is_some_and(|k| TYPED_KINDS.contains(&k));
-    // A typed kind's bytes were written in its fields' order, which a
-    // `Value` (whose keys sort, as kube's maps do) would not keep.
-    let out = if typed {
-        indent_bytes(&bytes)
-    } else {
-        serde_json::to_vec_pretty(&doc).ok()
-    }
-    .unwrap_or_else(|| bytes.to_vec());
+    // Every JSON answer is written in kube's order already (its own kinds
+    // in their structs' field order, custom resources sorted): indenting
+    // the bytes as written keeps it, where a `Value` would sort them all.
+    let out = indent_bytes(&bytes).unwrap_or_else(|| bytes.to_vec());
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(out))
 }
@@ -222,7 +195,11 @@ async fn serve(state: &ApiState, req: Request) -> Response {
                 None => error_response(&ApiError::not_found_path()),
             }
         }
-        Route::Version => json_response(StatusCode::OK, &version_info()),
+        Route::Version => bytes_response(
+            StatusCode::OK,
+            response::JSON,
+            encoding::typed_order::to_vec_as(&version_info(), encoding::typed_order::VERSION_INFO),
+        ),
         Route::Health(h) => {
             health::respond(
                 &state.readiness,
@@ -296,7 +273,7 @@ pub fn version_info() -> Value {
 }
 
 fn etagged(headers: &HeaderMap, doc: &Value, content_type: &str) -> Response {
-    let body = serde_json::to_vec(doc).unwrap_or_default();
+    let body = encoding::typed_order::to_vec(doc);
     let etag = discovery::etag(&body);
     let not_modified = headers
         .get(header::IF_NONE_MATCH)

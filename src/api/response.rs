@@ -85,8 +85,10 @@ pub fn warn_first(resp: &mut Response, text: &str) {
     }
 }
 
+/// A JSON document as kube writes it: its own kinds in their structs'
+/// field order, anything else (custom resources) with keys sorted.
 pub fn json_response(code: StatusCode, value: &Value) -> Response {
-    let body = serde_json::to_vec(value).unwrap_or_default();
+    let body = super::encoding::typed_order::to_vec(value);
     bytes_response(code, JSON, body)
 }
 

@@ -12,7 +12,7 @@ use futures::FutureExt;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use super::encoding::{cbor, protobuf};
+use super::encoding::{cbor, protobuf, typed_order};
 use super::negotiate::{negotiate, Output};
 use super::options::ListOptions;
 use super::response::{bytes_response, JSON};
@@ -674,12 +674,12 @@ impl Stream {
                     }),
                 );
                 doc["apiVersion"] = json!(v);
-                Some(frame(kind, &serde_json::to_vec(&doc).ok()?))
+                Some(frame(kind, &typed_order::to_vec(&doc)))
             }
             Output::PartialMeta(v) => {
                 let mut m = partial_metadata(&value()?);
                 m["apiVersion"] = json!(v);
-                Some(frame(kind, &serde_json::to_vec(&m).ok()?))
+                Some(frame(kind, &typed_order::to_vec(&m)))
             }
             Output::Cbor => {
                 let obj = in_version()?;
@@ -718,7 +718,7 @@ impl Stream {
                     .unwrap_or_default();
             }
         };
-        frame("BOOKMARK", &serde_json::to_vec(&obj).unwrap_or_default())
+        frame("BOOKMARK", &typed_order::to_vec(&obj))
     }
 }
 

@@ -289,7 +289,7 @@ impl Webhook {
         // The objects' JSON is joined into the review as is: each object was
         // encoded once already to size the batch.
         let mut body = format!(
-            r#"{{"apiVersion":"apiextensions.k8s.io/{}","kind":"ConversionReview","request":{{"uid":{},"desiredAPIVersion":{},"objects":["#,
+            r#"{{"kind":"ConversionReview","apiVersion":"apiextensions.k8s.io/{}","request":{{"uid":{},"desiredAPIVersion":{},"objects":["#,
             self.review_version,
             Value::from(uid),
             Value::from(desired),
