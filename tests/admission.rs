@@ -257,7 +257,8 @@ async fn a_denial_is_answered_as_kube_answers_it() {
     assert_eq!(r.status, 403);
     assert_eq!(
         r.text(),
-        r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"admission webhook \"deny.kshard.dev\" denied the request: red widgets are not allowed","reason":"Forbidden","code":403}"#
+        r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"admission webhook \"deny.kshard.dev\" denied the request: red widgets are not allowed","reason":"Forbidden","code":403}
+"#
     );
     assert_eq!(s.get(&format!("{WIDGETS}/red")).await.status, 404);
 

@@ -311,22 +311,104 @@ impl Norm {
         v
     }
 
-    /// A body compared as text: the same placeholders by pattern.
+    /// A body compared as text: the same placeholders by pattern, and as
+    /// [`Norm::value`] gives them, a list's (or table's) own resourceVersion
+    /// and a table's ages.
     fn text(&mut self, s: &str) -> String {
         let rv = regex::Regex::new(r#""resourceVersion": ?"(\d+)""#).expect("regex");
         let uid = regex::Regex::new(r#""uid": ?"([0-9a-f-]{36})""#).expect("regex");
         let ts = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").expect("regex");
-        let mut out = s.to_string();
-        for c in rv.captures_iter(s) {
+        let age = regex::Regex::new(r#""\d+(s|m|h|d|y)(\d+(s|m|h))?""#).expect("regex");
+        let mut s = s.to_string();
+        let is_list = ["items", "rows"]
+            .iter()
+            .any(|k| top_level_span(&s, k).is_some());
+        if is_list {
+            if let Some(span) = top_level_span(&s, "metadata") {
+                let meta = rv
+                    .replace_all(&s[span.clone()], r#""resourceVersion":"<list-rv>""#)
+                    .into_owned();
+                s.replace_range(span, &meta);
+            }
+        }
+        if let Some(span) = top_level_span(&s, "rows") {
+            let cells = regex::Regex::new(r#""cells": ?\[[^\]]*\]"#).expect("regex");
+            let rows = cells
+                .replace_all(&s[span.clone()], |c: &regex::Captures| {
+                    age.replace_all(&c[0], r#""<age>""#).into_owned()
+                })
+                .into_owned();
+            s.replace_range(span, &rows);
+        }
+        let mut out = s.clone();
+        for c in rv.captures_iter(&s) {
             let tok = self.rv(&c[1]);
             out = out.replace(&c[0], &c[0].replace(&c[1], &tok));
         }
-        for c in uid.captures_iter(s) {
+        for c in uid.captures_iter(&s) {
             let tok = self.uid(&c[1]);
             out = out.replace(&c[0], &c[0].replace(&c[1], &tok));
         }
         ts.replace_all(&out, "<time>").into_owned()
     }
+}
+
+/// Where the value of `key` in a JSON document's top-level object is, in
+/// its text (compact or indented): a scan that follows strings and nesting.
+fn top_level_span(text: &str, key: &str) -> Option<std::ops::Range<usize>> {
+    let b = text.as_bytes();
+    let (mut depth, mut i) = (0usize, 0usize);
+    let string_end = |mut j: usize| -> usize {
+        // `j` is just past an opening quote; returns just past the closing one.
+        while j < b.len() {
+            match b[j] {
+                b'\\' => j += 2,
+                b'"' => return j + 1,
+                _ => j += 1,
+            }
+        }
+        b.len()
+    };
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                let end = string_end(i + 1);
+                let rest = text[end..].trim_start();
+                if depth == 1 && rest.starts_with(':') && &text[i + 1..end - 1] == key {
+                    let start = text.len() - rest[1..].trim_start().len();
+                    // The value's end: back to this depth, or a comma at it.
+                    let (mut d, mut j) = (0usize, start);
+                    while j < b.len() {
+                        match b[j] {
+                            b'"' => {
+                                j = string_end(j + 1);
+                                continue;
+                            }
+                            b'{' | b'[' => d += 1,
+                            b'}' | b']' if d == 0 => return Some(start..j),
+                            b'}' | b']' => {
+                                d -= 1;
+                                if d == 0 {
+                                    return Some(start..j + 1);
+                                }
+                            }
+                            b',' if d == 0 => return Some(start..j),
+                            _ => {}
+                        }
+                        j += 1;
+                    }
+                    return None;
+                }
+                i = end;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 fn substitute(s: &str, vars: &HashMap<String, String>) -> String {
@@ -403,11 +485,11 @@ fn answer_of(parts: &http::response::Parts, body: &[u8], text: bool, norm: &mut 
     let protobuf = header("content-type")
         .first()
         .is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf"));
+    // Go's JSON encoder ends a document with a newline: whether a body
+    // does is compared for every answer, whatever else is.
+    let final_newline = body.last() == Some(&b'\n');
     let body = if text {
-        // kube's JSON bodies end with Go's encoder's newline, kshard's do not
-        // (README, differences): compared without it.
-        let text = String::from_utf8_lossy(body);
-        json!(norm.text(text.strip_suffix('\n').unwrap_or(&text)))
+        json!(norm.text(&String::from_utf8_lossy(body)))
     } else if protobuf && body.starts_with(b"k8s\0") {
         protobuf_tree(&body[4..])
     } else if body.is_empty() {
@@ -422,6 +504,7 @@ fn answer_of(parts: &http::response::Parts, body: &[u8], text: bool, norm: &mut 
         "code": parts.status.as_u16(),
         "contentType": header("content-type"),
         "warning": header("warning"),
+        "finalNewline": final_newline,
         "body": body,
     })
 }
@@ -1230,4 +1313,19 @@ async fn kshard_answers_as_kube_apiserver_does() {
         eprintln!("{k}\n");
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n\n"));
+}
+
+#[test]
+fn top_level_span_finds_a_key_of_the_outer_object_only() {
+    let compact = r#"{"items":[{"metadata":{"resourceVersion":"5"}}],"kind":"L","metadata":{"resourceVersion":"7"}}"#;
+    let span = top_level_span(compact, "metadata").expect("metadata");
+    assert_eq!(&compact[span], r#"{"resourceVersion":"7"}"#);
+    let pretty = "{\n  \"kind\": \"Table\",\n  \"metadata\": {\n    \"resourceVersion\": \"7\"\n  },\n  \"rows\": []\n}";
+    let span = top_level_span(pretty, "metadata").expect("metadata");
+    assert_eq!(&pretty[span], "{\n    \"resourceVersion\": \"7\"\n  }");
+    assert_eq!(
+        top_level_span(pretty, "kind").map(|r| &pretty[r]),
+        Some("\"Table\"")
+    );
+    assert!(top_level_span(r#"{"a":{"items":[]}}"#, "items").is_none());
 }

@@ -108,8 +108,9 @@ async fn indent_json(resp: Response) -> Response {
     Response::from_parts(parts, Body::from(out))
 }
 
-/// Compact JSON indented as it is, keys in their order.
-fn indent_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
+/// Compact JSON indented as it is, keys in their order (two spaces, no
+/// final newline: Go's `json.MarshalIndent`).
+pub fn indent_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(bytes.len() * 2);
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut ser = serde_json::Serializer::pretty(&mut out);
@@ -198,7 +199,14 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         Route::Version => bytes_response(
             StatusCode::OK,
             response::JSON,
-            encoding::typed_order::to_vec_as(&version_info(), encoding::typed_order::VERSION_INFO),
+            // kube writes it with `WriteRawJSON`: indented, no final newline.
+            {
+                let compact = encoding::typed_order::to_vec_as(
+                    &version_info(),
+                    encoding::typed_order::VERSION_INFO,
+                );
+                indent_bytes(&compact).unwrap_or(compact)
+            },
         ),
         Route::Health(h) => {
             health::respond(
@@ -273,7 +281,7 @@ pub fn version_info() -> Value {
 }
 
 fn etagged(headers: &HeaderMap, doc: &Value, content_type: &str) -> Response {
-    let body = encoding::typed_order::to_vec(doc);
+    let body = response::json_document(encoding::typed_order::to_vec(doc));
     let etag = discovery::etag(&body);
     let not_modified = headers
         .get(header::IF_NONE_MATCH)

@@ -691,7 +691,10 @@ fn scale_response(t: &Target, item: &Item, code: StatusCode) -> Response {
         Ok(spec) => response::bytes_response(
             code,
             response::JSON,
-            super::encoding::typed_order::to_vec(&to_scale(&spec, item.value())),
+            response::json_document(super::encoding::typed_order::to_vec(&to_scale(
+                &spec,
+                item.value(),
+            ))),
         ),
         Err(e) => error_response(&e),
     }

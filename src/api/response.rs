@@ -88,8 +88,35 @@ pub fn warn_first(resp: &mut Response, text: &str) {
 /// A JSON document as kube writes it: its own kinds in their structs'
 /// field order, anything else (custom resources) with keys sorted.
 pub fn json_response(code: StatusCode, value: &Value) -> Response {
-    let body = super::encoding::typed_order::to_vec(value);
+    let mut body = super::encoding::typed_order::to_vec(value);
+    body.push(b'\n');
     bytes_response(code, JSON, body)
+}
+
+/// A JSON document's body as kube sends it: ended by a newline (Go's
+/// `json.Encoder` writes one after every document).
+pub fn json_document(bytes: impl Into<Vec<u8>>) -> Vec<u8> {
+    let mut body = bytes.into();
+    body.push(b'\n');
+    body
+}
+
+/// Above this size a stored object's bytes are sent as they are, followed
+/// by the newline in a second frame, instead of being copied to add it.
+const COPY_FOR_NEWLINE: usize = 64 * 1024;
+
+/// A stored object's JSON as an answer's body, ended by a newline.
+pub fn object_body(json: &Bytes) -> Body {
+    if json.len() <= COPY_FOR_NEWLINE {
+        let mut body = Vec::with_capacity(json.len() + 1);
+        body.extend_from_slice(json);
+        body.push(b'\n');
+        return Body::from(body);
+    }
+    Body::new(http_body_util::StreamBody::new(futures::stream::iter([
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(json.clone())),
+        Ok(http_body::Frame::data(Bytes::from_static(b"\n"))),
+    ])))
 }
 
 pub fn error_response(e: &ApiError) -> Response {
@@ -97,7 +124,15 @@ pub fn error_response(e: &ApiError) -> Response {
         return page_not_found();
     }
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut r = bytes_response(code, JSON, e.status_json());
+    // An answer the client's Accept rules out is written as kube's
+    // `WriteRawJSON` writes it: indented, no final newline.
+    let body = if code == StatusCode::NOT_ACCEPTABLE {
+        let compact = e.status_json();
+        super::indent_bytes(&compact).unwrap_or(compact)
+    } else {
+        json_document(e.status_json())
+    };
+    let mut r = bytes_response(code, JSON, body);
     if let Some(n) = e.retry_after() {
         if let Ok(v) = HeaderValue::from_str(&n.to_string()) {
             r.headers_mut().insert(header::RETRY_AFTER, v);
@@ -202,7 +237,7 @@ pub async fn object(
     };
     let item = &item;
     match out {
-        Output::Json => bytes_response(code, JSON, item.json().clone()),
+        Output::Json => bytes_response(code, JSON, object_body(item.json())),
         Output::Yaml => yaml_response(code, item.value()),
         Output::Cbor => cbor_response(code, item.value()),
         Output::ProtoMeta(v) => proto_meta_response(code, v, item.value(), false),
@@ -309,6 +344,7 @@ pub async fn list(
             prefix.extend_from_slice(b",\"items\":[");
             let mut suffix = b"],".to_vec();
             suffix.extend_from_slice(tail.get(1..).unwrap_or_default());
+            suffix.push(b'\n');
             let estimate = prefix.len() as u64
                 + items.iter().map(|i| i.json().len() as u64 + 1).sum::<u64>()
                 + suffix.len() as u64;
