@@ -505,6 +505,12 @@ fn answer_of(parts: &http::response::Parts, body: &[u8], text: bool, norm: &mut 
         "contentType": header("content-type"),
         "warning": header("warning"),
         "finalNewline": final_newline,
+        "cacheControl": header("cache-control"),
+        "hasAuditId": !header("audit-id").is_empty(),
+        "hasPfFlowSchemaUid": !header("x-kubernetes-pf-flowschema-uid").is_empty(),
+        "hasPfPriorityLevelUid": !header("x-kubernetes-pf-prioritylevel-uid").is_empty(),
+        "contentEncoding": header("content-encoding"),
+        "vary": header("vary"),
         "body": body,
     })
 }

@@ -373,7 +373,11 @@ fn openapi_v3(
         return bare(StatusCode::NOT_FOUND);
     };
     if !openapi::v3_accepts_json(accept) {
-        return bare(StatusCode::NOT_ACCEPTABLE);
+        // kube-openapi names the header its answer varies by here too.
+        let mut r = bare(StatusCode::NOT_ACCEPTABLE);
+        r.headers_mut()
+            .insert(header::VARY, HeaderValue::from_static("Accept"));
+        return r;
     }
     let json = serde_json::to_vec(&doc).unwrap_or_default();
     let etag = discovery::etag(&json);
