@@ -151,11 +151,8 @@ impl Clients {
         let client = self
             .client(&d, &hook.ca_bundle)
             .map_err(|e| CallFailure::new(format!("could not get REST client: {e}")))?;
-        let body = serde_json::to_vec(&crate::api::encoding::typed_order::Shaped(
-            review,
-            crate::api::encoding::typed_order::ADMISSION_REVIEW,
-        ))
-        .map_err(|e| CallFailure::new(format!("could not create admission objects: {e}")))?;
+        // In AdmissionReview's field order, as kube sends it.
+        let body = crate::api::encoding::typed_order::to_vec(review);
         // kube tells the webhook its deadline in whole seconds.
         let timeout = format!("{}s", hook.timeout.as_secs().max(1));
         let url = format!("{}?timeout={timeout}", d.url);

@@ -84,7 +84,7 @@ fn wants_pretty(path: &str, query: &str) -> bool {
     pretty && !path.split('/').any(|s| s == "watch")
 }
 
-/// A JSON answer indented as kube's `?pretty=true` gives it (two spaces, a
+/// A JSON answer indented as kube's `?pretty=true` gives it (two spaces, no
 /// final newline).
 async fn indent_json(resp: Response) -> Response {
     let is_json = resp
@@ -110,7 +110,7 @@ async fn indent_json(resp: Response) -> Response {
 
 /// Compact JSON indented as it is, keys in their order (two spaces, no
 /// final newline: Go's `json.MarshalIndent`).
-pub fn indent_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
+fn indent_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(bytes.len() * 2);
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut ser = serde_json::Serializer::pretty(&mut out);
@@ -199,14 +199,10 @@ async fn serve(state: &ApiState, req: Request) -> Response {
         Route::Version => bytes_response(
             StatusCode::OK,
             response::JSON,
-            // kube writes it with `WriteRawJSON`: indented, no final newline.
-            {
-                let compact = encoding::typed_order::to_vec_as(
-                    &version_info(),
-                    encoding::typed_order::VERSION_INFO,
-                );
-                indent_bytes(&compact).unwrap_or(compact)
-            },
+            response::raw_json_document(encoding::typed_order::to_vec_as(
+                &version_info(),
+                encoding::typed_order::VERSION_INFO,
+            )),
         ),
         Route::Health(h) => {
             health::respond(

@@ -88,9 +88,11 @@ pub fn warn_first(resp: &mut Response, text: &str) {
 /// A JSON document as kube writes it: its own kinds in their structs'
 /// field order, anything else (custom resources) with keys sorted.
 pub fn json_response(code: StatusCode, value: &Value) -> Response {
-    let mut body = super::encoding::typed_order::to_vec(value);
-    body.push(b'\n');
-    bytes_response(code, JSON, body)
+    bytes_response(
+        code,
+        JSON,
+        json_document(super::encoding::typed_order::to_vec(value)),
+    )
 }
 
 /// A JSON document's body as kube sends it: ended by a newline (Go's
@@ -106,6 +108,12 @@ pub fn json_document(bytes: impl Into<Vec<u8>>) -> Vec<u8> {
 const COPY_FOR_NEWLINE: usize = 64 * 1024;
 
 /// A stored object's JSON as an answer's body, ended by a newline.
+/// Compact JSON as kube's `WriteRawJSON` writes it (`/version`, an answer
+/// the client's Accept rules out): indented, no final newline.
+pub fn raw_json_document(compact: Vec<u8>) -> Vec<u8> {
+    super::indent_bytes(&compact).unwrap_or(compact)
+}
+
 pub fn object_body(json: &Bytes) -> Body {
     if json.len() <= COPY_FOR_NEWLINE {
         let mut body = Vec::with_capacity(json.len() + 1);
@@ -124,11 +132,9 @@ pub fn error_response(e: &ApiError) -> Response {
         return page_not_found();
     }
     let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    // An answer the client's Accept rules out is written as kube's
-    // `WriteRawJSON` writes it: indented, no final newline.
+    // kube cannot negotiate a form for it either and falls back to `WriteRawJSON`.
     let body = if code == StatusCode::NOT_ACCEPTABLE {
-        let compact = e.status_json();
-        super::indent_bytes(&compact).unwrap_or(compact)
+        raw_json_document(e.status_json())
     } else {
         json_document(e.status_json())
     };

@@ -328,7 +328,7 @@ pub const VERSION_INFO: Shape = Struct(&[
 /// `admission.k8s.io/v1` AdmissionReview, as kube sends it to a webhook:
 /// the objects in it are the custom resources' own (sorted), the options
 /// kube's `CreateOptions`, `UpdateOptions` or `DeleteOptions`.
-pub const ADMISSION_REVIEW: Shape = Struct(&[
+const ADMISSION_REVIEW: Shape = Struct(&[
     ("kind", S),
     ("apiVersion", S),
     (
@@ -419,7 +419,7 @@ pub fn of_document(doc: &Value) -> Shape {
 }
 
 /// A `Value` serialized with its keys in the order `Shape` gives.
-pub struct Shaped<'a>(pub &'a Value, pub Shape);
+struct Shaped<'a>(pub &'a Value, pub Shape);
 
 impl Serialize for Shaped<'_> {
     fn serialize<Ser: Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
