@@ -17,6 +17,8 @@ const MAX_GROUP: usize = 512;
 
 pub(super) struct Op {
     pub write: Write,
+    /// The object's JSON rendered by the request (`None`: rendered here).
+    pub rendered: Option<super::render::Rendered>,
     pub reply: oneshot::Sender<Result<Written, StorageError>>,
 }
 
@@ -234,7 +236,7 @@ impl Writer {
             }
             let mut next = base;
             for op in ops.iter_mut() {
-                let outcome = apply(txn, &mut op.write, next + 1);
+                let outcome = apply(txn, &mut op.write, op.rendered.as_ref(), next + 1);
                 match outcome {
                     Ok(_) => next += 1,
                     // The engine failed (an I/O error): part of this write
@@ -454,6 +456,7 @@ impl Applied {
 fn apply(
     txn: &mut dyn WriteTxn,
     write: &mut Write,
+    rendered: Option<&super::render::Rendered>,
     rev: Revision,
 ) -> Result<Applied, StorageError> {
     let (kind, key, prev, mut deleted) = match write {
@@ -494,14 +497,22 @@ fn apply(
         }
     };
     let is_deletion = kind == EventType::Deleted;
-    // Checked on the value, before serializing recurses into it.
-    if !is_deletion && super::nesting_within(object, super::MAX_OBJECT_NESTING).is_none() {
+    let rendered = rendered.filter(|_| !is_deletion);
+    // Checked on the value, before serializing recurses into it (a rendered
+    // object was checked when it was rendered).
+    if !is_deletion
+        && rendered.is_none()
+        && super::nesting_within(object, super::MAX_OBJECT_NESTING).is_none()
+    {
         return Err(StorageError::TooDeep {
             limit: super::MAX_OBJECT_NESTING,
         });
     }
     set_resource_version(object, rev)?;
-    let json = super::json_bytes(object).map_err(|e| StorageError::Invalid(e.to_string()))?;
+    let json = match rendered {
+        Some(rendered) => rendered.finish(rev),
+        None => super::json_bytes(object).map_err(|e| StorageError::Invalid(e.to_string()))?,
+    };
     if !is_deletion && json.len() > super::MAX_OBJECT_BYTES {
         return Err(StorageError::TooLarge {
             size: json.len(),
