@@ -27,6 +27,12 @@ fn placeholder() -> &'static str {
     PLACEHOLDER.get_or_init(|| format!("kshard-rv-{:032x}", rand::random::<u128>()))
 }
 
+/// The placeholder's searcher, built once (building one costs more than a search).
+fn finder() -> &'static memchr::memmem::Finder<'static> {
+    static FINDER: OnceLock<memchr::memmem::Finder<'static>> = OnceLock::new();
+    FINDER.get_or_init(|| memchr::memmem::Finder::new(placeholder().as_bytes()))
+}
+
 impl Rendered {
     /// Renders `object` (which then carries the placeholder as its
     /// resourceVersion until `finish` replaces it). `None` when the object
@@ -46,7 +52,7 @@ impl Rendered {
                 && json.get(at - 1) == Some(&b'"')
                 && json.get(at + placeholder.len()) == Some(&b'"')
         };
-        let mut found = memchr::memmem::find_iter(&json, placeholder.as_bytes());
+        let mut found = finder().find_iter(&json);
         let at = found.next().filter(|&at| quoted(at))?;
         if found.next().is_some() {
             return None;
