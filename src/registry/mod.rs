@@ -50,6 +50,15 @@ impl Target {
     pub fn api_version(&self) -> String {
         format!("{}/{}", self.rt.group, self.version)
     }
+    /// Whether `api_version` names the version asked for, without building
+    /// the string (every write compares it at least twice).
+    pub fn is_api_version(&self, api_version: &str) -> bool {
+        is_group_version(api_version, &self.rt.group, &self.version)
+    }
+    /// Whether `api_version` is the resource's storage version.
+    pub fn is_storage_version(&self, api_version: &str) -> bool {
+        is_group_version(api_version, &self.rt.group, &self.rt.storage_version)
+    }
     pub fn key(&self, name: &str) -> String {
         self.rt.storage_key(&self.namespace, name)
     }
@@ -387,5 +396,32 @@ pub(crate) fn storage_error(e: StorageError) -> ApiError {
             crate::scope::deadline_exceeded()
         }
         e => ApiError::internal(e),
+    }
+}
+
+/// Whether `api_version` is `group/version`.
+fn is_group_version(api_version: &str, group: &str, version: &str) -> bool {
+    api_version
+        .strip_prefix(group)
+        .and_then(|rest| rest.strip_prefix('/'))
+        == Some(version)
+}
+
+#[cfg(test)]
+mod group_version_tests {
+    use super::is_group_version;
+
+    #[test]
+    fn an_api_version_matches_its_group_and_version_exactly() {
+        assert!(is_group_version("example.com/v1", "example.com", "v1"));
+        assert!(!is_group_version(
+            "example.com/v1beta1",
+            "example.com",
+            "v1"
+        ));
+        assert!(!is_group_version("example.com/v", "example.com", "v1"));
+        assert!(!is_group_version("example.comx/v1", "example.com", "v1"));
+        assert!(!is_group_version("example.com", "example.com", "v1"));
+        assert!(!is_group_version("v1", "example.com", "v1"));
     }
 }

@@ -94,7 +94,7 @@ impl Registry {
             )));
         }
         let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-        if api_version != t.api_version() {
+        if !t.is_api_version(api_version) {
             return Err(ApiError::bad_request(format!(
                 "the API version in the data ({api_version}) does not match the expected API version ({})",
                 t.api_version()
@@ -421,10 +421,14 @@ impl Registry {
     /// [`Registry::to_storage`] of an object no longer needed as it was:
     /// already at the storage version it is passed on, not copied.
     pub(super) async fn storage_of_owned(&self, t: &Target, obj: Value) -> Result<Value, ApiError> {
-        let storage = format!("{}/{}", t.rt.group, t.rt.storage_version);
-        if obj.get("apiVersion").and_then(Value::as_str) == Some(storage.as_str()) {
+        if obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|v| t.is_storage_version(v))
+        {
             return Ok(obj);
         }
+        let storage = format!("{}/{}", t.rt.group, t.rt.storage_version);
         convert_value(&t.rt, &obj, &storage).await
     }
 
@@ -443,12 +447,15 @@ impl Registry {
             }
             None => (object.clone(), json.clone()),
         };
-        let api_version = t.api_version();
-        if object.get("apiVersion").and_then(Value::as_str) == Some(api_version.as_str()) {
+        if object
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|v| t.is_api_version(v))
+        {
             Ok(Item::new(object, json))
         } else {
             // One conversion serves both forms.
-            let value = convert_value(&t.rt, &object, &api_version).await?;
+            let value = convert_value(&t.rt, &object, &t.api_version()).await?;
             let json = Bytes::from(serde_json::to_vec(&value).map_err(ApiError::internal)?);
             Ok(Item::new(value, json))
         }

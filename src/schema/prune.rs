@@ -12,7 +12,7 @@ const META_FIELDS: [&str; 3] = ["apiVersion", "kind", "metadata"];
 /// Prunes `v` in place; `root` marks the resource root (treated as embedded).
 pub fn prune_root(n: &Node, v: &mut Value) -> Vec<String> {
     let mut out = Vec::new();
-    prune(Some(n), v, "", true, &mut out);
+    prune(Some(n), v, &mut String::new(), true, &mut out);
     out.sort();
     out
 }
@@ -25,7 +25,29 @@ fn join(path: &str, k: &str) -> String {
     }
 }
 
-fn prune(n: Option<&Node>, v: &mut Value, path: &str, root: bool, out: &mut Vec<String>) {
+/// Runs `f` with `path` naming the child `k` (kube's `parent.key`, or `key`
+/// at the root). One buffer serves the whole walk: a string per field
+/// visited was a percent of a create, and only dropped fields need one.
+fn at_key(path: &mut String, k: &str, f: impl FnOnce(&mut String)) {
+    let len = path.len();
+    if len > 0 {
+        path.push('.');
+    }
+    path.push_str(k);
+    f(path);
+    path.truncate(len);
+}
+
+/// Runs `f` with `path` naming item `i` (`parent[i]`).
+fn at_index(path: &mut String, i: usize, f: impl FnOnce(&mut String)) {
+    use std::fmt::Write as _;
+    let len = path.len();
+    let _ = write!(path, "[{i}]");
+    f(path);
+    path.truncate(len);
+}
+
+fn prune(n: Option<&Node>, v: &mut Value, path: &mut String, root: bool, out: &mut Vec<String>) {
     if let Some(n) = n {
         if n.preserve_unknown {
             skip_prune(n, v, path, root, out);
@@ -47,11 +69,13 @@ fn prune(n: Option<&Node>, v: &mut Value, path: &str, root: bool, out: &mut Vec<
                     continue;
                 }
                 if let Some(p) = n.property(k) {
-                    prune(Some(p), x, &join(path, k), false, out);
+                    at_key(path, k, |path| prune(Some(p), x, path, false, out));
                 } else if has_additional(n) {
                     // A bool `additionalProperties` keeps the key but, as in kube, gives no
                     // schema for its value, so objects under it are emptied.
-                    prune(n.additional_schema(), x, &join(path, k), false, out);
+                    at_key(path, k, |path| {
+                        prune(n.additional_schema(), x, path, false, out)
+                    });
                 } else {
                     out.push(join(path, k));
                     drop.push(k.clone());
@@ -64,7 +88,7 @@ fn prune(n: Option<&Node>, v: &mut Value, path: &str, root: bool, out: &mut Vec<
         Value::Array(a) => {
             let items = n.and_then(|n| n.items.as_deref());
             for (i, x) in a.iter_mut().enumerate() {
-                prune(items, x, &format!("{path}[{i}]"), false, out);
+                at_index(path, i, |path| prune(items, x, path, false, out));
             }
         }
         _ => {}
@@ -75,7 +99,7 @@ fn has_additional(n: &Node) -> bool {
     !matches!(n.additional, super::structural::Additional::Unset)
 }
 
-fn skip_prune(n: &Node, v: &mut Value, path: &str, root: bool, out: &mut Vec<String>) {
+fn skip_prune(n: &Node, v: &mut Value, path: &mut String, root: bool, out: &mut Vec<String>) {
     match v {
         Value::Object(m) => {
             let embedded = n.embedded || root;
@@ -84,16 +108,18 @@ fn skip_prune(n: &Node, v: &mut Value, path: &str, root: bool, out: &mut Vec<Str
                     continue;
                 }
                 if let Some(p) = n.property(k) {
-                    prune(Some(p), x, &join(path, k), false, out);
+                    at_key(path, k, |path| prune(Some(p), x, path, false, out));
                 } else if has_additional(n) {
-                    prune(n.additional_schema(), x, &join(path, k), false, out);
+                    at_key(path, k, |path| {
+                        prune(n.additional_schema(), x, path, false, out)
+                    });
                 }
             }
         }
         Value::Array(a) => {
             if let Some(items) = n.items.as_deref() {
                 for (i, x) in a.iter_mut().enumerate() {
-                    skip_prune(items, x, &format!("{path}[{i}]"), false, out);
+                    at_index(path, i, |path| skip_prune(items, x, path, false, out));
                 }
             }
         }

@@ -32,7 +32,7 @@ where
     Fut: std::future::Future<Output = Response>,
 {
     let info = super::info(&req);
-    let attrs = attributes(&info, req.method(), &super::acting_user(&req));
+    let attrs = attributes(&info, req.method(), &super::acting_user_ref(&req));
     let recording = req
         .extensions()
         .get::<std::sync::Arc<crate::audit::Recording>>()

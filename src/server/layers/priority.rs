@@ -104,8 +104,7 @@ where
     Fut: std::future::Future<Output = Response>,
 {
     let info = super::info(&req);
-    let user = super::acting_user(&req);
-    let digest = digest(&info, req.method(), &user);
+    let digest = digest(&info, req.method(), &super::acting_user_ref(&req));
     let deadline = req.extensions().get::<RequestDeadline>().map(|d| d.0);
     let recording = req
         .extensions()
