@@ -812,8 +812,6 @@ fn compact_engine(engine: &dyn Engine, to: Revision) -> Result<(), StorageError>
 /// block shrunk by less than half where it is, so a 1,292-byte object held
 /// its whole 2,048-byte block. The encoding is copied out instead (~0.1 µs).
 pub fn json_bytes(v: &Value) -> Result<Bytes, serde_json::Error> {
-    // A copy of exactly its length: the watch cache keeps these bytes, and
-    // serializing leaves up to half of a vector's capacity unused.
     Ok(Bytes::copy_from_slice(&serde_json::to_vec(v)?))
 }
 

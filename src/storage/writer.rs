@@ -497,9 +497,8 @@ fn apply(
         }
     };
     let is_deletion = kind == EventType::Deleted;
-    let rendered = rendered.filter(|_| !is_deletion);
     // Checked on the value, before serializing recurses into it (a rendered
-    // object was checked when it was rendered).
+    // object was checked when it was rendered; a deletion is never rendered).
     if !is_deletion
         && rendered.is_none()
         && super::nesting_within(object, super::MAX_OBJECT_NESTING).is_none()
