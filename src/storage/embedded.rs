@@ -57,6 +57,8 @@ const QUICK_RECORD: u64 = 64 * 1024;
 /// A write's changes not yet in redb stay under this much: its reads search
 /// them one by one before redb's table.
 const UNSETTLED_BYTES: usize = 16 * 1024;
+/// The largest payload allocation kept for reuse.
+const SPARE_LOG_BYTES: usize = 4 * 1024 * 1024;
 
 /// The write-ahead log and what of it redb has not committed yet.
 struct Durable {
@@ -65,6 +67,8 @@ struct Durable {
     /// The last write's changes that are durable in the log but not yet in
     /// `pending`: its payload from the given byte on.
     unsettled: Option<(Payload, usize)>,
+    /// The last payload's allocation, for the next (see `Payload::with_buffer`).
+    spare: Vec<u8>,
 }
 
 impl Durable {
@@ -73,6 +77,16 @@ impl Durable {
             wal,
             pending: None,
             unsettled: None,
+            spare: Vec::new(),
+        }
+    }
+
+    /// Keeps a settled payload's allocation for the next write, unless an
+    /// unusually large group made it big enough to be worth giving back.
+    fn recycle(&mut self, log: Payload) {
+        let buf = log.into_buffer();
+        if buf.capacity() <= SPARE_LOG_BYTES {
+            self.spare = buf;
         }
     }
 }
@@ -190,6 +204,7 @@ impl Embedded {
             Some(pending) => insert_into(&pending.txn, log.ops_from(from)),
             None => Err(engine_err("changes to settle without a transaction")),
         };
+        durable.recycle(log);
         if let Err(e) = applied {
             tracing::error!(error = %e, "applying logged changes to redb failed; the store is reopened");
             self.reopen_later(slot);
@@ -526,14 +541,14 @@ impl Engine for Embedded {
                 Ok(table) => {
                     let mut writer = Writer {
                         table: RefCell::new(table),
-                        log: Payload::default(),
+                        log: Payload::with_buffer(std::mem::take(&mut durable.spare)),
                         in_table: Cell::new(0),
                     };
                     f(&mut writer).map(|()| (writer.log, writer.in_table.get()))
                 }
             }
         };
-        let (log, in_table) = match applied {
+        let (mut log, in_table) = match applied {
             Ok(written) => written,
             Err(e) => {
                 if pending.groups > 0 {
@@ -554,7 +569,7 @@ impl Engine for Embedded {
             durable.pending = Some(pending);
             return Ok(());
         }
-        if let Err(e) = durable.wal.append(&log) {
+        if let Err(e) = durable.wal.append(&mut log) {
             // Not acknowledged: the next record is written over whatever part
             // of it reached the file. redb's copy must go too.
             tracing::error!(error = %e, "write-ahead log append failed");
@@ -592,6 +607,7 @@ impl Engine for Embedded {
             }
             pending.txn.commit().map_err(engine_err)
         });
+        durable.recycle(log);
         self.has_pending.store(false, Ordering::Release);
         if let Err(e) = committed {
             // The records, this write's too, are durable in the log: the
