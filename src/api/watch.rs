@@ -544,14 +544,10 @@ impl Stream {
     }
 
     fn is_stored_form(&self, ev: &WatchEvent, kind: &str, left: bool) -> bool {
-        // Compared in parts: this runs per event and watcher.
-        let same_version = ev
-            .object
-            .api_version()
-            .strip_prefix(self.t.rt.group.as_str())
-            .and_then(|rest| rest.strip_prefix('/'))
-            == Some(self.t.version.as_str());
-        self.out == Output::Json && !left && kind == ev.kind.as_str() && same_version
+        self.out == Output::Json
+            && !left
+            && kind == ev.kind.as_str()
+            && self.t.is_api_version(ev.object.api_version())
     }
 
     /// The frame for one event as this watcher sees it. Frames are built

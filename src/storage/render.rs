@@ -62,11 +62,20 @@ impl Rendered {
 
     /// The bytes with `rev` in place of the placeholder.
     pub fn finish(&self, rev: Revision) -> Bytes {
-        let rev = rev.to_string();
+        // Formatted on the stack: this runs on the sequencer, once per write.
+        let mut digits = [0u8; 20];
+        let rev = {
+            use std::io::Write as _;
+            let mut free = &mut digits[..];
+            // u64::MAX has 20 digits: it always fits.
+            let _ = write!(free, "{rev}");
+            let used = 20 - free.len();
+            &digits[..used]
+        };
         let rest = self.at + placeholder().len();
         let mut out = Vec::with_capacity(self.json.len() - placeholder().len() + rev.len());
         out.extend_from_slice(&self.json[..self.at]);
-        out.extend_from_slice(rev.as_bytes());
+        out.extend_from_slice(rev);
         out.extend_from_slice(&self.json[rest..]);
         Bytes::from(out)
     }
