@@ -721,88 +721,79 @@ fn list_at(
     })
 }
 
-fn compact_engine(engine: &dyn Engine, to: Revision) -> Result<(), StorageError> {
-    /// Versions of one object key at or below the compaction revision.
-    struct KeyVersions {
-        key: String,
-        old: Vec<(Vec<u8>, bool)>,
-        has_newer: bool,
-    }
-    // Per key, everything at or below `to` except the newest version goes; the newest
-    // goes too when it is a tombstone, and with it the latest record if nothing is newer.
-    fn settle(group: KeyVersions, doomed: &mut Vec<Vec<u8>>, dead_latest: &mut Vec<Vec<u8>>) {
-        let n = group.old.len();
-        for (i, (k, tombstone)) in group.old.into_iter().enumerate() {
-            if i + 1 < n || tombstone {
-                doomed.push(k);
-            }
-            if i + 1 == n && tombstone && !group.has_newer {
-                dead_latest.push(keys::latest(&group.key));
-            }
-        }
-    }
+/// Log records a compaction handles per write transaction (etcd's
+/// `--experimental-compaction-batch-limit` default).
+const COMPACTION_BATCH: usize = 1000;
+/// The pause between two of a compaction's transactions, so that requests'
+/// writes are not kept waiting behind a long run of them (etcd's
+/// `--experimental-compaction-sleep-interval` default).
+const COMPACTION_PAUSE: Duration = Duration::from_millis(10);
 
-    let mut doomed: Vec<Vec<u8>> = Vec::new();
-    let mut dead_latest: Vec<Vec<u8>> = Vec::new();
-    {
-        let r = engine.read()?;
-        let start = b"v/".to_vec();
-        let end = keys::prefix_end(&start);
-        let mut group: Option<KeyVersions> = None;
-        r.scan(&start, &end, &mut |k, v| {
-            let Some((key, rev)) = keys::parse_version(k) else {
-                return ControlFlow::Continue(());
-            };
-            if group.as_ref().is_none_or(|g| g.key != key) {
-                if let Some(g) = group.take() {
-                    settle(g, &mut doomed, &mut dead_latest);
-                }
-                group = Some(KeyVersions {
-                    key: key.to_string(),
-                    old: Vec::new(),
-                    has_newer: false,
-                });
-            }
-            if let Some(g) = group.as_mut() {
-                if rev <= to {
-                    g.old.push((k.to_vec(), v.is_empty()));
+/// Drops the history at or below `to` that the last compaction left: the
+/// event log's records of that window name every version that can go, so
+/// the work is in proportion to the writes since, not to the objects stored
+/// (a scan of every version read the whole store every five minutes: 1.3 GB
+/// at a million objects, beside the requests it slowed). Per key, every
+/// version at or below `to` but the newest goes, and the newest too when it
+/// is a deletion's tombstone (with the latest record, unless the object was
+/// created again). Each batch deletes its records' versions and the records
+/// themselves in one transaction, so a compaction cut short by a crash
+/// leaves no record whose versions are still there to find.
+fn compact_engine(engine: &dyn Engine, to: Revision) -> Result<(), StorageError> {
+    let mut from = engine
+        .read()?
+        .get(keys::META_COMPACT)?
+        .as_deref()
+        .and_then(keys::decode_u64)
+        .unwrap_or(0);
+    let end = keys::log(to.saturating_add(1));
+    loop {
+        let mut records = Vec::with_capacity(COMPACTION_BATCH);
+        engine
+            .read()?
+            .scan(&keys::log(from.saturating_add(1)), &end, &mut |k, v| {
+                let rev = k.strip_prefix(b"l/").and_then(keys::decode_u64);
+                records.push(rev.map(|rev| (rev, v.to_vec())));
+                if records.len() < COMPACTION_BATCH {
+                    ControlFlow::Continue(())
                 } else {
-                    g.has_newer = true;
+                    ControlFlow::Break(())
                 }
-            }
-            ControlFlow::Continue(())
-        })?;
-        if let Some(g) = group.take() {
-            settle(g, &mut doomed, &mut dead_latest);
+            })?;
+        let mut batch = Vec::with_capacity(records.len());
+        for r in records {
+            let (rev, record) = r.ok_or_else(|| StorageError::Corrupt("log key".into()))?;
+            batch.push(writer::parse_log_record(rev, &record)?);
         }
-        r.scan(
-            &keys::log(0),
-            &keys::log(to.saturating_add(1)),
-            &mut |k, _| {
-                doomed.push(k.to_vec());
-                ControlFlow::Continue(())
-            },
-        )?;
-    }
-    for chunk in doomed.chunks(1000) {
+        let Some(last) = batch.last().map(|r| r.rev) else {
+            break;
+        };
         engine.write(&mut |txn| {
-            for k in chunk {
-                txn.delete(k)?;
+            for r in &batch {
+                if r.prev > 0 {
+                    // The version this write replaced.
+                    txn.delete(&keys::version(&r.key, r.prev))?;
+                }
+                if r.kind == EventType::Deleted {
+                    txn.delete(&keys::version(&r.key, r.rev))?;
+                    let latest = keys::latest(&r.key);
+                    if let Some(v) = txn.get(&latest)? {
+                        if keys::decode_latest(&v).is_some_and(|(rev, gone)| gone && rev <= to) {
+                            txn.delete(&latest)?;
+                        }
+                    }
+                }
+                txn.delete(&keys::log(r.rev))?;
             }
             Ok(())
         })?;
-    }
-    engine.write(&mut |txn| {
-        for k in &dead_latest {
-            // Only if the object was not recreated since the scan.
-            if let Some(v) = txn.get(k)? {
-                if keys::decode_latest(&v).is_some_and(|(rev, deleted)| deleted && rev <= to) {
-                    txn.delete(k)?;
-                }
-            }
+        from = last;
+        if batch.len() < COMPACTION_BATCH {
+            break;
         }
-        txn.put(keys::META_COMPACT, &to.to_be_bytes())
-    })?;
+        std::thread::sleep(COMPACTION_PAUSE);
+    }
+    engine.write(&mut |txn| txn.put(keys::META_COMPACT, &to.to_be_bytes()))?;
     engine.after_compaction()
 }
 

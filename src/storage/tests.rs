@@ -10,6 +10,22 @@ fn open(dir: &std::path::Path) -> Arc<Store> {
     Store::open(engine).expect("store")
 }
 
+/// The store in `dir` opened again once a dropped one let it go: its
+/// writer thread holds the database until its channel closes.
+async fn reopen(dir: &std::path::Path) -> Arc<Store> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let engine = loop {
+        match Embedded::open(&dir.join("db")) {
+            Ok(e) => break Arc::new(e),
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("the database was never released: {e}"),
+        }
+    };
+    Store::open(engine).expect("store")
+}
+
 fn obj(name: &str, n: i64) -> Value {
     json!({"apiVersion": "demo/v1", "kind": "W", "metadata": {"name": name}, "spec": {"n": n}})
 }
@@ -205,20 +221,7 @@ async fn state_and_revision_survive_reopen() {
             store.write(w).await.expect("create");
         }
     }
-    // The writer thread holds the database until its channel closes: wait
-    // until the file can be opened again.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let engine = loop {
-        match Embedded::open(&dir.path().join("db")) {
-            Ok(e) => break Arc::new(e),
-            Err(e) if std::time::Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("the database was never released: {e}"),
-        }
-    };
-    let store = Store::open(engine).expect("store");
+    let store = reopen(dir.path()).await;
     assert_eq!(store.revision(), 3);
     let w = store
         .write(Write::Create {
@@ -286,4 +289,145 @@ fn store_flag_selects_the_engine() {
         open_engine(Some("tikv://127.0.0.1:1?prefix=a"), &path, embedded::DEFAULT_CACHE_BYTES),
         Err(StorageError::Invalid(m)) if m.contains("feature `tikv`")
     ));
+}
+
+/// Every raw key of the engine, printable (revisions as numbers).
+fn raw_keys(store: &Store) -> Vec<String> {
+    let r = store.engine().read().expect("read");
+    let mut out = Vec::new();
+    r.scan(b"", &[0xff], &mut |k, _| {
+        out.push(if let Some((key, rev)) = keys::parse_version(k) {
+            format!("v/{key}@{rev}")
+        } else if let Some(rev) = k.strip_prefix(b"l/").and_then(keys::decode_u64) {
+            format!("l/{rev}")
+        } else {
+            String::from_utf8_lossy(k).into_owned()
+        });
+        ControlFlow::Continue(())
+    })
+    .expect("scan");
+    out.retain(|k| !k.starts_with("m/"));
+    out
+}
+
+async fn put(store: &Store, name: &str, expected: Option<Revision>, n: i64) -> Revision {
+    let key = format!("g/r/ns/{name}");
+    let w = match expected {
+        None => Write::Create {
+            key,
+            object: obj(name, n),
+        },
+        Some(expected) => Write::Update {
+            key,
+            expected,
+            object: obj(name, n),
+        },
+    };
+    store.write(w).await.expect("write").revision
+}
+
+async fn delete(store: &Store, name: &str) -> Revision {
+    let w = Write::Delete {
+        key: format!("g/r/ns/{name}"),
+        expected: None,
+    };
+    store.write(w).await.expect("delete").revision
+}
+
+#[tokio::test]
+async fn compaction_removes_exactly_the_history_at_or_below_its_revision() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = open(dir.path());
+    let a1 = put(&store, "a", None, 1).await; // 1
+    let b1 = put(&store, "b", None, 1).await; // 2
+    let a2 = put(&store, "a", Some(a1), 2).await; // 3
+    let _b_gone = delete(&store, "b").await; // 4
+    let c1 = put(&store, "c", None, 1).await; // 5
+    let a3 = put(&store, "a", Some(a2), 3).await; // 6
+    let d_gone = {
+        put(&store, "d", None, 1).await; // 7
+        delete(&store, "d").await // 8
+    };
+    let d2 = put(&store, "d", None, 2).await; // 9: created again after the compaction's revision
+    assert_eq!((b1, c1, a3, d_gone, d2), (2, 5, 6, 8, 9));
+
+    store.compact(4).await.expect("compact");
+    // a's version 1 was replaced at 3; b's were deleted at 4 (and nothing
+    // newer). Everything above 4 stays, and so does the log above it.
+    assert_eq!(
+        raw_keys(&store),
+        [
+            "k/g/r/ns/a",
+            "k/g/r/ns/c",
+            "k/g/r/ns/d",
+            "l/5",
+            "l/6",
+            "l/7",
+            "l/8",
+            "l/9",
+            "v/g/r/ns/a@3",
+            "v/g/r/ns/a@6",
+            "v/g/r/ns/c@5",
+            "v/g/r/ns/d@7",
+            "v/g/r/ns/d@8",
+            "v/g/r/ns/d@9",
+        ]
+    );
+
+    // The next compaction takes only its own window: a@3, kept above, is
+    // replaced at 6; d's first life and its tombstone go, its second stays.
+    store.compact(8).await.expect("compact");
+    assert_eq!(
+        raw_keys(&store),
+        [
+            "k/g/r/ns/a",
+            "k/g/r/ns/c",
+            "k/g/r/ns/d",
+            "l/9",
+            "v/g/r/ns/a@6",
+            "v/g/r/ns/c@5",
+            "v/g/r/ns/d@9",
+        ]
+    );
+    assert_eq!(store.compacted_revision(), 8);
+    let now = store
+        .list("g/r/", 9, None, None, all())
+        .await
+        .expect("list");
+    assert_eq!(now.items.len(), 3);
+}
+
+#[tokio::test]
+async fn a_compaction_of_many_batches_leaves_only_the_newest_versions() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = open(dir.path());
+    let n = 2 * COMPACTION_BATCH + 7;
+    let mut revs = Vec::new();
+    for i in 0..n {
+        revs.push(put(&store, &format!("o{i}"), None, 0).await);
+    }
+    for (i, rev) in revs.iter_mut().enumerate() {
+        *rev = put(&store, &format!("o{i}"), Some(*rev), 1).await;
+    }
+    let to = store.revision();
+    store.compact(to).await.expect("compact");
+    let left = raw_keys(&store);
+    let versions: Vec<_> = left.iter().filter(|k| k.starts_with("v/")).collect();
+    assert_eq!(versions.len(), n, "one version per object");
+    assert!(
+        left.iter().all(|k| !k.starts_with("l/")),
+        "no log record left"
+    );
+    for (i, rev) in revs.iter().enumerate() {
+        assert!(left.contains(&format!("v/g/r/ns/o{i}@{rev}")), "o{i}@{rev}");
+    }
+    // The store reopens at the compacted revision with every object.
+    drop(store);
+    let store = reopen(dir.path()).await;
+    assert_eq!(store.compacted_revision(), to);
+    let list = store
+        .list("g/r/", to, None, None, all())
+        .await
+        .expect("list");
+    assert_eq!(list.items.len(), n);
 }

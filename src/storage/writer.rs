@@ -339,16 +339,18 @@ struct Fenced(Revision);
 /// How many revisions a catch-up from the log reads in one batch.
 const CATCH_UP_CHUNK: usize = 1024;
 
-/// A log record: the revision, its change and the version holding the
-/// object (for a deletion, the last one before it).
-struct LogRecord {
-    rev: Revision,
-    kind: EventType,
-    key: String,
+/// A log record: the revision, its change, the version holding the
+/// object (for a deletion, the last one before it) and the version it
+/// followed (0 for a creation).
+pub(super) struct LogRecord {
+    pub(super) rev: Revision,
+    pub(super) kind: EventType,
+    pub(super) key: String,
     at: Revision,
+    pub(super) prev: Revision,
 }
 
-fn parse_log_record(rev: Revision, record: &[u8]) -> Result<LogRecord, StorageError> {
+pub(super) fn parse_log_record(rev: Revision, record: &[u8]) -> Result<LogRecord, StorageError> {
     let corrupt = || StorageError::Corrupt(format!("log record {rev}"));
     let (&tag, rest) = record.split_first().ok_or_else(corrupt)?;
     let kind = match tag {
@@ -370,7 +372,13 @@ fn parse_log_record(rev: Revision, record: &[u8]) -> Result<LogRecord, StorageEr
     } else {
         rev
     };
-    Ok(LogRecord { rev, kind, key, at })
+    Ok(LogRecord {
+        rev,
+        kind,
+        key,
+        at,
+        prev,
+    })
 }
 
 /// The event of a log record, from the stored version it names.
