@@ -11,7 +11,7 @@
 //! Env: `KSHARD_COMPACTION_OBJECTS` (N, comma-separated sizes;
 //! `100000,400000`), `KSHARD_COMPACTION_UPDATES` (K; 1,000),
 //! `KSHARD_COMPACTION_SMOKE=1` (2,000 objects: checks it works end to end;
-//! CI runs it on the debug build). CPU times are the kernel's 10 ms ticks:
+//! CI runs it on the debug build; writes `compaction-smoke.{json,svg}`). CPU times are the kernel's 10 ms ticks:
 //! for a compaction of milliseconds, read the wall time.
 
 #[path = "../tests/common/mod.rs"]
@@ -255,15 +255,21 @@ async fn main() {
     let target = common::repo_path("target/bench");
     std::fs::create_dir_all(&target).expect("target/bench");
     let out = json!({"smoke": smoke(), "points": rows});
+    // A smoke run leaves a full run's results alone.
+    let name = if smoke() {
+        "compaction-smoke"
+    } else {
+        "compaction"
+    };
     std::fs::write(
-        target.join("compaction.json"),
+        target.join(format!("{name}.json")),
         serde_json::to_vec_pretty(&out).expect("json"),
     )
     .expect("write");
-    std::fs::write(target.join("compaction.svg"), plot(&points)).expect("write");
+    std::fs::write(target.join(format!("{name}.svg")), plot(&points)).expect("write");
     progress(&format!(
         "wrote {}.{{json,svg}}",
-        target.join("compaction").display()
+        target.join(name).display()
     ));
 }
 
