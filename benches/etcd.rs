@@ -1635,6 +1635,10 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
             etcd_clients.extend([EtcdClient::CrateShared, EtcdClient::CratePerWorker]);
         }
     }
+    // Each call writes names of its own: a concurrency measured twice in one
+    // run (`KSHARD_ETCD_CLIENTS=64,64`) must not create names that exist.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
     let mut k_rounds: Vec<Vec<Round>> = transports.iter().map(|_| Vec::new()).collect();
     let mut e_rounds: Vec<Vec<Round>> = etcd_clients.iter().map(|_| Vec::new()).collect();
     let mut per_round = Vec::new();
@@ -1657,7 +1661,7 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
                 clients,
                 ctx.secs,
                 ctx.deletes,
-                &format!("{}-r{r}-c{clients}-t{t}", verb.name()),
+                &format!("{}{call}-r{r}-c{clients}-t{t}", verb.name()),
             )
             .await;
             kr.push(k.ops_per_sec);
@@ -1673,7 +1677,7 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
                     verb.etcd_op(),
                     client.name()
                 ));
-                let prefix = format!("/bench/{}-r{r}-c{clients}-e{c}", verb.name());
+                let prefix = format!("/bench/{}{call}-r{r}-c{clients}-e{c}", verb.name());
                 let e = match (client, ctx.driver) {
                     (EtcdClient::HandWritten, _) => {
                         let cpu = cpu_seconds(etcd_pid);
