@@ -266,6 +266,41 @@ struct Round {
     /// The load generator's CPU per acknowledged write: on this shared
     /// machine what the client spends, the server cannot.
     client_us_per_op: f64,
+    /// Bytes the machine's disks wrote per acknowledged write, the writes
+    /// the round left dirty included (see `disk_written`).
+    disk_bytes_per_op: f64,
+}
+
+/// Bytes the machine's disks have written (`/sys/block/*/stat`), once
+/// everything written so far has reached them (`sync`). Only one server
+/// works at a time, so a round's difference is that server's: its log, its
+/// database's pages, the filesystem's journal for them. Per process,
+/// `/proc/<pid>/io` is no measure: with large page-cache folios it counts a
+/// whole folio each time an append dirties it again after a sync (70 KB per
+/// 1.6 KB create at c=1, while the disk wrote 9).
+fn disk_written() -> u64 {
+    let _ = Command::new("sync").status();
+    let Ok(devices) = std::fs::read_dir("/sys/block") else {
+        return 0;
+    };
+    devices
+        .flatten()
+        .filter(|d| {
+            let name = d.file_name().to_string_lossy().into_owned();
+            // Virtual devices repeat their backing devices' writes, or have none.
+            !["loop", "ram", "zram", "dm-", "md"]
+                .iter()
+                .any(|p| name.starts_with(p))
+        })
+        .filter_map(|d| std::fs::read_to_string(d.path().join("stat")).ok())
+        .filter_map(|stat| stat.split_whitespace().nth(6)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 512
+}
+
+/// The disks' writes since `before`, per write of `round`.
+fn disk_bytes_per_op(before: u64, round: &Round) -> f64 {
+    disk_written().saturating_sub(before) as f64 / (round.ops as f64).max(1.0)
 }
 
 /// The CPU `pid` used since `before` (seconds), per write of `round`.
@@ -286,6 +321,7 @@ fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
         p99_ms: pct(0.99),
         cpu_us_per_op: 0.0,
         client_us_per_op: 0.0,
+        disk_bytes_per_op: 0.0,
     }
 }
 
@@ -473,6 +509,8 @@ async fn kshard_verb(
         workers.push((send, objects));
     }
     let mut handles = Vec::new();
+    // Writes an earlier round left dirty go to the disks before the clock.
+    let disk = disk_written();
     let server_cpu = pid.map(cpu_seconds);
     let own_cpu = cpu_seconds(std::process::id());
     let start = Instant::now();
@@ -560,6 +598,7 @@ async fn kshard_verb(
         round.cpu_us_per_op = cpu_us_per_op(pid, before, &round);
     }
     round.client_us_per_op = cpu_us_per_op(std::process::id(), own_cpu, &round);
+    round.disk_bytes_per_op = disk_bytes_per_op(disk, &round);
     round
 }
 
@@ -723,6 +762,7 @@ async fn driver_round(
         p99_ms: f("p99_ms"),
         cpu_us_per_op: f("server_cpu_secs") * 1e6 / (ops as f64).max(1.0),
         client_us_per_op: f("cpu_secs") * 1e6 / (ops as f64).max(1.0),
+        disk_bytes_per_op: f("disk_written_bytes") / (ops as f64).max(1.0),
     })
 }
 
@@ -1593,7 +1633,8 @@ impl Measured {
                 .map(|(label, r)| {
                     json!({"client": label, "per_sec": r.ops_per_sec, "p50_ms": r.p50_ms,
                            "p99_ms": r.p99_ms, "server_cpu_us_per_op": r.cpu_us_per_op,
-                           "client_cpu_us_per_op": r.client_us_per_op})
+                           "client_cpu_us_per_op": r.client_us_per_op,
+                           "server_disk_bytes_per_op": r.disk_bytes_per_op})
                 })
                 .collect::<Vec<_>>()
         };
@@ -1605,10 +1646,12 @@ impl Measured {
             "kshard_p99_ms": k.map(|r| r.p99_ms),
             "kshard_cpu_us_per_write": k.map(|r| r.cpu_us_per_op),
             "kshard_client_cpu_us_per_write": k.map(|r| r.client_us_per_op),
+            "kshard_disk_bytes_per_write": k.map(|r| r.disk_bytes_per_op),
             "etcd_per_sec": e.map(|r| r.ops_per_sec), "etcd_p50_ms": e.map(|r| r.p50_ms),
             "etcd_p99_ms": e.map(|r| r.p99_ms),
             "etcd_cpu_us_per_put": e.map(|r| r.cpu_us_per_op),
             "etcd_client_cpu_us_per_put": e.map(|r| r.client_us_per_op),
+            "etcd_disk_bytes_per_put": e.map(|r| r.disk_bytes_per_op),
             "ratio": self.ratio(),
             "round_ratios": round_ratios,
             "kshard_clients": side(&self.kshard), "etcd_clients": side(&self.etcd),
@@ -1680,11 +1723,13 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
                 let prefix = format!("/bench/{}{call}-r{r}-c{clients}-e{c}", verb.name());
                 let e = match (client, ctx.driver) {
                     (EtcdClient::HandWritten, _) => {
+                        let disk = disk_written();
                         let cpu = cpu_seconds(etcd_pid);
                         let own = cpu_seconds(std::process::id());
                         let mut e = etcd_puts(port, clients, ctx.secs, &prefix).await;
                         e.cpu_us_per_op = cpu_us_per_op(etcd_pid, cpu, &e);
                         e.client_us_per_op = cpu_us_per_op(std::process::id(), own, &e);
+                        e.disk_bytes_per_op = disk_bytes_per_op(disk, &e);
                         Some(e)
                     }
                     (_, Some(bin)) => {
@@ -1738,8 +1783,9 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
 fn print_measured((m, round_ratios): &(Measured, Vec<f64>)) {
     let line = |side: &str, (label, r): &(&'static str, Round)| {
         println!(
-            "    {side:<6} {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, server {:.0} µs CPU/op, client {:.0}) — {label}",
-            r.ops_per_sec, r.p50_ms, r.p99_ms, r.cpu_us_per_op, r.client_us_per_op
+            "    {side:<6} {:>8.0}/s (p50 {:.2} ms, p99 {:.2} ms, server {:.0} µs CPU/op, client {:.0}, disk {:.1} KB/op) — {label}",
+            r.ops_per_sec, r.p50_ms, r.p99_ms, r.cpu_us_per_op, r.client_us_per_op,
+            r.disk_bytes_per_op / 1e3
         )
     };
     println!(
