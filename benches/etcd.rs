@@ -44,6 +44,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "etcd-driver/src/disk.rs"]
+mod disk;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -267,40 +269,13 @@ struct Round {
     /// machine what the client spends, the server cannot.
     client_us_per_op: f64,
     /// Bytes the machine's disks wrote per acknowledged write, the writes
-    /// the round left dirty included (see `disk_written`).
+    /// the round left dirty included (see `disk::disk_written`).
     disk_bytes_per_op: f64,
-}
-
-/// Bytes the machine's disks have written (`/sys/block/*/stat`), once
-/// everything written so far has reached them (`sync`). Only one server
-/// works at a time, so a round's difference is that server's: its log, its
-/// database's pages, the filesystem's journal for them. Per process,
-/// `/proc/<pid>/io` is no measure: with large page-cache folios it counts a
-/// whole folio each time an append dirties it again after a sync (70 KB per
-/// 1.6 KB create at c=1, while the disk wrote 9).
-fn disk_written() -> u64 {
-    let _ = Command::new("sync").status();
-    let Ok(devices) = std::fs::read_dir("/sys/block") else {
-        return 0;
-    };
-    devices
-        .flatten()
-        .filter(|d| {
-            let name = d.file_name().to_string_lossy().into_owned();
-            // Virtual devices repeat their backing devices' writes, or have none.
-            !["loop", "ram", "zram", "dm-", "md"]
-                .iter()
-                .any(|p| name.starts_with(p))
-        })
-        .filter_map(|d| std::fs::read_to_string(d.path().join("stat")).ok())
-        .filter_map(|stat| stat.split_whitespace().nth(6)?.parse::<u64>().ok())
-        .sum::<u64>()
-        * 512
 }
 
 /// The disks' writes since `before`, per write of `round`.
 fn disk_bytes_per_op(before: u64, round: &Round) -> f64 {
-    disk_written().saturating_sub(before) as f64 / (round.ops as f64).max(1.0)
+    disk::disk_written().saturating_sub(before) as f64 / (round.ops as f64).max(1.0)
 }
 
 /// The CPU `pid` used since `before` (seconds), per write of `round`.
@@ -510,7 +485,7 @@ async fn kshard_verb(
     }
     let mut handles = Vec::new();
     // Writes an earlier round left dirty go to the disks before the clock.
-    let disk = disk_written();
+    let disk = disk::disk_written();
     let server_cpu = pid.map(cpu_seconds);
     let own_cpu = cpu_seconds(std::process::id());
     let start = Instant::now();
@@ -1723,7 +1698,7 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
                 let prefix = format!("/bench/{}{call}-r{r}-c{clients}-e{c}", verb.name());
                 let e = match (client, ctx.driver) {
                     (EtcdClient::HandWritten, _) => {
-                        let disk = disk_written();
+                        let disk = disk::disk_written();
                         let cpu = cpu_seconds(etcd_pid);
                         let own = cpu_seconds(std::process::id());
                         let mut e = etcd_puts(port, clients, ctx.secs, &prefix).await;

@@ -16,6 +16,8 @@
 
 use std::time::{Duration, Instant};
 
+mod disk;
+
 use etcd_client::{Client, Compare, CompareOp, KvClient, Txn, TxnOp};
 
 #[global_allocator]
@@ -77,27 +79,6 @@ fn cpu_seconds(pid: &str) -> f64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
-}
-
-/// Bytes the machine's disks have written, once everything written so far
-/// has reached them (as `benches/etcd.rs` measures kshard's rounds).
-fn disk_written() -> u64 {
-    let _ = std::process::Command::new("sync").status();
-    let Ok(devices) = std::fs::read_dir("/sys/block") else {
-        return 0;
-    };
-    devices
-        .flatten()
-        .filter(|d| {
-            let name = d.file_name().to_string_lossy().into_owned();
-            !["loop", "ram", "zram", "dm-", "md"]
-                .iter()
-                .any(|p| name.starts_with(p))
-        })
-        .filter_map(|d| std::fs::read_to_string(d.path().join("stat")).ok())
-        .filter_map(|stat| stat.split_whitespace().nth(6)?.parse::<u64>().ok())
-        .sum::<u64>()
-        * 512
 }
 
 /// One worker's keys, prepared before the clock starts: the key and the
@@ -214,7 +195,7 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
         workers.push((kv, keys));
     }
     let server = a.server_pid.map(|p| p.to_string());
-    let disk = disk_written();
+    let disk = disk::disk_written();
     let server_cpu = server.as_deref().map(cpu_seconds);
     let cpu = cpu_seconds("self");
     let start = Instant::now();
@@ -244,7 +225,7 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
         .as_deref()
         .zip(server_cpu)
         .map(|(p, before)| cpu_seconds(p) - before);
-    let disk = disk_written().saturating_sub(disk);
+    let disk = disk::disk_written().saturating_sub(disk);
     lat.sort();
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
