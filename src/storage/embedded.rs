@@ -33,14 +33,27 @@ use std::sync::Mutex;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::engine::{Engine, ReadTxn, Visitor, WriteFn, WriteTxn};
-use super::wal::{self, Payload, Wal};
+use super::vlog::{self, Appender, Segments};
+use super::wal::{self, OpRef, Payload, Wal};
 use super::StorageError;
 
-const KV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
+/// The store's keys; each value tagged inline or a pointer into the value
+/// log (`vlog.rs`).
+const KV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv.v2");
+/// The table of stores written before the value log: untagged values,
+/// moved into `KV` when such a store is opened.
+const OLD_KV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
 /// The engine's own bookkeeping, apart from the store's keys.
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Bytes of values each value-log segment holds that `KV` points at.
+const VLOG_LIVE: TableDefinition<u32, u64> = TableDefinition::new("vlog-live");
 /// The log epoch redb's state includes every record before (see `wal.rs`).
 const WAL_EPOCH: &str = "wal-epoch";
+/// Names this database's value-log directory (see `vlog::dir_of`).
+const VLOG_NONCE: &str = "vlog-nonce";
+/// The value log's open segment and its end at this commit.
+const VLOG_SEG: &str = "vlog-seg";
+const VLOG_END: &str = "vlog-end";
 
 /// Transactions applied to one redb commit at most. Every commit freezes
 /// the pages it wrote, and the next write to each costs a copy of it; writes
@@ -63,6 +76,7 @@ const SPARE_LOG_BYTES: usize = 4 * 1024 * 1024;
 /// The write-ahead log and what of it redb has not committed yet.
 struct Durable {
     wal: Wal,
+    vlog: Appender,
     pending: Option<Pending>,
     /// The last write's changes that are durable in the log but not yet in
     /// `pending`: its payload from the given byte on.
@@ -72,9 +86,10 @@ struct Durable {
 }
 
 impl Durable {
-    fn new(wal: Wal) -> Self {
+    fn new((wal, vlog): (Wal, Appender)) -> Self {
         Self {
             wal,
+            vlog,
             pending: None,
             unsettled: None,
             spare: Vec::new(),
@@ -96,6 +111,27 @@ struct Pending {
     txn: redb::WriteTransaction,
     groups: usize,
     bytes: u64,
+    /// The value log's live counts when the transaction began, for an abort.
+    live: std::collections::BTreeMap<u32, u64>,
+}
+
+impl Pending {
+    fn begin(mut txn: redb::WriteTransaction, vlog: &Appender) -> Result<Self, StorageError> {
+        // Durable through the log; redb syncs only at checkpoints.
+        txn.set_durability(Durability::None).map_err(engine_err)?;
+        Ok(Self {
+            txn,
+            groups: 0,
+            bytes: 0,
+            live: vlog.live().clone(),
+        })
+    }
+
+    /// Commits, with the value log's end and counts.
+    fn commit(self, vlog: &Appender) -> Result<(), StorageError> {
+        record_vlog(&self.txn, vlog)?;
+        self.txn.commit().map_err(engine_err)
+    }
 }
 
 pub struct Embedded {
@@ -104,6 +140,12 @@ pub struct Embedded {
     /// The log of the open database and the redb transaction holding its
     /// newest records; `None` with the database.
     wal: Mutex<Option<Durable>>,
+    /// The value log's segment files, for readers.
+    segments: Arc<Segments>,
+    /// How many times the database was opened again after a failure: a
+    /// value-log collection that sees it change lost its copies with redb's
+    /// uncommitted state and deletes nothing.
+    reopened: std::sync::atomic::AtomicU64,
     /// Whether `Durable::pending` holds records readers must not miss (read
     /// without the lock: a read commits them first).
     has_pending: AtomicBool,
@@ -132,10 +174,13 @@ impl Embedded {
 
     /// Opens (or creates) the database with a page cache of `cache_bytes`.
     pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Self, StorageError> {
-        let (db, wal) = open_db(path, cache_bytes)?;
+        let segments = Arc::new(Segments::default());
+        let (db, wal, vlog) = open_db(path, cache_bytes, &segments)?;
         Ok(Self {
             db: RwLock::new(Some(Arc::new(db))),
-            wal: Mutex::new(Some(Durable::new(wal))),
+            wal: Mutex::new(Some(Durable::new((wal, vlog)))),
+            segments,
+            reopened: std::sync::atomic::AtomicU64::new(0),
             has_pending: AtomicBool::new(false),
             closed: std::sync::atomic::AtomicBool::new(false),
             path: path.to_path_buf(),
@@ -159,12 +204,14 @@ impl Embedded {
         }
         // Only a failure gave the database up: opening it again (a full
         // disk still full) is the store's I/O error too.
-        let (db, wal) = open_db(&self.path, self.cache_bytes).map_err(|e| {
-            StorageError::Unavailable(format!("storage I/O error: reopening the store: {e}"))
-        })?;
+        let (db, wal, vlog) =
+            open_db(&self.path, self.cache_bytes, &self.segments).map_err(|e| {
+                StorageError::Unavailable(format!("storage I/O error: reopening the store: {e}"))
+            })?;
         let db = Arc::new(db);
+        self.reopened.fetch_add(1, Ordering::AcqRel);
         tracing::info!(path = %self.path.display(), "store reopened after an I/O error");
-        *self.wal.lock().unwrap_or_else(|e| e.into_inner()) = Some(Durable::new(wal));
+        *self.wal.lock().unwrap_or_else(|e| e.into_inner()) = Some(Durable::new((wal, vlog)));
         *slot = Some(db.clone());
         Ok(db)
     }
@@ -201,7 +248,7 @@ impl Embedded {
             return Ok(());
         };
         let applied = match durable.pending.as_ref() {
-            Some(pending) => insert_into(&pending.txn, log.ops_from(from)),
+            Some(pending) => insert_into(&pending.txn, &mut durable.vlog, log.ops_from(from)),
             None => Err(engine_err("changes to settle without a transaction")),
         };
         durable.recycle(log);
@@ -216,33 +263,154 @@ impl Embedded {
     /// Commits the records redb holds uncommitted, so a read sees them.
     fn flush(&self) -> Result<(), StorageError> {
         let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
-        self.settle_locked(&mut slot)?;
-        let Some(pending) = slot.as_mut().and_then(|d| d.pending.take()) else {
+        self.commit_locked(&mut slot)
+    }
+
+    fn commit_locked(&self, slot: &mut Option<Durable>) -> Result<(), StorageError> {
+        self.settle_locked(slot)?;
+        let Some(durable) = slot.as_mut() else {
             return Ok(());
         };
-        let committed = pending.txn.commit();
+        let Some(pending) = durable.pending.take() else {
+            return Ok(());
+        };
+        let committed = pending.commit(&durable.vlog);
         // Cleared only once committed: a reader that sees it clear must
         // find every acknowledged record in redb.
         self.has_pending.store(false, Ordering::Release);
         if let Err(e) = committed {
             tracing::error!(error = %e, "redb commit failed; the store is reopened");
-            self.reopen_later(&mut slot);
+            self.reopen_later(slot);
             return Err(StorageError::Unavailable(format!("storage I/O error: {e}")));
         }
         Ok(())
     }
 }
 
+/// How much of a segment's entries a collection copies per turn of the
+/// writer's lock: writes wait at most that long (a few milliseconds).
+const COLLECT_BATCH_BYTES: usize = 1024 * 1024;
+
+impl Embedded {
+    /// Copies the values still live in sparse value-log segments to the
+    /// open one; once a checkpoint has made the copies durable, deletes
+    /// those segments. Returns how many were deleted.
+    fn collect_values(&self) -> Result<usize, StorageError> {
+        let generation = self.reopened.load(Ordering::Acquire);
+        let sparse = {
+            let slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(d) => d.vlog.sparse(),
+                None => return Ok(0),
+            }
+        };
+        if sparse.is_empty() {
+            return Ok(0);
+        }
+        let files = self.segments.files();
+        let mut moved = 0usize;
+        for &seg in &sparse {
+            let mut at = 0;
+            loop {
+                let entries = vlog::read_entries(&files, seg, &mut at, COLLECT_BATCH_BYTES)?;
+                if entries.is_empty() {
+                    break;
+                }
+                moved += self.relocate(&entries)?;
+            }
+        }
+        let db = self.db()?;
+        let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+        self.commit_locked(&mut slot)?;
+        let Some(durable) = slot.as_mut() else {
+            return Ok(0);
+        };
+        checkpoint(&db, durable)?;
+        if self.reopened.load(Ordering::Acquire) != generation {
+            // The copies may have gone with redb's uncommitted state.
+            return Ok(0);
+        }
+        let removed = durable.vlog.remove_segments(&sparse)?;
+        tracing::info!(segments = removed, values = moved, "value log collected");
+        Ok(removed)
+    }
+
+    /// Copies the entries redb still points at to the open segment and
+    /// points there; returns how many.
+    fn relocate(&self, entries: &[vlog::Entry]) -> Result<usize, StorageError> {
+        let db = self.db()?;
+        let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+        self.settle_locked(&mut slot)?;
+        let Some(durable) = slot.as_mut() else {
+            return Err(StorageError::Unavailable("the store is closed".into()));
+        };
+        let mut pending = match durable.pending.take() {
+            Some(p) => p,
+            None => {
+                let txn = db.begin_write().map_err(|e| self.failed(e))?;
+                Pending::begin(txn, &durable.vlog)?
+            }
+        };
+        let values = &mut durable.vlog;
+        let copied = (|| {
+            let mut table = pending.txn.open_table(KV).map_err(engine_err)?;
+            let mut stored = Vec::new();
+            let mut n = 0;
+            for e in entries {
+                let live = table
+                    .get(e.key.as_slice())
+                    .map_err(txn_err)?
+                    .is_some_and(|raw| vlog::points_at(raw.value(), e.pointer));
+                if !live {
+                    continue;
+                }
+                if crc32fast::hash(&e.value) != e.pointer.crc {
+                    return Err(engine_err(format!(
+                        "value log segment {} at {}: checksum mismatch",
+                        e.pointer.seg, e.pointer.off
+                    )));
+                }
+                values.encode(&e.key, &e.value, &mut stored)?;
+                if let Some(old) = table
+                    .insert(e.key.as_slice(), stored.as_slice())
+                    .map_err(txn_err)?
+                {
+                    values.forget(old.value());
+                }
+                n += 1;
+            }
+            values.write_out()?;
+            Ok(n)
+        })();
+        match copied {
+            Ok(n) => {
+                pending.groups += 1;
+                durable.pending = Some(pending);
+                self.has_pending.store(true, Ordering::Release);
+                Ok(n)
+            }
+            Err(e) => {
+                drop(pending);
+                self.reopen_later(&mut slot);
+                Err(e)
+            }
+        }
+    }
+}
+
 /// The database file's name in a data directory.
 pub const STORE_FILE: &str = "store.redb";
 
-/// Removes a closed database and its log, if there.
+/// Removes a closed database, its log and its value log, if there.
 pub fn remove_database(path: &Path) -> std::io::Result<()> {
     for p in [wal_path(path), path.to_path_buf()] {
         match std::fs::remove_file(&p) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
+    }
+    for dir in vlog::dirs_of(path)? {
+        std::fs::remove_dir_all(dir)?;
     }
     Ok(())
 }
@@ -251,7 +419,25 @@ pub fn remove_database(path: &Path) -> std::io::Result<()> {
 /// lacks) in place of the one at `to`, whose log goes first: its records
 /// must never be replayed onto the new database, whose log epoch they may
 /// share. The rename is atomic: `to` is the old database or the new one.
+/// The new database's value log moves beside `to` first, under its own
+/// nonce: until the rename the old database ignores it (and removes it
+/// when opened), after it the old one's is removed when the new one opens.
 pub fn replace_database(from: &Path, to: &Path) -> std::io::Result<()> {
+    for dir in vlog::dirs_of(from)? {
+        let (Some(name), Some(from_name), Some(to_name)) =
+            (dir.file_name(), from.file_name(), to.file_name())
+        else {
+            continue;
+        };
+        let nonce = name
+            .to_string_lossy()
+            .strip_prefix(from_name.to_string_lossy().as_ref())
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let mut target = to_name.to_owned();
+        target.push(&nonce);
+        std::fs::rename(&dir, to.with_file_name(target))?;
+    }
     match std::fs::remove_file(wal_path(from)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
@@ -274,7 +460,11 @@ fn wal_path(path: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-fn open_db(path: &Path, cache_bytes: usize) -> Result<(Database, Wal), StorageError> {
+fn open_db(
+    path: &Path,
+    cache_bytes: usize,
+    segments: &Arc<Segments>,
+) -> Result<(Database, Wal, Appender), StorageError> {
     let db = Database::builder()
         .set_cache_size(cache_bytes)
         .create(path)
@@ -282,21 +472,67 @@ fn open_db(path: &Path, cache_bytes: usize) -> Result<(Database, Wal), StorageEr
     // Make sure the tables exist so that read transactions can open them
     // (without a write when they do: reopening on a full disk must not need one).
     let read = db.begin_read().map_err(engine_err)?;
-    let epoch = match read.open_table(META) {
-        Ok(meta) => meta.get(WAL_EPOCH).map_err(engine_err)?.map(|v| v.value()),
-        Err(_) => None,
-    };
-    let exists = read.open_table(KV).is_ok() && epoch.is_some();
-    drop(read);
-    if !exists {
-        let txn = db.begin_write().map_err(engine_err)?;
-        txn.open_table(KV).map_err(engine_err)?;
-        txn.open_table(META)
-            .map_err(engine_err)?
-            .insert(WAL_EPOCH, 0)
-            .map_err(engine_err)?;
-        txn.commit().map_err(engine_err)?;
+    let (mut epoch, mut nonce, mut seg, mut end) = (None, None, 0, 0);
+    if let Ok(meta) = read.open_table(META) {
+        let get = |key: &str| -> Result<Option<u64>, StorageError> {
+            Ok(meta.get(key).map_err(engine_err)?.map(|v| v.value()))
+        };
+        epoch = get(WAL_EPOCH)?;
+        nonce = get(VLOG_NONCE)?;
+        seg = get(VLOG_SEG)?.unwrap_or(0);
+        end = get(VLOG_END)?.unwrap_or(0);
     }
+    let mut live = std::collections::BTreeMap::new();
+    if let Ok(table) = read.open_table(VLOG_LIVE) {
+        for entry in table.iter().map_err(engine_err)? {
+            let (s, bytes) = entry.map_err(engine_err)?;
+            live.insert(s.value(), bytes.value());
+        }
+    }
+    let old_format = read.open_table(OLD_KV).is_ok();
+    let exists = read.open_table(KV).is_ok() && epoch.is_some() && nonce.is_some();
+    drop(read);
+    if old_format {
+        move_old_table(&db)?;
+    }
+    let nonce = match nonce.filter(|_| exists) {
+        Some(n) => n,
+        None => {
+            let n = new_nonce();
+            let txn = db.begin_write().map_err(engine_err)?;
+            txn.open_table(KV).map_err(engine_err)?;
+            txn.open_table(VLOG_LIVE).map_err(engine_err)?;
+            {
+                let mut meta = txn.open_table(META).map_err(engine_err)?;
+                // A store from before the value log keeps its log epoch.
+                meta.insert(WAL_EPOCH, epoch.unwrap_or(0))
+                    .map_err(engine_err)?;
+                meta.insert(VLOG_NONCE, n).map_err(engine_err)?;
+                meta.insert(VLOG_SEG, 0).map_err(engine_err)?;
+                meta.insert(VLOG_END, 0).map_err(engine_err)?;
+            }
+            txn.commit().map_err(engine_err)?;
+            (seg, end) = (0, 0);
+            live.clear();
+            n
+        }
+    };
+    let dir = vlog::dir_of(path, nonce);
+    // Another nonce's directory is a replaced database's, or one that
+    // never got a commit.
+    for other in vlog::dirs_of(path).map_err(|e| engine_err(format!("value log: {e}")))? {
+        if other != dir {
+            std::fs::remove_dir_all(&other).map_err(|e| {
+                StorageError::Unavailable(format!("removing {}: {e}", other.display()))
+            })?;
+        }
+    }
+    let state = vlog::State {
+        seg: u32::try_from(seg).map_err(|_| engine_err("value log segment out of range"))?,
+        end,
+        live,
+    };
+    let mut values = Appender::open(&dir, state, segments.clone())?;
     let epoch = epoch.unwrap_or(0);
     let wal_file = wal_path(path);
     let (mut wal, records) = Wal::open(&wal_file, epoch).map_err(|e| {
@@ -308,14 +544,14 @@ fn open_db(path: &Path, cache_bytes: usize) -> Result<(Database, Wal), StorageEr
         let txn = db.begin_write().map_err(engine_err)?;
         {
             let mut table = txn.open_table(KV).map_err(engine_err)?;
-            for op in records.iter().flatten() {
-                match op {
-                    wal::Op::Put(k, v) => table.insert(k.as_slice(), v.as_slice()),
-                    wal::Op::Delete(k) => table.remove(k.as_slice()).map(|_| None),
-                }
-                .map_err(engine_err)?;
-            }
+            let ops = records.iter().flatten().map(|op| match op {
+                wal::Op::Put(k, v) => OpRef::Put(k, v),
+                wal::Op::Delete(k) => OpRef::Delete(k),
+            });
+            insert_all(&mut table, &mut values, ops)?;
         }
+        values.sync()?;
+        record_vlog(&txn, &values)?;
         txn.open_table(META)
             .map_err(engine_err)?
             .insert(WAL_EPOCH, epoch + 1)
@@ -324,7 +560,75 @@ fn open_db(path: &Path, cache_bytes: usize) -> Result<(Database, Wal), StorageEr
         tracing::info!(records = records.len(), "replayed the write-ahead log");
         wal.restart(epoch + 1);
     }
-    Ok((db, wal))
+    Ok((db, wal, values))
+}
+
+/// A value-log directory name no other database here has had.
+fn new_nonce() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ (u64::from(std::process::id()) << 40)
+}
+
+/// Moves a store written before the value log into the tagged table, a
+/// batch per commit (each one atomic, so a crash resumes where it was).
+/// Its values stay inline.
+fn move_old_table(db: &Database) -> Result<(), StorageError> {
+    const BATCH: usize = 4096;
+    let mut moved = 0usize;
+    loop {
+        let txn = db.begin_write().map_err(engine_err)?;
+        let n = {
+            let mut old = txn.open_table(OLD_KV).map_err(engine_err)?;
+            let mut new = txn.open_table(KV).map_err(engine_err)?;
+            let mut batch = Vec::with_capacity(BATCH);
+            for entry in old.iter().map_err(engine_err)?.take(BATCH) {
+                let (k, v) = entry.map_err(engine_err)?;
+                batch.push((k.value().to_vec(), v.value().to_vec()));
+            }
+            let mut tagged = Vec::new();
+            for (k, v) in &batch {
+                vlog::inline(v, &mut tagged);
+                new.insert(k.as_slice(), tagged.as_slice())
+                    .map_err(engine_err)?;
+                old.remove(k.as_slice()).map_err(engine_err)?;
+            }
+            batch.len()
+        };
+        if n == 0 {
+            txn.delete_table(OLD_KV).map_err(engine_err)?;
+        }
+        txn.commit().map_err(engine_err)?;
+        moved += n;
+        if n == 0 {
+            break;
+        }
+    }
+    tracing::info!(
+        keys = moved,
+        "moved a store from before the value log into its new table"
+    );
+    Ok(())
+}
+
+/// Records where the value log ends and what its segments hold live, in
+/// the commit that holds the pointers.
+fn record_vlog(txn: &redb::WriteTransaction, values: &Appender) -> Result<(), StorageError> {
+    let state = values.state();
+    {
+        let mut meta = txn.open_table(META).map_err(engine_err)?;
+        meta.insert(VLOG_SEG, u64::from(state.seg))
+            .map_err(engine_err)?;
+        meta.insert(VLOG_END, state.end).map_err(engine_err)?;
+    }
+    let mut live = txn.open_table(VLOG_LIVE).map_err(engine_err)?;
+    live.retain(|_, _| false).map_err(engine_err)?;
+    for (seg, bytes) in &state.live {
+        live.insert(seg, bytes).map_err(engine_err)?;
+    }
+    Ok(())
 }
 
 /// Whether a redb error means the file could not be read or written.
@@ -361,17 +665,29 @@ impl IsIo for redb::TableError {
 
 struct Reader {
     table: redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    /// The value log's segments as they were when the read began.
+    files: vlog::Files,
 }
 
 fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
     table: &T,
+    files: &vlog::Files,
     start: &[u8],
     end: &[u8],
     visit: &mut Visitor<'_>,
 ) -> Result<(), StorageError> {
+    let mut buf = Vec::new();
     for entry in table.range::<&[u8]>(start..end).map_err(engine_err)? {
         let (k, v) = entry.map_err(engine_err)?;
-        if visit(k.value(), v.value()).is_break() {
+        let raw = v.value();
+        let value = match vlog::stored(raw)? {
+            vlog::Stored::Inline(value) => value,
+            vlog::Stored::Pointer(p) => {
+                vlog::read(files, p, &mut buf)?;
+                &buf
+            }
+        };
+        if visit(k.value(), value).is_break() {
             break;
         }
     }
@@ -380,33 +696,50 @@ fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
 
 impl ReadTxn for Reader {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self
-            .table
-            .get(key)
-            .map_err(engine_err)?
-            .map(|v| v.value().to_vec()))
+        match self.table.get(key).map_err(engine_err)? {
+            Some(v) => Ok(Some(vlog::resolve(&self.files, v.value())?)),
+            None => Ok(None),
+        }
     }
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
-        scan_table(&self.table, start, end, visit)
+        scan_table(&self.table, &self.files, start, end, visit)
     }
 }
 
-/// Puts a payload's writes into redb's table.
-fn insert_all(table: &mut KvTable<'_>, ops: wal::OpRefs<'_>) -> Result<(), StorageError> {
+/// Puts writes into redb's table, large values through the value log.
+fn insert_all<'a>(
+    table: &mut KvTable<'_>,
+    values: &mut Appender,
+    ops: impl Iterator<Item = OpRef<'a>>,
+) -> Result<(), StorageError> {
+    let mut stored = Vec::with_capacity(32);
     for op in ops {
         match op {
-            wal::OpRef::Put(k, v) => table.insert(k, v).map(|_| ()),
-            wal::OpRef::Delete(k) => table.remove(k).map(|_| ()),
+            OpRef::Put(k, v) => {
+                values.encode(k, v, &mut stored)?;
+                if let Some(old) = table.insert(k, stored.as_slice()).map_err(txn_err)? {
+                    values.forget(old.value());
+                }
+            }
+            OpRef::Delete(k) => {
+                if let Some(old) = table.remove(k).map_err(txn_err)? {
+                    values.forget(old.value());
+                }
+            }
         }
-        .map_err(txn_err)?;
     }
-    Ok(())
+    // Before anything can read the pointers.
+    values.write_out()
 }
 
 /// Puts a payload's writes into the transaction's table.
-fn insert_into(txn: &redb::WriteTransaction, ops: wal::OpRefs<'_>) -> Result<(), StorageError> {
+fn insert_into(
+    txn: &redb::WriteTransaction,
+    values: &mut Appender,
+    ops: wal::OpRefs<'_>,
+) -> Result<(), StorageError> {
     let mut table = txn.open_table(KV).map_err(engine_err)?;
-    insert_all(&mut table, ops)
+    insert_all(&mut table, values, ops)
 }
 
 type KvTable<'t> = redb::Table<'t, &'static [u8], &'static [u8]>;
@@ -420,6 +753,9 @@ struct Writer<'t> {
     log: Payload,
     /// How much of `log` is in `table` already.
     in_table: Cell<usize>,
+    /// The value log, which settling appends to.
+    values: RefCell<&'t mut Appender>,
+    segments: &'t Segments,
 }
 
 impl Writer<'_> {
@@ -429,7 +765,15 @@ impl Writer<'_> {
             .table
             .try_borrow_mut()
             .map_err(|_| engine_err("table in use"))?;
-        insert_all(&mut table, self.log.ops_from(self.in_table.get()))?;
+        let mut values = self
+            .values
+            .try_borrow_mut()
+            .map_err(|_| engine_err("value log in use"))?;
+        insert_all(
+            &mut table,
+            &mut values,
+            self.log.ops_from(self.in_table.get()),
+        )?;
         self.in_table.set(self.log.len());
         Ok(())
     }
@@ -453,7 +797,10 @@ impl ReadTxn for Writer<'_> {
             .map_err(|_| engine_err("table in use"))?;
         // An I/O failure here (a full disk) is the store's, as in a commit.
         let value = table.get(key).map_err(txn_err)?;
-        Ok(value.map(|v| v.value().to_vec()))
+        match value {
+            Some(v) => Ok(Some(vlog::resolve(&self.segments.files(), v.value())?)),
+            None => Ok(None),
+        }
     }
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
         // A scan sees the changes by finding them in the table.
@@ -462,7 +809,7 @@ impl ReadTxn for Writer<'_> {
             .table
             .try_borrow()
             .map_err(|_| engine_err("table in use"))?;
-        scan_table(&*table, start, end, visit)
+        scan_table(&*table, &self.segments.files(), start, end, visit)
     }
 }
 
@@ -491,7 +838,9 @@ impl Engine for Embedded {
         let db = self.db()?;
         let txn = db.begin_read().map_err(|e| self.failed(e))?;
         let table = txn.open_table(KV).map_err(|e| self.failed(e))?;
-        Ok(Box::new(Reader { table }))
+        // After the read began: a segment its pointers need is listed.
+        let files = self.segments.files();
+        Ok(Box::new(Reader { table, files }))
     }
 
     fn close(&self) {
@@ -502,7 +851,7 @@ impl Engine for Embedded {
         if let Some(db) = self.db.read().unwrap_or_else(|e| e.into_inner()).clone() {
             let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(d) = slot.as_mut().filter(|d| d.wal.len() > 0) {
-                if let Err(e) = checkpoint(&db, &mut d.wal) {
+                if let Err(e) = checkpoint(&db, d) {
                     tracing::warn!(error = %e, "no checkpoint at shutdown; the log is replayed at start");
                 }
             }
@@ -525,14 +874,8 @@ impl Engine for Embedded {
         let mut pending = match durable.pending.take() {
             Some(p) => p,
             None => {
-                let mut txn = db.begin_write().map_err(|e| self.failed(e))?;
-                // Durable through the log; redb syncs only at checkpoints.
-                txn.set_durability(Durability::None).map_err(engine_err)?;
-                Pending {
-                    txn,
-                    groups: 0,
-                    bytes: 0,
-                }
+                let txn = db.begin_write().map_err(|e| self.failed(e))?;
+                Pending::begin(txn, &durable.vlog)?
             }
         };
         let applied = {
@@ -543,6 +886,8 @@ impl Engine for Embedded {
                         table: RefCell::new(table),
                         log: Payload::with_buffer(std::mem::take(&mut durable.spare)),
                         in_table: Cell::new(0),
+                        values: RefCell::new(&mut durable.vlog),
+                        segments: &self.segments,
                     };
                     f(&mut writer).map(|()| (writer.log, writer.in_table.get()))
                 }
@@ -560,6 +905,7 @@ impl Engine for Embedded {
                     if matches!(e, StorageError::Unavailable(_)) {
                         *self.db.write().unwrap_or_else(|p| p.into_inner()) = None;
                     }
+                    durable.vlog.restore_live(std::mem::take(&mut pending.live));
                     pending.txn.abort().map_err(|e| self.failed(e))?;
                 }
                 return Err(e);
@@ -577,6 +923,7 @@ impl Engine for Embedded {
                 drop(pending);
                 self.reopen_later(&mut slot);
             } else {
+                durable.vlog.restore_live(std::mem::take(&mut pending.live));
                 pending.txn.abort().map_err(|e| self.failed(e))?;
             }
             return Err(match e {
@@ -600,13 +947,14 @@ impl Engine for Embedded {
             self.has_pending.store(true, Ordering::Release);
             return Ok(());
         }
-        let committed = insert_into(&pending.txn, log.ops_from(in_table)).and_then(|()| {
-            #[cfg(test)]
-            if self.fail_commit.swap(false, Ordering::AcqRel) {
-                return Err(engine_err("No space left on device (injected)"));
-            }
-            pending.txn.commit().map_err(engine_err)
-        });
+        let committed = insert_into(&pending.txn, &mut durable.vlog, log.ops_from(in_table))
+            .and_then(|()| {
+                #[cfg(test)]
+                if self.fail_commit.swap(false, Ordering::AcqRel) {
+                    return Err(engine_err("No space left on device (injected)"));
+                }
+                pending.commit(&durable.vlog)
+            });
         durable.recycle(log);
         self.has_pending.store(false, Ordering::Release);
         if let Err(e) = committed {
@@ -619,12 +967,16 @@ impl Engine for Embedded {
             return Ok(());
         }
         if checkpoint_due {
-            if let Err(e) = checkpoint(&db, &mut durable.wal) {
+            if let Err(e) = checkpoint(&db, durable) {
                 // The log keeps growing and the next write tries again.
                 tracing::warn!(error = %e, "checkpoint failed");
             }
         }
         Ok(())
+    }
+
+    fn after_compaction(&self) -> Result<(), StorageError> {
+        self.collect_values().map(|_| ())
     }
 
     fn settle(&self) {
@@ -666,9 +1018,14 @@ fn next_is_quick(durable: &Durable) -> bool {
 
 /// A durable redb commit that records the next log epoch: every record so
 /// far is then in redb, and the log starts over.
-fn checkpoint(db: &Database, wal: &mut Wal) -> Result<(), StorageError> {
+/// The value log's bytes go to disk first: the commit makes durable every
+/// pointer redb holds.
+fn checkpoint(db: &Database, durable: &mut Durable) -> Result<(), StorageError> {
+    let wal = &mut durable.wal;
     let next = wal.epoch() + 1;
+    durable.vlog.sync()?;
     let txn = db.begin_write().map_err(engine_err)?;
+    record_vlog(&txn, &durable.vlog)?;
     txn.open_table(META)
         .map_err(engine_err)?
         .insert(WAL_EPOCH, next)
@@ -706,6 +1063,32 @@ mod tests {
     fn crash_copy(from: &Path, to: &Path) {
         std::fs::copy(from, to).expect("copy db");
         std::fs::copy(wal_path(from), wal_path(to)).expect("copy log");
+        for dir in vlog::dirs_of(from).expect("value log dirs") {
+            let name = dir
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
+            let nonce = name.rsplit_once(".vlog-").expect("nonce").1;
+            let target = vlog::dirs_of(to)
+                .expect("dirs")
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| {
+                    let mut p = to.as_os_str().to_owned();
+                    p.push(format!(".vlog-{nonce}"));
+                    PathBuf::from(p)
+                });
+            let _ = std::fs::remove_dir_all(&target);
+            let mut p = to.as_os_str().to_owned();
+            p.push(format!(".vlog-{nonce}"));
+            let target = PathBuf::from(p);
+            std::fs::create_dir_all(&target).expect("mkdir");
+            for f in std::fs::read_dir(&dir).expect("list") {
+                let f = f.expect("entry");
+                std::fs::copy(f.path(), target.join(f.file_name())).expect("copy segment");
+            }
+        }
     }
 
     #[test]
@@ -921,5 +1304,224 @@ mod tests {
         assert!(records.is_empty());
         let r = Embedded::open(&path).expect("reopen");
         assert_eq!(get(&r, "a"), Some(b"1".to_vec()));
+    }
+
+    /// Every segment file of the database at `path`: (name, bytes).
+    fn segment_files(path: &Path) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for dir in vlog::dirs_of(path).expect("dirs") {
+            for f in std::fs::read_dir(dir).expect("list") {
+                let f = f.expect("entry");
+                let len = f.metadata().expect("meta").len();
+                out.push((f.file_name().to_string_lossy().into_owned(), len));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn value(i: usize, version: u8) -> Vec<u8> {
+        let mut v = format!("{{\"i\":{i},\"v\":{version},\"pad\":\"").into_bytes();
+        v.resize(1500, b'x' ^ version);
+        v
+    }
+
+    #[test]
+    fn large_values_live_in_the_value_log_and_redb_holds_pointers() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("db");
+        let e = Embedded::open(&path).expect("open");
+        put(&e, "big", &value(1, 1));
+        put(&e, "small", b"tiny");
+        assert_eq!(get(&e, "big"), Some(value(1, 1)));
+        assert_eq!(get(&e, "small"), Some(b"tiny".to_vec()));
+        let db = e.db().expect("db");
+        let read = db.begin_read().expect("read");
+        let table = read.open_table(KV).expect("table");
+        let raw = |k: &str| {
+            table
+                .get(k.as_bytes())
+                .expect("get")
+                .expect("there")
+                .value()
+                .to_vec()
+        };
+        assert_eq!(raw("big").len(), 17, "redb holds a pointer");
+        assert!(matches!(
+            vlog::stored(&raw("small")),
+            Ok(vlog::Stored::Inline(b"tiny"))
+        ));
+        let files = segment_files(&path);
+        assert_eq!(files.len(), 1);
+        assert!(files[0].1 >= 1500, "the value is in the segment: {files:?}");
+        // A scan reads values from both places, in key order.
+        let mut seen = Vec::new();
+        e.read()
+            .expect("read")
+            .scan(b"a", b"z", &mut |k, v| {
+                seen.push((k.to_vec(), v.to_vec()));
+                ControlFlow::Continue(())
+            })
+            .expect("scan");
+        assert_eq!(
+            seen,
+            vec![
+                (b"big".to_vec(), value(1, 1)),
+                (b"small".to_vec(), b"tiny".to_vec())
+            ]
+        );
+    }
+
+    /// The value log is written without a sync: a crash may lose what it
+    /// got since the last checkpoint, and the write-ahead log brings it back.
+    #[test]
+    fn a_crash_that_loses_the_value_logs_unsynced_bytes_loses_no_write() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, copy) = (dir.path().join("db"), dir.path().join("crashed"));
+        let e = Embedded::open(&path).expect("open");
+        for i in 0..100 {
+            put(&e, &format!("k{i:03}"), &value(i, 1));
+        }
+        // Read once (a redb commit, not durable), then change some more.
+        assert_eq!(get(&e, "k000"), Some(value(0, 1)));
+        for i in 0..10 {
+            put(&e, &format!("k{i:03}"), &value(i, 2));
+        }
+        crash_copy(&path, &copy);
+        for d in vlog::dirs_of(&copy).expect("dirs") {
+            for f in std::fs::read_dir(d).expect("list") {
+                let f = f.expect("entry");
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(f.path())
+                    .and_then(|f| f.set_len(0))
+                    .expect("lose the unsynced bytes");
+            }
+        }
+        let r = Embedded::open(&copy).expect("reopen after the crash");
+        for i in 0..100 {
+            let want = value(i, if i < 10 { 2 } else { 1 });
+            assert_eq!(get(&r, &format!("k{i:03}")), Some(want), "k{i}");
+        }
+    }
+
+    #[test]
+    fn collection_moves_live_values_and_deletes_sparse_segments() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (path, copy) = (dir.path().join("db"), dir.path().join("crashed"));
+        let e = Embedded::open(&path).expect("open");
+        // About six segments' worth, then most of it replaced or deleted.
+        let n = 1000;
+        for i in 0..n {
+            put(&e, &format!("k{i:04}"), &value(i, 1));
+        }
+        for i in 0..n {
+            match i % 10 {
+                0 => {}
+                1..=6 => put(&e, &format!("k{i:04}"), &value(i, 2)),
+                _ => e
+                    .write(&mut |txn| txn.delete(format!("k{i:04}").as_bytes()))
+                    .expect("delete"),
+            }
+        }
+        let before = segment_files(&path);
+        let bytes = |files: &[(String, u64)]| files.iter().map(|f| f.1).sum::<u64>();
+        let removed = e.collect_values().expect("collect");
+        let after = segment_files(&path);
+        assert!(removed >= 3, "{removed} removed of {before:?}");
+        assert!(
+            bytes(&after) < bytes(&before) * 3 / 4,
+            "{} bytes before, {} after",
+            bytes(&before),
+            bytes(&after)
+        );
+        let want = |i: usize| match i % 10 {
+            0 => Some(value(i, 1)),
+            1..=6 => Some(value(i, 2)),
+            _ => None,
+        };
+        for i in 0..n {
+            assert_eq!(get(&e, &format!("k{i:04}")), want(i), "k{i}");
+        }
+        // Durable: a crash right after keeps every value.
+        crash_copy(&path, &copy);
+        let r = Embedded::open(&copy).expect("reopen");
+        for i in 0..n {
+            assert_eq!(get(&r, &format!("k{i:04}")), want(i), "k{i} after a crash");
+        }
+        // Nothing left worth collecting.
+        assert_eq!(e.collect_values().expect("collect again"), 0);
+    }
+
+    #[test]
+    fn a_reader_keeps_reading_a_segment_collected_under_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let e = Embedded::open(&dir.path().join("db")).expect("open");
+        for i in 0..400 {
+            put(&e, &format!("k{i:04}"), &value(i, 1));
+        }
+        let old = e.read().expect("read");
+        for i in 0..400 {
+            put(&e, &format!("k{i:04}"), &value(i, 2));
+        }
+        assert!(e.collect_values().expect("collect") > 0);
+        assert_eq!(old.get(b"k0001").expect("get"), Some(value(1, 1)));
+        assert_eq!(get(&e, "k0001"), Some(value(1, 2)));
+    }
+
+    #[test]
+    fn a_store_from_before_the_value_log_is_moved_and_readable() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("db");
+        {
+            let db = Database::create(&path).expect("create");
+            let txn = db.begin_write().expect("write");
+            {
+                let mut kv = txn.open_table(OLD_KV).expect("kv");
+                for i in 0..5000u32 {
+                    kv.insert(format!("k{i:05}").as_bytes(), i.to_be_bytes().as_slice())
+                        .expect("insert");
+                }
+                kv.insert(b"big".as_slice(), value(7, 7).as_slice())
+                    .expect("insert");
+                txn.open_table(META)
+                    .expect("meta")
+                    .insert(WAL_EPOCH, 3)
+                    .expect("epoch");
+            }
+            txn.commit().expect("commit");
+        }
+        let e = Embedded::open(&path).expect("open an old store");
+        assert_eq!(get(&e, "k04999"), Some(4999u32.to_be_bytes().to_vec()));
+        assert_eq!(get(&e, "big"), Some(value(7, 7)));
+        put(&e, "new", &value(8, 8));
+        e.close();
+        drop(e);
+        let e = Embedded::open(&path).expect("open again");
+        assert_eq!(get(&e, "k00000"), Some(0u32.to_be_bytes().to_vec()));
+        assert_eq!(get(&e, "new"), Some(value(8, 8)));
+    }
+
+    #[test]
+    fn a_replaced_database_brings_its_value_log_and_the_old_one_goes() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (target, building) = (dir.path().join("store"), dir.path().join("store.new"));
+        let old = Embedded::open(&target).expect("open");
+        put(&old, "k", &value(1, 1));
+        old.close();
+        drop(old);
+        let new = Embedded::open(&building).expect("open");
+        put(&new, "k", &value(1, 2));
+        new.close();
+        drop(new);
+        replace_database(&building, &target).expect("replace");
+        let e = Embedded::open(&target).expect("open the replaced store");
+        assert_eq!(get(&e, "k"), Some(value(1, 2)));
+        assert_eq!(vlog::dirs_of(&target).expect("dirs").len(), 1);
+        assert!(vlog::dirs_of(&building).expect("dirs").is_empty());
+        e.close();
+        drop(e);
+        remove_database(&target).expect("remove");
+        assert!(vlog::dirs_of(&target).expect("dirs").is_empty());
     }
 }

@@ -7,6 +7,7 @@ pub(crate) mod keys;
 mod render;
 #[cfg(feature = "tikv")]
 pub mod tikv;
+mod vlog;
 mod wal;
 mod writer;
 
