@@ -455,10 +455,13 @@ impl Start {
     }
 }
 
+/// Every file under `data`, the value log's segment directories too.
 fn evict_from_page_cache(data: &Path) {
     for entry in std::fs::read_dir(data).expect("data dir").flatten() {
         let p = entry.path();
-        if p.is_file() {
+        if p.is_dir() {
+            evict_from_page_cache(&p);
+        } else if p.is_file() {
             let _ = Command::new("dd")
                 .arg(format!("if={}", p.display()))
                 .args(["iflag=nocache", "count=0", "status=none"])
