@@ -26,7 +26,8 @@
 //! - a full list of 10,000 objects from the cache against serde_json
 //!   serializing the same objects in memory.
 //!
-//! `cargo bench --bench etcd`; writes `target/bench/etcd.{json,svg}`.
+//! `cargo bench --bench etcd`; writes `target/bench/etcd.{json,svg}` (a smoke
+//! run `etcd-smoke.*`, a run of some parts `etcd-<parts>.*`).
 //! Env: `KSHARD_ETCD_SECS` (per round, 10), `KSHARD_ETCD_ROUNDS` (3),
 //! `KSHARD_ETCD_OBJECTS` (the memory points, comma-separated; `40000,200000`),
 //! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run),
@@ -1976,19 +1977,25 @@ async fn run() {
     });
     let target = common::repo_path("target/bench");
     std::fs::create_dir_all(&target).expect("target/bench");
+    // A smoke run or a run of some parts leaves a full run's results alone.
+    let name = match std::env::var("KSHARD_ETCD_ONLY") {
+        _ if smoke() => "etcd-smoke".to_string(),
+        Ok(only) => format!("etcd-{}", only.replace(',', "-")),
+        Err(_) => "etcd".to_string(),
+    };
     std::fs::write(
-        target.join("etcd.json"),
+        target.join(format!("{name}.json")),
         serde_json::to_vec_pretty(&out).expect("json"),
     )
     .expect("write json");
     std::fs::write(
-        target.join("etcd.svg"),
+        target.join(format!("{name}.svg")),
         plot(&ratios, &memory, growth, &fan),
     )
     .expect("write svg");
     progress(&format!(
         "wrote {}",
-        target.join("etcd.{json,svg}").display()
+        target.join(format!("{name}.{{json,svg}}")).display()
     ));
     // `KSHARD_ETCD_HOLD`: seconds to keep kshard running at the end (to inspect it).
     let hold = env_usize("KSHARD_ETCD_HOLD", 0);

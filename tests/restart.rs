@@ -105,6 +105,38 @@ async fn acknowledged_writes_survive_kill_9() {
         .parse()
         .expect("rv");
     assert!(rv > list_rv, "{rv} > {list_rv}");
+    // The objects' JSON is in the value log beside redb, and `/metrics`
+    // says how much of it is still pointed at.
+    let client = common::client_for(&data.join("kubeconfig")).await;
+    let text = client
+        .request_text(
+            http::Request::get("/metrics")
+                .body(Vec::new())
+                .expect("request"),
+        )
+        .await
+        .expect("/metrics");
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    let (bytes, live) = (
+        gauge("kshard_storage_value_log_bytes"),
+        gauge("kshard_storage_value_log_live_bytes"),
+    );
+    assert!(
+        live >= acked.len() as f64 * 192.0 && live <= bytes,
+        "value log: {live} live of {bytes} bytes for {} objects",
+        acked.len()
+    );
+    assert!(gauge("kshard_storage_value_log_segments") >= 1.0);
     eprintln!(
         "{} acknowledged writes before kill -9, all present; revision {list_rv} -> {rv}",
         acked.len()

@@ -331,6 +331,10 @@ impl Embedded {
             return Ok(0);
         }
         let removed = durable.vlog.remove_segments(&sparse)?;
+        durable.vlog.publish();
+        metrics::counter!("kshard_storage_value_log_collected_segments_total")
+            .increment(removed as u64);
+        metrics::counter!("kshard_storage_value_log_moved_values_total").increment(moved as u64);
         tracing::info!(segments = removed, values = moved, "value log collected");
         Ok(removed)
     }
@@ -617,6 +621,7 @@ fn move_old_table(db: &Database) -> Result<(), StorageError> {
 /// the commit that holds the pointers.
 fn record_vlog(txn: &redb::WriteTransaction, values: &Appender) -> Result<(), StorageError> {
     let state = values.state();
+    values.publish();
     {
         let mut meta = txn.open_table(META).map_err(engine_err)?;
         meta.insert(VLOG_SEG, u64::from(state.seg))

@@ -221,6 +221,8 @@ pub struct Appender {
     dir_unsynced: bool,
     /// Bytes of values redb points at, per segment.
     live: BTreeMap<u32, u64>,
+    /// Bytes of the sealed segments' files.
+    sealed_bytes: u64,
 }
 
 /// Where the log ended at redb's last commit, and its live counts.
@@ -287,6 +289,12 @@ impl Appender {
             file.set_len(state.end)
                 .map_err(|e| io_err("cutting a lost write", e))?;
         }
+        let mut sealed_bytes = 0;
+        for (seg, f) in &files {
+            if *seg != state.seg {
+                sealed_bytes += f.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
         segments.replace(|map| *map = files);
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -298,6 +306,7 @@ impl Appender {
             unsynced: BTreeSet::from([state.seg]),
             dir_unsynced: true,
             live: state.live,
+            sealed_bytes,
         })
     }
 
@@ -367,6 +376,7 @@ impl Appender {
         if self.buf.capacity() > 4 * 1024 * 1024 {
             self.buf = Vec::new();
         }
+        self.publish();
         Ok(())
     }
 
@@ -381,6 +391,7 @@ impl Appender {
         self.segments.replace(|map| {
             map.insert(next, file.clone());
         });
+        self.sealed_bytes += self.end;
         self.seg = next;
         self.file = file;
         self.end = 0;
@@ -424,6 +435,17 @@ impl Appender {
         self.live = live;
     }
 
+    /// Publishes the log's size, what of it is live and its segments as
+    /// gauges (once per group written, and at each redb commit).
+    pub fn publish(&self) {
+        let end = self.end + self.buf.len() as u64;
+        metrics::gauge!("kshard_storage_value_log_bytes").set((self.sealed_bytes + end) as f64);
+        let live: u64 = self.live.values().sum();
+        metrics::gauge!("kshard_storage_value_log_live_bytes").set(live as f64);
+        let segments = self.segments.files().len();
+        metrics::gauge!("kshard_storage_value_log_segments").set(segments as f64);
+    }
+
     /// Sealed segments worth collecting: less than half their bytes live.
     pub fn sparse(&self) -> Vec<u32> {
         let files = self.segments.files();
@@ -443,7 +465,13 @@ impl Appender {
     /// pointers into them). Returns how many went.
     pub fn remove_segments(&mut self, segs: &[u32]) -> Result<usize, StorageError> {
         let dead: Vec<u32> = segs.iter().copied().filter(|s| *s != self.seg).collect();
+        let files = self.segments.files();
         for seg in &dead {
+            let size = files
+                .get(seg)
+                .and_then(|f| f.metadata().ok())
+                .map_or(0, |m| m.len());
+            self.sealed_bytes = self.sealed_bytes.saturating_sub(size);
             match std::fs::remove_file(segment_path(&self.dir, *seg)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => {
                     return Err(io_err(&format!("removing segment {seg}"), e))
