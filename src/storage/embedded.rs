@@ -32,7 +32,7 @@ use std::sync::Mutex;
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::engine::{Engine, ReadTxn, Visitor, WriteFn, WriteTxn};
+use super::engine::{Engine, LengthVisitor, ReadTxn, Visitor, WriteFn, WriteTxn};
 use super::vlog::{self, Appender, Segments};
 use super::wal::{self, OpRef, Payload, Wal};
 use super::StorageError;
@@ -708,6 +708,24 @@ impl ReadTxn for Reader {
     }
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError> {
         scan_table(&self.table, &self.files, start, end, visit)
+    }
+    fn scan_lengths(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut LengthVisitor<'_>,
+    ) -> Result<(), StorageError> {
+        for entry in self.table.range::<&[u8]>(start..end).map_err(engine_err)? {
+            let (k, v) = entry.map_err(engine_err)?;
+            let len = match vlog::stored(v.value())? {
+                vlog::Stored::Inline(value) => value.len(),
+                vlog::Stored::Pointer(p) => p.len as usize,
+            };
+            if visit(k.value(), len).is_break() {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -21,7 +21,20 @@ pub trait ReadTxn {
     }
     /// Visits `[start, end)` in key order until `visit` breaks.
     fn scan(&self, start: &[u8], end: &[u8], visit: &mut Visitor<'_>) -> Result<(), StorageError>;
+    /// As `scan`, with each value's length only: an engine that keeps
+    /// values apart from their keys (the embedded value log) reads none.
+    fn scan_lengths(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut LengthVisitor<'_>,
+    ) -> Result<(), StorageError> {
+        self.scan(start, end, &mut |k, v| visit(k, v.len()))
+    }
 }
+
+/// Called per entry of a `scan_lengths` with the value's length.
+pub type LengthVisitor<'a> = dyn FnMut(&[u8], usize) -> ControlFlow<()> + 'a;
 
 /// A read-write transaction; its reads see its own writes.
 pub trait WriteTxn: ReadTxn {

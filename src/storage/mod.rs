@@ -656,29 +656,18 @@ fn list_at(
             false
         }
     };
-    // Past the page without a filter: the newest version's liveness per key.
-    let mut counting: Option<(String, bool)> = None;
-    let mut counted = 0u64;
+    // Past the page without a filter only the newest version's liveness
+    // per key matters: the scan stops where that begins and a second one,
+    // of lengths only, counts (an engine with a value log reads no value).
+    let mut resume_at: Option<Vec<u8>> = None;
     r.scan(&start, &end, &mut |k, v| {
         let Some((key, rev)) = keys::parse_version(k) else {
             error = Some(StorageError::Corrupt("bad version key".into()));
             return ControlFlow::Break(());
         };
-        if counting.is_some() || (current.is_none() && full(&items) && count_rest) {
-            match &mut counting {
-                Some((ck, live)) if ck == key => {
-                    if rev <= revision {
-                        *live = !v.is_empty();
-                    }
-                }
-                _ => {
-                    if let Some((_, true)) = counting.take() {
-                        counted += 1;
-                    }
-                    counting = Some((key.to_string(), rev <= revision && !v.is_empty()));
-                }
-            }
-            return ControlFlow::Continue(());
+        if current.is_none() && full(&items) && count_rest {
+            resume_at = Some(k.to_vec());
+            return ControlFlow::Break(());
         }
         match &mut current {
             Some((ck, cv)) if ck == key => {
@@ -693,8 +682,8 @@ fn list_at(
                     }
                 }
                 if full(&items) && count_rest {
-                    counting = Some((key.to_string(), rev <= revision && !v.is_empty()));
-                    return ControlFlow::Continue(());
+                    resume_at = Some(k.to_vec());
+                    return ControlFlow::Break(());
                 }
                 current = Some((key.to_string(), (rev <= revision).then(|| v.to_vec())));
             }
@@ -707,8 +696,35 @@ fn list_at(
     if let Some((ck, cv)) = current.take() {
         finish_key(ck, cv, &mut items);
     }
-    if let Some((_, true)) = counting.take() {
-        counted += 1;
+    let mut counted = 0u64;
+    if let Some(from) = resume_at {
+        let mut counting: Option<(String, bool)> = None;
+        r.scan_lengths(&from, &end, &mut |k, len| {
+            let Some((key, rev)) = keys::parse_version(k) else {
+                error = Some(StorageError::Corrupt("bad version key".into()));
+                return ControlFlow::Break(());
+            };
+            match &mut counting {
+                Some((ck, live)) if ck == key => {
+                    if rev <= revision {
+                        *live = len > 0;
+                    }
+                }
+                _ => {
+                    if let Some((_, true)) = counting.take() {
+                        counted += 1;
+                    }
+                    counting = Some((key.to_string(), rev <= revision && len > 0));
+                }
+            }
+            ControlFlow::Continue(())
+        })?;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        if let Some((_, true)) = counting.take() {
+            counted += 1;
+        }
     }
     remaining += counted;
     if remaining > 0 {
