@@ -24,11 +24,10 @@
 //! gone, without a restart.
 
 use std::cell::{Cell, RefCell};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
-
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
@@ -200,7 +199,7 @@ impl Embedded {
             return Ok(db.clone());
         }
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(StorageError::Unavailable("the store is closed".into()));
+            return Err(closed());
         }
         // Only a failure gave the database up: opening it again (a full
         // disk still full) is the store's I/O error too.
@@ -235,6 +234,46 @@ impl Embedded {
         *slot = None;
         self.has_pending.store(false, Ordering::Release);
         *self.db.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The writer's lock, with the last write's changes settled (a change
+    /// reads the table), and the pending redb transaction taken out of it:
+    /// begun when there is none.
+    fn lock_pending(
+        &self,
+        db: &Database,
+    ) -> Result<(MutexGuard<'_, Option<Durable>>, Pending), StorageError> {
+        let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+        self.settle_locked(&mut slot)?;
+        let durable = slot.as_mut().ok_or_else(closed)?;
+        let pending = match durable.pending.take() {
+            Some(p) => p,
+            None => {
+                let txn = db.begin_write().map_err(|e| self.failed(e))?;
+                Pending::begin(txn, &durable.vlog)?
+            }
+        };
+        Ok((slot, pending))
+    }
+
+    /// Gives up a change that was not logged. Its transaction is aborted,
+    /// unless it also holds earlier, acknowledged groups: aborting would
+    /// lose them with it, so the database is reopened instead, which
+    /// replays them from the log.
+    fn discard(
+        &self,
+        slot: &mut Option<Durable>,
+        mut pending: Pending,
+    ) -> Result<(), StorageError> {
+        if pending.groups > 0 {
+            drop(pending);
+            self.reopen_later(slot);
+            return Ok(());
+        }
+        if let Some(durable) = slot.as_mut() {
+            durable.vlog.restore_live(std::mem::take(&mut pending.live));
+        }
+        pending.txn.abort().map_err(|e| self.failed(e))
     }
 
     /// Puts the last write's unsettled changes into the pending redb
@@ -343,18 +382,8 @@ impl Embedded {
     /// points there; returns how many.
     fn relocate(&self, entries: &[vlog::Entry]) -> Result<usize, StorageError> {
         let db = self.db()?;
-        let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
-        self.settle_locked(&mut slot)?;
-        let Some(durable) = slot.as_mut() else {
-            return Err(StorageError::Unavailable("the store is closed".into()));
-        };
-        let mut pending = match durable.pending.take() {
-            Some(p) => p,
-            None => {
-                let txn = db.begin_write().map_err(|e| self.failed(e))?;
-                Pending::begin(txn, &durable.vlog)?
-            }
-        };
+        let (mut slot, mut pending) = self.lock_pending(&db)?;
+        let durable = slot.as_mut().ok_or_else(closed)?;
         let values = &mut durable.vlog;
         let copied = (|| {
             let mut table = pending.txn.open_table(KV).map_err(engine_err)?;
@@ -400,6 +429,10 @@ impl Embedded {
             }
         }
     }
+}
+
+fn closed() -> StorageError {
+    StorageError::Unavailable("the store is closed".into())
 }
 
 /// The database file's name in a data directory.
@@ -674,6 +707,23 @@ struct Reader {
     files: vlog::Files,
 }
 
+/// Visits the stored form (inline value or pointer) of each entry of
+/// `table` in `start..end`, in key order, until `visit` breaks.
+fn walk_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
+    table: &T,
+    start: &[u8],
+    end: &[u8],
+    mut visit: impl FnMut(&[u8], vlog::Stored<'_>) -> Result<ControlFlow<()>, StorageError>,
+) -> Result<(), StorageError> {
+    for entry in table.range::<&[u8]>(start..end).map_err(engine_err)? {
+        let (k, v) = entry.map_err(engine_err)?;
+        if visit(k.value(), vlog::stored(v.value())?)?.is_break() {
+            break;
+        }
+    }
+    Ok(())
+}
+
 fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
     table: &T,
     files: &vlog::Files,
@@ -682,21 +732,16 @@ fn scan_table<T: ReadableTable<&'static [u8], &'static [u8]>>(
     visit: &mut Visitor<'_>,
 ) -> Result<(), StorageError> {
     let mut buf = Vec::new();
-    for entry in table.range::<&[u8]>(start..end).map_err(engine_err)? {
-        let (k, v) = entry.map_err(engine_err)?;
-        let raw = v.value();
-        let value = match vlog::stored(raw)? {
+    walk_table(table, start, end, |key, stored| {
+        let value = match stored {
             vlog::Stored::Inline(value) => value,
             vlog::Stored::Pointer(p) => {
                 vlog::read(files, p, &mut buf)?;
                 &buf
             }
         };
-        if visit(k.value(), value).is_break() {
-            break;
-        }
-    }
-    Ok(())
+        Ok(visit(key, value))
+    })
 }
 
 impl ReadTxn for Reader {
@@ -715,17 +760,16 @@ impl ReadTxn for Reader {
         end: &[u8],
         visit: &mut LengthVisitor<'_>,
     ) -> Result<(), StorageError> {
-        for entry in self.table.range::<&[u8]>(start..end).map_err(engine_err)? {
-            let (k, v) = entry.map_err(engine_err)?;
-            let len = match vlog::stored(v.value())? {
-                vlog::Stored::Inline(value) => value.len(),
-                vlog::Stored::Pointer(p) => p.len as usize,
-            };
-            if visit(k.value(), len).is_break() {
-                break;
-            }
-        }
-        Ok(())
+        // A pointer holds the value's length: nothing is read from the log.
+        walk_table(&self.table, start, end, |key, stored| {
+            Ok(visit(
+                key,
+                match stored {
+                    vlog::Stored::Inline(value) => value.len(),
+                    vlog::Stored::Pointer(p) => p.len as usize,
+                },
+            ))
+        })
     }
 }
 
@@ -888,19 +932,8 @@ impl Engine for Embedded {
     fn write(&self, f: &mut WriteFn<'_>) -> Result<(), StorageError> {
         let db = self.db()?;
         // One writer at a time, as redb has anyway; the log follows its order.
-        let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
-        // This write reads the table: the last one's changes go in first.
-        self.settle_locked(&mut slot)?;
-        let Some(durable) = slot.as_mut() else {
-            return Err(StorageError::Unavailable("the store is closed".into()));
-        };
-        let mut pending = match durable.pending.take() {
-            Some(p) => p,
-            None => {
-                let txn = db.begin_write().map_err(|e| self.failed(e))?;
-                Pending::begin(txn, &durable.vlog)?
-            }
-        };
+        let (mut slot, mut pending) = self.lock_pending(&db)?;
+        let durable = slot.as_mut().ok_or_else(closed)?;
         let applied = {
             match pending.txn.open_table(KV) {
                 Err(e) => Err(self.failed(e)),
@@ -919,18 +952,10 @@ impl Engine for Embedded {
         let (mut log, in_table) = match applied {
             Ok(written) => written,
             Err(e) => {
-                if pending.groups > 0 {
-                    // Aborting would lose the earlier, acknowledged records
-                    // with this one's: they come back from the log instead.
-                    drop(pending);
-                    self.reopen_later(&mut slot);
-                } else {
-                    if matches!(e, StorageError::Unavailable(_)) {
-                        *self.db.write().unwrap_or_else(|p| p.into_inner()) = None;
-                    }
-                    durable.vlog.restore_live(std::mem::take(&mut pending.live));
-                    pending.txn.abort().map_err(|e| self.failed(e))?;
+                if pending.groups == 0 && matches!(e, StorageError::Unavailable(_)) {
+                    *self.db.write().unwrap_or_else(|p| p.into_inner()) = None;
                 }
+                self.discard(&mut slot, pending)?;
                 return Err(e);
             }
         };
@@ -942,13 +967,7 @@ impl Engine for Embedded {
             // Not acknowledged: the next record is written over whatever part
             // of it reached the file. redb's copy must go too.
             tracing::error!(error = %e, "write-ahead log append failed");
-            if pending.groups > 0 {
-                drop(pending);
-                self.reopen_later(&mut slot);
-            } else {
-                durable.vlog.restore_live(std::mem::take(&mut pending.live));
-                pending.txn.abort().map_err(|e| self.failed(e))?;
-            }
+            self.discard(&mut slot, pending)?;
             return Err(match e {
                 wal::AppendError::NotWritten(e) => {
                     StorageError::Unavailable(format!("storage I/O error: {e}"))
@@ -1071,7 +1090,6 @@ fn txn_err(e: redb::StorageError) -> StorageError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ops::ControlFlow;
 
     fn put(e: &Embedded, k: &str, v: &[u8]) {
         e.write(&mut |txn| txn.put(k.as_bytes(), v)).expect("write");
