@@ -1242,16 +1242,18 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
 
 /// Creates/s at c=16 without watchers, then with `watchers` watching the
 /// same resource over HTTP/2 (the watchers only drain their streams),
-/// `rounds` times interleaved; the medians of each.
+/// `rounds` times interleaved; the medians of each, and the bytes of watch
+/// body the watchers received per create in the median watched round.
 async fn watched_creates(
     kubeconfig: &Path,
     pid: u32,
     watchers: usize,
     secs: f64,
     rounds: usize,
-) -> (Round, Round) {
+) -> (Round, Round, f64) {
     const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/watched/widgets";
     let (mut alone, mut watched) = (Vec::new(), Vec::new());
+    let received = Arc::new(AtomicU64::new(0));
     for r in 0..rounds {
         progress(&format!(
             "watched {}/{rounds}: creates at c=16 for {secs} s without watchers…",
@@ -1262,22 +1264,118 @@ async fn watched_creates(
         a.cpu_us_per_op = cpu_us_per_op(pid, cpu, &a);
         a.client_us_per_op = cpu_us_per_op(std::process::id(), own, &a);
         alone.push(a);
-        let streams = open_watchers(kubeconfig, NS, watchers).await;
+        let streams = open_watchers(kubeconfig, NS, watchers, received.clone()).await;
         progress(&format!(
             "watched {}/{rounds}: creates at c=16 for {secs} s with {watchers} watchers…",
             r + 1
         ));
         let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
+        let bytes = received.load(Ordering::Relaxed);
         let mut w = kshard_creates(kubeconfig, NS, 16, secs, &format!("watched{r}")).await;
         w.cpu_us_per_op = cpu_us_per_op(pid, cpu, &w);
         // The watchers' draining is the client's too.
         w.client_us_per_op = cpu_us_per_op(std::process::id(), own, &w);
-        watched.push(w);
+        let per_create = (received.load(Ordering::Relaxed) - bytes) as f64 / w.ops.max(1) as f64;
+        watched.push((w, per_create));
         for t in streams {
             t.abort();
         }
     }
-    (median_round(alone), median_round(watched))
+    watched.sort_by(|a, b| a.0.ops_per_sec.total_cmp(&b.0.ops_per_sec));
+    let (w, per_create) = watched.swap_remove(watched.len() / 2);
+    (median_round(alone), w, per_create)
+}
+
+/// What moving watch bytes costs this machine at the least: one TLS 1.3
+/// connection over loopback with kshard's certificate and cipher
+/// (AES-128-GCM), one end writing 32 KiB at a time (as kshard's HTTP/2
+/// connections write) and the other reading through the watchers' large
+/// buffer and discarding, both in this process for `secs`. The CPU of
+/// both ends, the kernel's included, per KiB moved: the encryption, the
+/// loopback and the decryption every delivered byte costs, without HTTP/2,
+/// JSON or a watch.
+async fn tls_floor_us_per_kib(data: &Path, secs: f64) -> f64 {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = data.join("pki");
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(pki.join("server.crt"))
+        .expect("server cert")
+        .map(|c| c.expect("pem"))
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(pki.join("server.key")).expect("server key");
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .retain(|s| s.suite() == rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let (start_tx, start_rx) = tokio::sync::oneshot::channel::<()>();
+    let writer = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let _ = tcp.set_nodelay(true);
+        let mut tls = acceptor.accept(tcp).await.expect("tls accept");
+        let _ = start_rx.await;
+        let chunk = vec![b'x'; 32 * 1024];
+        let until = Instant::now() + Duration::from_secs_f64(secs);
+        while Instant::now() < until {
+            if tls.write_all(&chunk).await.is_err() || tls.flush().await.is_err() {
+                break;
+            }
+        }
+        let _ = tls.shutdown().await;
+    });
+    let mut tls = admin_tls(data, &addr, b"h2").await;
+    let cpu = cpu_seconds(std::process::id());
+    let _ = start_tx.send(());
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut moved = 0u64;
+    while let Ok(n @ 1..) = tls.read(&mut buf).await {
+        moved += n as u64;
+    }
+    let spent = cpu_seconds(std::process::id()) - cpu;
+    let _ = writer.await;
+    spent * 1e6 / (moved as f64 / 1024.0).max(1.0)
+}
+
+/// Watched creates against what the bytes alone allow on this machine.
+struct WatchedBound {
+    /// Watch body bytes the watchers received per create.
+    kib_per_create: f64,
+    /// The CPU (server and client) a create took with the watchers beyond
+    /// what it took alone: what delivering its events cost.
+    delivery_us_per_create: f64,
+    floor_us_per_kib: f64,
+    /// Creates/s were every core busy and delivery cost only its bytes'
+    /// floor: an upper bound, whatever the delivery path.
+    ceiling_per_sec: f64,
+}
+
+impl WatchedBound {
+    fn new(alone: &Round, watched: &Round, bytes_per_create: f64, floor_us_per_kib: f64) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let kib_per_create = bytes_per_create / 1024.0;
+        let alone_us = alone.cpu_us_per_op + alone.client_us_per_op;
+        Self {
+            kib_per_create,
+            delivery_us_per_create: watched.cpu_us_per_op + watched.client_us_per_op - alone_us,
+            floor_us_per_kib,
+            ceiling_per_sec: cores * 1e6 / (alone_us + kib_per_create * floor_us_per_kib).max(1e-9),
+        }
+    }
+
+    fn floor_us_per_create(&self) -> f64 {
+        self.kib_per_create * self.floor_us_per_kib
+    }
 }
 
 /// The round of median throughput.
@@ -1296,6 +1394,7 @@ async fn open_watchers(
     kubeconfig: &Path,
     collection: &'static str,
     watchers: usize,
+    received: Arc<AtomicU64>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let client = common::client_for(kubeconfig).await;
     let req = http::Request::get(format!("{collection}?limit=1"))
@@ -1320,6 +1419,7 @@ async fn open_watchers(
     for (c, send) in senders.into_iter().enumerate() {
         let streams = watchers / conns + usize::from(c < watchers % conns);
         let ready = ready_tx.clone();
+        let received = received.clone();
         let url = format!(
             "https://localhost{collection}?watch=1&timeoutSeconds=600&resourceVersion={rv}"
         );
@@ -1343,9 +1443,14 @@ async fn open_watchers(
             while let Some(resp) = opening.next().await {
                 let Some(resp) = resp else { continue };
                 let _ = ready.send(()).await;
+                let received = &received;
                 draining.push(async move {
                     let mut body = resp.into_body();
-                    while let Some(Ok(_)) = body.frame().await {}
+                    while let Some(Ok(frame)) = body.frame().await {
+                        if let Some(data) = frame.data_ref() {
+                            received.fetch_add(data.len() as u64, Ordering::Relaxed);
+                        }
+                    }
                 });
             }
             drop(ready);
@@ -1484,6 +1589,7 @@ fn plot(
     memory: &[MemoryPoint],
     growth: Option<(f64, f64)>,
     fan: &FanOut,
+    watched: Option<(f64, f64)>,
 ) -> String {
     let mem_ratio = memory.iter().map(MemoryPoint::ratio).fold(0.0, f64::max);
     let (w, h, left, bottom) = (960.0, 320.0, 60.0, 260.0);
@@ -1540,14 +1646,18 @@ fn plot(
 <text x=\"660\" y=\"60\" font-size=\"13\">memory above base ÷ JSON:</text>{mem_lines}\
 <text x=\"660\" y=\"164\" font-size=\"13\">fan-out to {} watchers:</text>\
 <text x=\"660\" y=\"184\" font-size=\"13\">p50 {:.1} ms, p99 {:.1} ms</text>\
-<text x=\"660\" y=\"204\" font-size=\"13\">{:.2} µs CPU per delivered event</text></svg>",
+<text x=\"660\" y=\"204\" font-size=\"13\">{:.2} µs CPU per delivered event</text>{}</svg>",
         left + 570.0,
         left + 510.0,
         one - 4.0,
         fan.watchers,
         fan.p50_ms,
         fan.p99_ms,
-        fan.cpu_us_per_delivery
+        fan.cpu_us_per_delivery,
+        watched.map_or(String::new(), |(ratio, ceiling)| format!(
+            "<text x=\"660\" y=\"236\" font-size=\"13\">creates with 100 watchers: {ratio:.2}× alone</text>\
+<text x=\"660\" y=\"256\" font-size=\"13\">(the bytes' TLS floor allows ≤ {ceiling:.2}×)</text>"
+        ))
     )
 }
 
@@ -1911,7 +2021,8 @@ async fn run() {
 
     let watched = if wanted("watched") {
         let watchers = if smoke() { 10 } else { 100 };
-        let (alone, watched) = watched_creates(&kubeconfig, pid, watchers, secs, rounds).await;
+        let (alone, watched, bytes_per_create) =
+            watched_creates(&kubeconfig, pid, watchers, secs, rounds).await;
         println!(
             "watched creates at c=16: {:.0}/s alone, {:.0}/s with {watchers} watchers ({:.2}×); server CPU per create {:.0} / {:.0} µs, client {:.0} / {:.0} µs",
             alone.ops_per_sec,
@@ -1922,7 +2033,19 @@ async fn run() {
             alone.client_us_per_op,
             watched.client_us_per_op,
         );
-        Some((alone, watched))
+        progress("the bytes' floor: TLS over loopback, both ends in this process…");
+        let floor = tls_floor_us_per_kib(&data, if smoke() { 1.0 } else { 5.0 }).await;
+        let bound = WatchedBound::new(&alone, &watched, bytes_per_create, floor);
+        println!(
+            "watched creates: {:.0} KiB of events per create cost {:.0} µs of CPU (server + client) over a create alone; moving those bytes costs {:.0} µs at least here ({:.3} µs/KiB: TLS both ends and loopback), so with every core busy at most {:.0} creates/s ({:.2}× alone)",
+            bound.kib_per_create,
+            bound.delivery_us_per_create,
+            bound.floor_us_per_create(),
+            bound.floor_us_per_kib,
+            bound.ceiling_per_sec,
+            bound.ceiling_per_sec / alone.ops_per_sec.max(1e-9),
+        );
+        Some((alone, watched, bound))
     } else {
         None
     };
@@ -1961,13 +2084,19 @@ async fn run() {
                    "base_rss_bytes": m.base_rss, "ratio_above_base": m.ratio(),
                    "ratio_with_history": m.ratio_with_history(),
                    "bytes_per_object": m.bytes_per_object()})).collect::<Vec<_>>(),
-        "watched_creates": watched.as_ref().map(|(a, w)| json!({
+        "watched_creates": watched.as_ref().map(|(a, w, b)| json!({
             "clients": 16, "watchers": if smoke() { 10 } else { 100 },
             "alone_per_sec": a.ops_per_sec, "watched_per_sec": w.ops_per_sec,
             "ratio": w.ops_per_sec / a.ops_per_sec.max(1e-9),
             "alone_cpu_us_per_create": a.cpu_us_per_op, "watched_cpu_us_per_create": w.cpu_us_per_op,
             "alone_client_cpu_us_per_create": a.client_us_per_op,
-            "watched_client_cpu_us_per_create": w.client_us_per_op})),
+            "watched_client_cpu_us_per_create": w.client_us_per_op,
+            "event_kib_per_create": b.kib_per_create,
+            "delivery_cpu_us_per_create": b.delivery_us_per_create,
+            "tls_floor_us_per_kib": b.floor_us_per_kib,
+            "tls_floor_us_per_create": b.floor_us_per_create(),
+            "ceiling_per_sec": b.ceiling_per_sec,
+            "ceiling_ratio": b.ceiling_per_sec / a.ops_per_sec.max(1e-9)})),
         "list": lists.map(|(l, s, cpu, p)| json!({"objects": list_n, "list_ms": l, "serde_ms": s, "ratio": l / s.max(1e-9),
             "server_cpu_ms_per_list": cpu,
             "pages_of_500": {"pages": p.pages, "first_ms": p.first_ms, "middle_ms": p.middle_ms, "last_full_ms": p.last_ms}})),
@@ -1990,7 +2119,16 @@ async fn run() {
     .expect("write json");
     std::fs::write(
         target.join(format!("{name}.svg")),
-        plot(&ratios, &memory, growth, &fan),
+        plot(
+            &ratios,
+            &memory,
+            growth,
+            &fan,
+            watched.as_ref().map(|(a, w, b)| {
+                let alone = a.ops_per_sec.max(1e-9);
+                (w.ops_per_sec / alone, b.ceiling_per_sec / alone)
+            }),
+        ),
     )
     .expect("write svg");
     progress(&format!(
