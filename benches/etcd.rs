@@ -907,7 +907,12 @@ async fn stored_json(client: &kube::Client) -> (usize, u64) {
 // ------------------------------------------------------------------ fan-out
 
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// User and system CPU seconds from a `stat` file of /proc (a process's or a thread's).
+fn stat_cpu_seconds(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks: f64 = [11usize, 12]
@@ -1289,12 +1294,12 @@ async fn watched_creates(
 /// What moving watch bytes costs this machine at the least: one TLS 1.3
 /// connection over loopback with kshard's certificate and cipher
 /// (AES-128-GCM), one end writing 32 KiB at a time (as kshard's HTTP/2
-/// connections write) and the other reading through the watchers' large
-/// buffer and discarding, both in this process for `secs`. The CPU of
-/// both ends, the kernel's included, per KiB moved: the encryption, the
-/// loopback and the decryption every delivered byte costs, without HTTP/2,
-/// JSON or a watch.
-async fn tls_floor_us_per_kib(data: &Path, secs: f64) -> f64 {
+/// connections write) on a thread of its own, the other reading through
+/// the watchers' large buffer and discarding, for `secs`. The CPU of each
+/// end, the kernel's included, per KiB moved: the encryption, the loopback
+/// and the decryption every delivered byte costs, without HTTP/2, JSON or
+/// a watch.
+async fn tls_floor(data: &Path, secs: f64) -> TlsFloor {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1315,24 +1320,33 @@ async fn tls_floor_us_per_kib(data: &Path, secs: f64) -> f64 {
         .with_single_cert(chain, key)
         .expect("server config");
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
     let addr = listener.local_addr().expect("addr").to_string();
     let (start_tx, start_rx) = tokio::sync::oneshot::channel::<()>();
-    let writer = tokio::spawn(async move {
-        let (tcp, _) = listener.accept().await.expect("accept");
-        let _ = tcp.set_nodelay(true);
-        let mut tls = acceptor.accept(tcp).await.expect("tls accept");
-        let _ = start_rx.await;
-        let chunk = vec![b'x'; 32 * 1024];
-        let until = Instant::now() + Duration::from_secs_f64(secs);
-        while Instant::now() < until {
-            if tls.write_all(&chunk).await.is_err() || tls.flush().await.is_err() {
-                break;
+    // The writing end's CPU is its thread's.
+    let writer = std::thread::spawn(move || -> f64 {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let _ = tcp.set_nodelay(true);
+            let mut tls = acceptor.accept(tcp).await.expect("tls accept");
+            let _ = start_rx.await;
+            let cpu = stat_cpu_seconds("/proc/thread-self/stat");
+            let chunk = vec![b'x'; 32 * 1024];
+            let until = Instant::now() + Duration::from_secs_f64(secs);
+            while Instant::now() < until {
+                if tls.write_all(&chunk).await.is_err() || tls.flush().await.is_err() {
+                    break;
+                }
             }
-        }
-        let _ = tls.shutdown().await;
+            let _ = tls.shutdown().await;
+            stat_cpu_seconds("/proc/thread-self/stat") - cpu
+        })
     });
     let mut tls = admin_tls(data, &addr, b"h2").await;
     let cpu = cpu_seconds(std::process::id());
@@ -1342,9 +1356,27 @@ async fn tls_floor_us_per_kib(data: &Path, secs: f64) -> f64 {
     while let Ok(n @ 1..) = tls.read(&mut buf).await {
         moved += n as u64;
     }
-    let spent = cpu_seconds(std::process::id()) - cpu;
-    let _ = writer.await;
-    spent * 1e6 / (moved as f64 / 1024.0).max(1.0)
+    let both = cpu_seconds(std::process::id()) - cpu;
+    let writing = tokio::task::spawn_blocking(move || writer.join().unwrap_or(0.0))
+        .await
+        .unwrap_or(0.0);
+    let kib = (moved as f64 / 1024.0).max(1.0);
+    TlsFloor {
+        writer_us_per_kib: writing * 1e6 / kib,
+        reader_us_per_kib: (both - writing).max(0.0) * 1e6 / kib,
+    }
+}
+
+/// [`tls_floor`]'s figures: CPU per KiB moved at each end.
+struct TlsFloor {
+    writer_us_per_kib: f64,
+    reader_us_per_kib: f64,
+}
+
+impl TlsFloor {
+    fn us_per_kib(&self) -> f64 {
+        self.writer_us_per_kib + self.reader_us_per_kib
+    }
 }
 
 /// Watched creates against what the bytes alone allow on this machine.
@@ -1354,6 +1386,9 @@ struct WatchedBound {
     /// The CPU (server and client) a create took with the watchers beyond
     /// what it took alone: what delivering its events cost.
     delivery_us_per_create: f64,
+    /// The server's part of it.
+    server_delivery_us_per_create: f64,
+    floor: TlsFloor,
     floor_us_per_kib: f64,
     /// Creates/s were every core busy and delivery cost only its bytes'
     /// floor: an upper bound, whatever the delivery path.
@@ -1361,13 +1396,16 @@ struct WatchedBound {
 }
 
 impl WatchedBound {
-    fn new(alone: &Round, watched: &Round, bytes_per_create: f64, floor_us_per_kib: f64) -> Self {
+    fn new(alone: &Round, watched: &Round, bytes_per_create: f64, floor: TlsFloor) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         let kib_per_create = bytes_per_create / 1024.0;
         let alone_us = alone.cpu_us_per_op + alone.client_us_per_op;
+        let floor_us_per_kib = floor.us_per_kib();
         Self {
             kib_per_create,
             delivery_us_per_create: watched.cpu_us_per_op + watched.client_us_per_op - alone_us,
+            server_delivery_us_per_create: watched.cpu_us_per_op - alone.cpu_us_per_op,
+            floor,
             floor_us_per_kib,
             ceiling_per_sec: cores * 1e6 / (alone_us + kib_per_create * floor_us_per_kib).max(1e-9),
         }
@@ -1590,6 +1628,7 @@ fn plot(
     growth: Option<(f64, f64)>,
     fan: &FanOut,
     watched: Option<(f64, f64)>,
+    disk: &[(usize, f64, f64)],
 ) -> String {
     let mem_ratio = memory.iter().map(MemoryPoint::ratio).fold(0.0, f64::max);
     let (w, h, left, bottom) = (960.0, 320.0, 60.0, 260.0);
@@ -1646,7 +1685,7 @@ fn plot(
 <text x=\"660\" y=\"60\" font-size=\"13\">memory above base ÷ JSON:</text>{mem_lines}\
 <text x=\"660\" y=\"164\" font-size=\"13\">fan-out to {} watchers:</text>\
 <text x=\"660\" y=\"184\" font-size=\"13\">p50 {:.1} ms, p99 {:.1} ms</text>\
-<text x=\"660\" y=\"204\" font-size=\"13\">{:.2} µs CPU per delivered event</text>{}</svg>",
+<text x=\"660\" y=\"204\" font-size=\"13\">{:.2} µs CPU per delivered event</text>{}{}</svg>",
         left + 570.0,
         left + 510.0,
         one - 4.0,
@@ -1657,7 +1696,24 @@ fn plot(
         watched.map_or(String::new(), |(ratio, ceiling)| format!(
             "<text x=\"660\" y=\"236\" font-size=\"13\">creates with 100 watchers: {ratio:.2}× alone</text>\
 <text x=\"660\" y=\"256\" font-size=\"13\">(the bytes' TLS floor allows ≤ {ceiling:.2}×)</text>"
-        ))
+        )),
+        disk_lines(disk)
+    )
+}
+
+/// The disks' writes per create against etcd's per put, by concurrency.
+fn disk_lines(disk: &[(usize, f64, f64)]) -> String {
+    if disk.is_empty() {
+        return String::new();
+    }
+    let join =
+        |f: fn(&(usize, f64, f64)) -> String| disk.iter().map(f).collect::<Vec<_>>().join(" / ");
+    format!(
+        "<text x=\"660\" y=\"288\" font-size=\"13\">disk writes per create at c={}:</text>\
+<text x=\"660\" y=\"308\" font-size=\"13\">{} KB (etcd's per put {} KB)</text>",
+        join(|d| d.0.to_string()),
+        join(|d| format!("{:.1}", d.1 / 1e3)),
+        join(|d| format!("{:.1}", d.2 / 1e3)),
     )
 }
 
@@ -2034,14 +2090,17 @@ async fn run() {
             watched.client_us_per_op,
         );
         progress("the bytes' floor: TLS over loopback, both ends in this process…");
-        let floor = tls_floor_us_per_kib(&data, if smoke() { 1.0 } else { 5.0 }).await;
+        let floor = tls_floor(&data, if smoke() { 1.0 } else { 5.0 }).await;
         let bound = WatchedBound::new(&alone, &watched, bytes_per_create, floor);
         println!(
-            "watched creates: {:.0} KiB of events per create cost {:.0} µs of CPU (server + client) over a create alone; moving those bytes costs {:.0} µs at least here ({:.3} µs/KiB: TLS both ends and loopback), so with every core busy at most {:.0} creates/s ({:.2}× alone)",
+            "watched creates: {:.0} KiB of events per create cost {:.0} µs of CPU (server + client; the server's {:.0}) over a create alone; moving those bytes costs {:.0} µs at least here ({:.3} µs/KiB: TLS and loopback, {:.3} the writing end, {:.3} the reading end), so with every core busy at most {:.0} creates/s ({:.2}× alone)",
             bound.kib_per_create,
             bound.delivery_us_per_create,
+            bound.server_delivery_us_per_create,
             bound.floor_us_per_create(),
             bound.floor_us_per_kib,
+            bound.floor.writer_us_per_kib,
+            bound.floor.reader_us_per_kib,
             bound.ceiling_per_sec,
             bound.ceiling_per_sec / alone.ops_per_sec.max(1e-9),
         );
@@ -2093,7 +2152,10 @@ async fn run() {
             "watched_client_cpu_us_per_create": w.client_us_per_op,
             "event_kib_per_create": b.kib_per_create,
             "delivery_cpu_us_per_create": b.delivery_us_per_create,
+            "server_delivery_cpu_us_per_create": b.server_delivery_us_per_create,
             "tls_floor_us_per_kib": b.floor_us_per_kib,
+            "tls_floor_writer_us_per_kib": b.floor.writer_us_per_kib,
+            "tls_floor_reader_us_per_kib": b.floor.reader_us_per_kib,
             "tls_floor_us_per_create": b.floor_us_per_create(),
             "ceiling_per_sec": b.ceiling_per_sec,
             "ceiling_ratio": b.ceiling_per_sec / a.ops_per_sec.max(1e-9)})),
@@ -2128,6 +2190,14 @@ async fn run() {
                 let alone = a.ops_per_sec.max(1e-9);
                 (w.ops_per_sec / alone, b.ceiling_per_sec / alone)
             }),
+            &results
+                .iter()
+                .filter_map(|(m, _)| {
+                    let k = m.best_kshard()?.1.disk_bytes_per_op;
+                    let e = m.best_etcd()?.1.disk_bytes_per_op;
+                    Some((m.clients, k, e))
+                })
+                .collect::<Vec<_>>(),
         ),
     )
     .expect("write svg");
