@@ -1269,7 +1269,7 @@ async fn watched_creates(
         a.cpu_us_per_op = cpu_us_per_op(pid, cpu, &a);
         a.client_us_per_op = cpu_us_per_op(std::process::id(), own, &a);
         alone.push(a);
-        let streams = open_watchers(kubeconfig, NS, watchers, received.clone()).await;
+        let streams = WatcherThread::open(kubeconfig, NS, watchers, received.clone()).await;
         progress(&format!(
             "watched {}/{rounds}: creates at c=16 for {secs} s with {watchers} watchers…",
             r + 1
@@ -1282,9 +1282,7 @@ async fn watched_creates(
         w.client_us_per_op = cpu_us_per_op(std::process::id(), own, &w);
         let per_create = (received.load(Ordering::Relaxed) - bytes) as f64 / w.ops.max(1) as f64;
         watched.push((w, per_create));
-        for t in streams {
-            t.abort();
-        }
+        streams.close().await;
     }
     watched.sort_by(|a, b| a.0.ops_per_sec.total_cmp(&b.0.ops_per_sec));
     let (w, per_create) = watched.swap_remove(watched.len() / 2);
@@ -1421,6 +1419,60 @@ fn median_round(mut rounds: Vec<Round>) -> Round {
     rounds.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
     let mid = rounds.len() / 2;
     rounds.swap_remove(mid)
+}
+
+/// Watchers on a thread of their own, as the other processes they stand
+/// for would be: sharing the load generator's runtime, they queued its
+/// creates' requests and responses behind their reads (each of the runtime's
+/// workers waited twice as long per wake), which slowed the creates by the
+/// client's own scheduling rather than by the server's delivery.
+struct WatcherThread {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WatcherThread {
+    async fn open(
+        kubeconfig: &Path,
+        collection: &'static str,
+        watchers: usize,
+        received: Arc<AtomicU64>,
+    ) -> WatcherThread {
+        let kubeconfig = kubeconfig.to_path_buf();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("watchers".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("watchers' runtime");
+                rt.block_on(async move {
+                    let tasks = open_watchers(&kubeconfig, collection, watchers, received).await;
+                    let _ = ready_tx.send(());
+                    let _ = stop_rx.await;
+                    for t in tasks {
+                        t.abort();
+                    }
+                });
+            })
+            .expect("watchers' thread");
+        ready_rx.await.expect("watchers open");
+        WatcherThread {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    async fn close(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
 }
 
 /// `watchers` watches of `collection` over HTTP/2 that drain their streams,
