@@ -1952,6 +1952,16 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
                 }
             }
         }
+        let best = |v: &[f64]| v.iter().copied().fold(f64::NAN, f64::max);
+        progress(&format!(
+            "{} c={clients} round {}/{}: kshard {:.0}/s, etcd {:.0}/s ({:.2}×)",
+            verb.name(),
+            r + 1,
+            ctx.rounds,
+            best(&kr),
+            best(&er),
+            best(&kr) / best(&er)
+        ));
         per_round.push((kr, er));
     }
     let best_first = |labels: Vec<&'static str>, rounds: Vec<Vec<Round>>| {
