@@ -155,6 +155,10 @@ pub struct Embedded {
     /// Tests: the next redb commit after the log fails, as on a full disk.
     #[cfg(test)]
     fail_commit: AtomicBool,
+    /// Runs once between opening the database and taking the writer's lock
+    /// (a failure on another thread landing in that window).
+    #[cfg(test)]
+    before_lock: Mutex<Option<fn(&Embedded)>>,
 }
 
 fn engine_err(e: impl std::fmt::Display) -> StorageError {
@@ -186,6 +190,8 @@ impl Embedded {
             cache_bytes,
             #[cfg(test)]
             fail_commit: AtomicBool::new(false),
+            #[cfg(test)]
+            before_lock: Mutex::new(None),
         })
     }
 
@@ -236,24 +242,62 @@ impl Embedded {
         *self.db.write().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    /// The writer's lock, with the last write's changes settled (a change
-    /// reads the table), and the pending redb transaction taken out of it:
-    /// begun when there is none.
+    /// The open database and the writer's lock, with the last write's
+    /// changes settled (a change reads the table), and the pending redb
+    /// transaction taken out of it: begun when there is none.
+    ///
+    /// A failure on another thread (a background settle's commit on a full
+    /// disk) may give the store up between opening the database and taking
+    /// the lock; the database is then opened again once, so this write
+    /// meets the store's own state (the I/O error itself, on a disk still
+    /// full) rather than a store that looks closed.
+    #[allow(clippy::type_complexity)]
     fn lock_pending(
         &self,
-        db: &Database,
-    ) -> Result<(MutexGuard<'_, Option<Durable>>, Pending), StorageError> {
-        let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
-        self.settle_locked(&mut slot)?;
-        let durable = slot.as_mut().ok_or_else(closed)?;
-        let pending = match durable.pending.take() {
-            Some(p) => p,
-            None => {
-                let txn = db.begin_write().map_err(|e| self.failed(e))?;
-                Pending::begin(txn, &durable.vlog)?
+    ) -> Result<(Arc<Database>, MutexGuard<'_, Option<Durable>>, Pending), StorageError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let db = self.db()?;
+            #[cfg(test)]
+            if let Some(race) = self
+                .before_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                race(self);
             }
-        };
-        Ok((slot, pending))
+            let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+            self.settle_locked(&mut slot)?;
+            let Some(durable) = slot.as_mut() else {
+                if attempts < 2 {
+                    continue;
+                }
+                return Err(self.given_up());
+            };
+            let pending = match durable.pending.take() {
+                Some(p) => p,
+                None => {
+                    let txn = db.begin_write().map_err(|e| self.failed(e))?;
+                    Pending::begin(txn, &durable.vlog)?
+                }
+            };
+            return Ok((db, slot, pending));
+        }
+    }
+
+    /// Why there is no open store: shut down, or given up after an I/O
+    /// error (opened again by the next transaction).
+    fn given_up(&self) -> StorageError {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return closed();
+        }
+        StorageError::Unavailable(
+            "storage I/O error: the store was given up after an I/O error; \
+             the next write opens it again"
+                .into(),
+        )
     }
 
     /// Gives up a change that was not logged. Its transaction is aborted,
@@ -381,9 +425,8 @@ impl Embedded {
     /// Copies the entries redb still points at to the open segment and
     /// points there; returns how many.
     fn relocate(&self, entries: &[vlog::Entry]) -> Result<usize, StorageError> {
-        let db = self.db()?;
-        let (mut slot, mut pending) = self.lock_pending(&db)?;
-        let durable = slot.as_mut().ok_or_else(closed)?;
+        let (_db, mut slot, mut pending) = self.lock_pending()?;
+        let durable = slot.as_mut().ok_or_else(|| self.given_up())?;
         let values = &mut durable.vlog;
         let copied = (|| {
             let mut table = pending.txn.open_table(KV).map_err(engine_err)?;
@@ -930,10 +973,9 @@ impl Engine for Embedded {
     }
 
     fn write(&self, f: &mut WriteFn<'_>) -> Result<(), StorageError> {
-        let db = self.db()?;
         // One writer at a time, as redb has anyway; the log follows its order.
-        let (mut slot, mut pending) = self.lock_pending(&db)?;
-        let durable = slot.as_mut().ok_or_else(closed)?;
+        let (db, mut slot, mut pending) = self.lock_pending()?;
+        let durable = slot.as_mut().ok_or_else(|| self.given_up())?;
         let applied = {
             match pending.txn.open_table(KV) {
                 Err(e) => Err(self.failed(e)),
@@ -1182,6 +1224,30 @@ mod tests {
         crash_copy(&path, &copy);
         let r = Embedded::open(&copy).expect("reopen");
         assert_eq!(get(&r, "last"), Some(b"stored".to_vec()));
+    }
+
+    /// Another thread's failure (a background settle on a full disk) gives
+    /// the store up after this write opened the database and before it took
+    /// the lock: the write opens the store again and is stored, rather than
+    /// failing as if the store were shut down.
+    #[test]
+    fn a_write_racing_a_failure_elsewhere_opens_the_store_again() {
+        let dir = tempfile::tempdir().expect("dir");
+        let e = Embedded::open(&dir.path().join("db")).expect("open");
+        put(&e, "before", b"1");
+        *e.before_lock.lock().expect("hook") = Some(|e: &Embedded| {
+            let mut slot = e.wal.lock().expect("wal");
+            e.reopen_later(&mut slot);
+        });
+        let raced = e.write(&mut |txn| txn.put(b"raced", b"2"));
+        assert!(raced.is_ok(), "{raced:?}");
+        assert!(
+            e.before_lock.lock().expect("hook").is_none(),
+            "the race ran"
+        );
+        assert_eq!(e.reopened.load(Ordering::Acquire), 1, "opened again");
+        assert_eq!(get(&e, "raced"), Some(b"2".to_vec()));
+        assert_eq!(get(&e, "before"), Some(b"1".to_vec()));
     }
 
     #[test]
