@@ -401,12 +401,13 @@ mod tests {
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0);
         // Folded, not dropped. (metrics-util's sample bucket loses some
-        // samples pushed while an upkeep folds it on another thread: up to
-        // 3 % of 9M seen on a loaded machine with this test's 20 ms upkeep,
-        // none on a quiet one; the server folds every 5 s. Upkeep dropping
-        // the samples instead of folding them would show here.)
+        // samples pushed while an upkeep folds it on another thread: none on
+        // a quiet machine, 3 % of 9M seen on a loaded one and 8.4 % under
+        // `.ci/run`'s parallel tests, with this test's 20 ms upkeep; the
+        // server folds every 5 s. Upkeep dropping the samples instead of
+        // folding them would leave at most the last fold's, about 1M.)
         assert!(
-            (8_500_000..=9_000_000).contains(&count),
+            (4_500_000..=9_000_000).contains(&count),
             "the samples are still counted ({count}): {text}"
         );
     }
