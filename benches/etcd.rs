@@ -1427,8 +1427,8 @@ fn median_round(mut rounds: Vec<Round>) -> Round {
 /// workers waited twice as long per wake), which slowed the creates by the
 /// client's own scheduling rather than by the server's delivery.
 struct WatcherThread {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl WatcherThread {
@@ -1460,18 +1460,15 @@ impl WatcherThread {
             .expect("watchers' thread");
         ready_rx.await.expect("watchers open");
         WatcherThread {
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            stop: stop_tx,
+            thread,
         }
     }
 
-    async fn close(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }
+    async fn close(self) {
+        let WatcherThread { stop, thread } = self;
+        let _ = stop.send(());
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
 }
 

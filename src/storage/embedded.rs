@@ -255,9 +255,7 @@ impl Embedded {
     fn lock_pending(
         &self,
     ) -> Result<(Arc<Database>, MutexGuard<'_, Option<Durable>>, Pending), StorageError> {
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
+        for _ in 0..2 {
             let db = self.db()?;
             #[cfg(test)]
             if let Some(race) = self
@@ -271,10 +269,7 @@ impl Embedded {
             let mut slot = self.wal.lock().unwrap_or_else(|e| e.into_inner());
             self.settle_locked(&mut slot)?;
             let Some(durable) = slot.as_mut() else {
-                if attempts < 2 {
-                    continue;
-                }
-                return Err(self.given_up());
+                continue;
             };
             let pending = match durable.pending.take() {
                 Some(p) => p,
@@ -285,6 +280,7 @@ impl Embedded {
             };
             return Ok((db, slot, pending));
         }
+        Err(self.given_up())
     }
 
     /// Why there is no open store: shut down, or given up after an I/O
