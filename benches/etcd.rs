@@ -2,7 +2,8 @@
 //!
 //! Starts etcd (Debian's `etcd-server` is installed when `etcd` is missing
 //! and this runs as root) and kshard (the release binary, embedded store),
-//! then (rounds interleaved, the median round of each kept):
+//! then (rounds interleaved, each round's time per client in slices taken
+//! by every client of both sides in turn, the median round of each kept):
 //! - creates/s of 1 KiB objects through kshard's HTTPS API (every write
 //!   validated, managedFields tracked, fsync'd before the answer) against
 //!   1 KiB puts/s to etcd over its own gRPC (fsync on, one member), closed
@@ -29,6 +30,8 @@
 //! `cargo bench --bench etcd`; writes `target/bench/etcd.{json,svg}` (a smoke
 //! run `etcd-smoke.*`, a run of some parts `etcd-<parts>.*`).
 //! Env: `KSHARD_ETCD_SECS` (per round, 10), `KSHARD_ETCD_ROUNDS` (3),
+//! `KSHARD_ETCD_SLICES` (each round's time run in this many slices, every
+//! client of both sides in turn; 5),
 //! `KSHARD_ETCD_OBJECTS` (the memory points, comma-separated; `40000,200000`),
 //! `KSHARD_ETCD_WATCHERS` (1000), `KSHARD_ETCD_SMOKE=1` (a seconds-long run),
 //! `KSHARD_ETCD_ONLY` (`creates`, `verbs`, `memory`, `fanout`, `watched`, `lists`),
@@ -261,6 +264,8 @@ impl Etcd {
 struct Round {
     /// Acknowledged writes.
     ops: usize,
+    /// The timed part's length.
+    secs: f64,
     ops_per_sec: f64,
     p50_ms: f64,
     p99_ms: f64,
@@ -292,6 +297,7 @@ fn summarize(count: usize, elapsed: Duration, mut lat: Vec<Duration>) -> Round {
     };
     Round {
         ops: count,
+        secs: elapsed.as_secs_f64(),
         ops_per_sec: count as f64 / elapsed.as_secs_f64(),
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
@@ -733,6 +739,7 @@ async fn driver_round(
     let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
     Some(Round {
         ops,
+        secs: f("elapsed_secs"),
         ops_per_sec: ops as f64 / f("elapsed_secs").max(1e-9),
         p50_ms: f("p50_ms"),
         p99_ms: f("p99_ms"),
@@ -1414,6 +1421,29 @@ impl WatchedBound {
     }
 }
 
+/// One round from its slices: writes and time summed; CPU, disk and the
+/// latency percentiles per write over all of them (each slice knows only
+/// its own percentiles: theirs weighted by their writes).
+fn joined_slices(slices: Vec<Round>) -> Option<Round> {
+    let ops: usize = slices.iter().map(|r| r.ops).sum();
+    let secs: f64 = slices.iter().map(|r| r.secs).sum();
+    if ops == 0 || secs <= 0.0 {
+        return None;
+    }
+    let per_op =
+        |f: fn(&Round) -> f64| slices.iter().map(|r| f(r) * r.ops as f64).sum::<f64>() / ops as f64;
+    Some(Round {
+        ops,
+        secs,
+        ops_per_sec: ops as f64 / secs,
+        p50_ms: per_op(|r| r.p50_ms),
+        p99_ms: per_op(|r| r.p99_ms),
+        cpu_us_per_op: per_op(|r| r.cpu_us_per_op),
+        client_us_per_op: per_op(|r| r.client_us_per_op),
+        disk_bytes_per_op: per_op(|r| r.disk_bytes_per_op),
+    })
+}
+
 /// The round of median throughput.
 fn median_round(mut rounds: Vec<Round>) -> Round {
     rounds.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
@@ -1778,6 +1808,10 @@ struct Ctx<'a> {
     driver: Option<&'a Path>,
     secs: f64,
     rounds: usize,
+    /// Each round's time per client is run in this many slices, every
+    /// client of both sides in turn, so that a slow spell of the shared
+    /// machine falls on both sides rather than on whichever ran then.
+    slices: usize,
     /// Objects deleted per delete round.
     deletes: usize,
 }
@@ -1851,9 +1885,10 @@ impl Measured {
 }
 
 /// `verb` at `clients` on kshard with each transport and on etcd with each
-/// client, rounds interleaved (a slow spell of the shared machine costs
-/// every side alike); each client's median round, and the round-by-round
-/// ratios of the best of each side.
+/// client, rounds interleaved and each round run in slices, every client
+/// in turn (a slow spell of the shared machine costs every side alike);
+/// each client's median round, and the round-by-round ratios of the best
+/// of each side.
 async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, Vec<f64>) {
     let transports: &[Transport] = if clients > 1 {
         &[Transport::H1PerWorker, Transport::H2Shared]
@@ -1876,48 +1911,55 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
     let mut k_rounds: Vec<Vec<Round>> = transports.iter().map(|_| Vec::new()).collect();
     let mut e_rounds: Vec<Vec<Round>> = etcd_clients.iter().map(|_| Vec::new()).collect();
     let mut per_round = Vec::new();
+    // Deletes run until their objects are gone: one slice.
+    let slices = if verb == Verb::Delete { 1 } else { ctx.slices };
+    let slice_secs = ctx.secs / slices as f64;
     for r in 0..ctx.rounds {
-        let (mut kr, mut er) = (Vec::new(), Vec::new());
-        for (t, transport) in transports.iter().enumerate() {
-            progress(&format!(
-                "{} c={clients} round {}/{}: kshard over {}…",
-                verb.name(),
-                r + 1,
-                ctx.rounds,
-                transport.name()
-            ));
-            let k = kshard_verb(
-                ctx.kubeconfig,
-                Some(ctx.pid),
-                WIDGETS,
-                verb,
-                *transport,
-                clients,
-                ctx.secs,
-                ctx.deletes,
-                &format!("{}{call}-r{r}-c{clients}-t{t}", verb.name()),
-            )
-            .await;
-            kr.push(k.ops_per_sec);
-            k_rounds[t].push(k);
-        }
-        if let Some((etcd_pid, port)) = ctx.etcd {
+        let mut k_slices: Vec<Vec<Round>> = transports.iter().map(|_| Vec::new()).collect();
+        let mut e_slices: Vec<Vec<Round>> = etcd_clients.iter().map(|_| Vec::new()).collect();
+        for s in 0..slices {
+            let at = if slices > 1 {
+                format!("round {}/{}, slice {}/{slices}", r + 1, ctx.rounds, s + 1)
+            } else {
+                format!("round {}/{}", r + 1, ctx.rounds)
+            };
+            for (t, transport) in transports.iter().enumerate() {
+                progress(&format!(
+                    "{} c={clients} {at}: kshard over {}…",
+                    verb.name(),
+                    transport.name()
+                ));
+                let k = kshard_verb(
+                    ctx.kubeconfig,
+                    Some(ctx.pid),
+                    WIDGETS,
+                    verb,
+                    *transport,
+                    clients,
+                    slice_secs,
+                    ctx.deletes,
+                    &format!("{}{call}-r{r}-s{s}-c{clients}-t{t}", verb.name()),
+                )
+                .await;
+                k_slices[t].push(k);
+            }
+            let Some((etcd_pid, port)) = ctx.etcd else {
+                continue;
+            };
             for (c, client) in etcd_clients.iter().enumerate() {
                 progress(&format!(
-                    "{} c={clients} round {}/{}: etcd {} over {}…",
+                    "{} c={clients} {at}: etcd {} over {}…",
                     verb.name(),
-                    r + 1,
-                    ctx.rounds,
                     verb.etcd_op(),
                     client.name()
                 ));
-                let prefix = format!("/bench/{}{call}-r{r}-c{clients}-e{c}", verb.name());
+                let prefix = format!("/bench/{}{call}-r{r}-s{s}-c{clients}-e{c}", verb.name());
                 let e = match (client, ctx.driver) {
                     (EtcdClient::HandWritten, _) => {
                         let disk = disk::disk_written();
                         let cpu = cpu_seconds(etcd_pid);
                         let own = cpu_seconds(std::process::id());
-                        let mut e = etcd_puts(port, clients, ctx.secs, &prefix).await;
+                        let mut e = etcd_puts(port, clients, slice_secs, &prefix).await;
                         e.cpu_us_per_op = cpu_us_per_op(etcd_pid, cpu, &e);
                         e.client_us_per_op = cpu_us_per_op(std::process::id(), own, &e);
                         e.disk_bytes_per_op = disk_bytes_per_op(disk, &e);
@@ -1934,7 +1976,7 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
                             if verb == Verb::Delete {
                                 600.0
                             } else {
-                                ctx.secs
+                                slice_secs
                             },
                             ctx.deletes,
                             &prefix,
@@ -1944,9 +1986,21 @@ async fn compare_verb(ctx: &Ctx<'_>, verb: Verb, clients: usize) -> (Measured, V
                     (_, None) => None,
                 };
                 if let Some(e) = e {
-                    er.push(e.ops_per_sec);
-                    e_rounds[c].push(e);
+                    e_slices[c].push(e);
                 }
+            }
+        }
+        let (mut kr, mut er) = (Vec::new(), Vec::new());
+        for (t, parts) in k_slices.into_iter().enumerate() {
+            if let Some(k) = joined_slices(parts) {
+                kr.push(k.ops_per_sec);
+                k_rounds[t].push(k);
+            }
+        }
+        for (c, parts) in e_slices.into_iter().enumerate() {
+            if let Some(e) = joined_slices(parts) {
+                er.push(e.ops_per_sec);
+                e_rounds[c].push(e);
             }
         }
         let best = |v: &[f64]| v.iter().copied().fold(f64::NAN, f64::max);
@@ -2051,6 +2105,8 @@ async fn run() {
     }
 
     let rounds = env_usize("KSHARD_ETCD_ROUNDS", if smoke() { 1 } else { 3 }).max(1);
+    // Slices of at least a second each: 2 s at the default 10 s.
+    let slices = env_usize("KSHARD_ETCD_SLICES", 5).clamp(1, (secs as usize).max(1));
     let driver = if etcd.is_some() && (wanted("creates") || wanted("verbs")) {
         etcd_driver()
     } else {
@@ -2071,6 +2127,7 @@ async fn run() {
                 driver: driver.as_deref(),
                 secs,
                 rounds,
+                slices,
                 deletes: 0,
             },
             Verb::Create,
@@ -2094,6 +2151,7 @@ async fn run() {
                     driver: driver.as_deref(),
                     secs,
                     rounds,
+                    slices,
                     deletes,
                 };
                 let m = compare_verb(&ctx, verb, clients).await;
@@ -2193,6 +2251,7 @@ async fn run() {
         "machine": {"cores": std::thread::available_parallelism().map_or(0, |n| n.get())},
         "seconds_per_round": secs,
         "rounds": rounds,
+        "slices_per_round": slices,
         "creates": results.iter().map(|(m, r)| m.json(r)).collect::<Vec<_>>(),
         "verbs": verbs.iter().map(|(m, r)| m.json(r)).collect::<Vec<_>>(),
         "memory_growth": growth.map(|(per_byte, fixed)| json!({
