@@ -1254,42 +1254,63 @@ async fn fan_out(kubeconfig: &Path, pid: u32, watchers: usize, writes: usize) ->
 
 /// Creates/s at c=16 without watchers, then with `watchers` watching the
 /// same resource over HTTP/2 (the watchers only drain their streams),
-/// `rounds` times interleaved; the medians of each, and the bytes of watch
-/// body the watchers received per create in the median watched round.
+/// `rounds` times, each round's time in `slices` taken alone and watched in
+/// turn; the medians of each, and the bytes of watch body the watchers
+/// received per create in the median watched round.
 async fn watched_creates(
     kubeconfig: &Path,
     pid: u32,
     watchers: usize,
     secs: f64,
     rounds: usize,
+    slices: usize,
 ) -> (Round, Round, f64) {
     const NS: &str = "/apis/demo.kshard.dev/v1/namespaces/watched/widgets";
     let (mut alone, mut watched) = (Vec::new(), Vec::new());
     let received = Arc::new(AtomicU64::new(0));
+    let slice_secs = secs / slices as f64;
     for r in 0..rounds {
-        progress(&format!(
-            "watched {}/{rounds}: creates at c=16 for {secs} s without watchers…",
-            r + 1
-        ));
-        let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
-        let mut a = kshard_creates(kubeconfig, NS, 16, secs, &format!("alone{r}")).await;
-        a.cpu_us_per_op = cpu_us_per_op(pid, cpu, &a);
-        a.client_us_per_op = cpu_us_per_op(std::process::id(), own, &a);
-        alone.push(a);
-        let streams = WatcherThread::open(kubeconfig, NS, watchers, received.clone()).await;
-        progress(&format!(
-            "watched {}/{rounds}: creates at c=16 for {secs} s with {watchers} watchers…",
-            r + 1
-        ));
-        let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
-        let bytes = received.load(Ordering::Relaxed);
-        let mut w = kshard_creates(kubeconfig, NS, 16, secs, &format!("watched{r}")).await;
-        w.cpu_us_per_op = cpu_us_per_op(pid, cpu, &w);
-        // The watchers' draining is the client's too.
-        w.client_us_per_op = cpu_us_per_op(std::process::id(), own, &w);
-        let per_create = (received.load(Ordering::Relaxed) - bytes) as f64 / w.ops.max(1) as f64;
-        watched.push((w, per_create));
-        streams.close().await;
+        // Alone and watched in turn, a slice each, as the creates' rounds
+        // run: a slow spell of the machine falls on both.
+        let (mut a_parts, mut w_parts, mut bytes) = (Vec::new(), Vec::new(), 0u64);
+        for s in 0..slices {
+            let at = format!("{}/{rounds}, slice {}/{slices}", r + 1, s + 1);
+            progress(&format!(
+                "watched {at}: creates at c=16 for {slice_secs} s without watchers…"
+            ));
+            let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
+            let mut a =
+                kshard_creates(kubeconfig, NS, 16, slice_secs, &format!("alone{r}-{s}")).await;
+            a.cpu_us_per_op = cpu_us_per_op(pid, cpu, &a);
+            a.client_us_per_op = cpu_us_per_op(std::process::id(), own, &a);
+            a_parts.push(a);
+            let streams = WatcherThread::open(kubeconfig, NS, watchers, received.clone()).await;
+            progress(&format!(
+                "watched {at}: creates at c=16 for {slice_secs} s with {watchers} watchers…"
+            ));
+            let (cpu, own) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
+            let before = received.load(Ordering::Relaxed);
+            let mut w =
+                kshard_creates(kubeconfig, NS, 16, slice_secs, &format!("watched{r}-{s}")).await;
+            w.cpu_us_per_op = cpu_us_per_op(pid, cpu, &w);
+            // The watchers' draining is the client's too.
+            w.client_us_per_op = cpu_us_per_op(std::process::id(), own, &w);
+            bytes += received.load(Ordering::Relaxed) - before;
+            w_parts.push(w);
+            streams.close().await;
+        }
+        if let (Some(a), Some(w)) = (joined_slices(a_parts), joined_slices(w_parts)) {
+            progress(&format!(
+                "watched round {}/{rounds}: {:.0}/s alone, {:.0}/s watched ({:.2}×)",
+                r + 1,
+                a.ops_per_sec,
+                w.ops_per_sec,
+                w.ops_per_sec / a.ops_per_sec.max(1e-9)
+            ));
+            let per_create = bytes as f64 / w.ops.max(1) as f64;
+            alone.push(a);
+            watched.push((w, per_create));
+        }
     }
     watched.sort_by(|a, b| a.0.ops_per_sec.total_cmp(&b.0.ops_per_sec));
     let (w, per_create) = watched.swap_remove(watched.len() / 2);
@@ -2195,7 +2216,7 @@ async fn run() {
     let watched = if wanted("watched") {
         let watchers = if smoke() { 10 } else { 100 };
         let (alone, watched, bytes_per_create) =
-            watched_creates(&kubeconfig, pid, watchers, secs, rounds).await;
+            watched_creates(&kubeconfig, pid, watchers, secs, rounds, slices).await;
         println!(
             "watched creates at c=16: {:.0}/s alone, {:.0}/s with {watchers} watchers ({:.2}×); server CPU per create {:.0} / {:.0} µs, client {:.0} / {:.0} µs",
             alone.ops_per_sec,
