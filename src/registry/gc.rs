@@ -236,7 +236,7 @@ fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Opti
     let (resource, sub) = split_key(key)?;
     let uid = v.meta_field("uid").and_then(Value::as_str)?.to_string();
     let catalog = registry.catalog();
-    let owners = v
+    let owners: Vec<String> = v
         .meta_field("ownerReferences")
         .and_then(Value::as_array)
         .map(|refs| {
@@ -251,13 +251,21 @@ fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Opti
                 .collect()
         })
         .unwrap_or_default();
+    let deleting = is_deleting(v);
+    if owners.is_empty() && !deleting {
+        // Not collectable (nearly every object): only its uid is kept, so
+        // the node's strings are not built only to be dropped.
+        graph.remove(&uid);
+        graph.present.insert(&uid);
+        return Some(uid);
+    }
     graph.upsert(
         uid.clone(),
         Node {
             resource: resource.to_string(),
             key: sub.to_string(),
             owners,
-            deleting: is_deleting(v),
+            deleting,
             finalizers: finalizers(v),
         },
     );
