@@ -1474,6 +1474,11 @@ fn joined_slices(slices: Vec<Round>) -> Option<Round> {
     })
 }
 
+/// The middle of `sorted` (the upper one of an even count).
+fn median_of(sorted: &[f64]) -> Option<f64> {
+    sorted.get(sorted.len() / 2).copied()
+}
+
 /// The round of median throughput.
 fn median_round(mut rounds: Vec<Round>) -> Round {
     rounds.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
@@ -1909,6 +1914,7 @@ impl Measured {
             "etcd_disk_bytes_per_put": e.map(|r| r.disk_bytes_per_op),
             "ratio": self.ratio(),
             "round_ratios": round_ratios,
+            "round_ratio_median": median_of(round_ratios),
             "kshard_clients": side(&self.kshard), "etcd_clients": side(&self.etcd),
         })
     }
@@ -2073,11 +2079,13 @@ fn print_measured((m, round_ratios): &(Measured, Vec<f64>)) {
             r.disk_bytes_per_op / 1e3
         )
     };
+    let two = |r: Option<f64>| r.map_or("—".to_string(), |r| format!("{r:.2}"));
     println!(
-        "{} c={}: ratio {} (rounds {})",
+        "{} c={}: ratio {} (of the medians of each side; the rounds' median {}; rounds {})",
         m.verb.name(),
         m.clients,
-        m.ratio().map_or("—".to_string(), |r| format!("{r:.2}")),
+        two(m.ratio()),
+        two(median_of(round_ratios)),
         round_ratios
             .iter()
             .map(|r| format!("{r:.2}"))
