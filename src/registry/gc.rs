@@ -205,19 +205,18 @@ async fn run(registry: Arc<Registry>) -> Result<(), StorageError> {
             return Ok(());
         };
         for ev in &batch.events {
-            let uid = ev
-                .object
-                .meta_field("uid")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
             if ev.kind == EventType::Deleted {
-                graph.present.remove(&uid);
-                if let Some(node) = graph.remove(&uid) {
+                let uid = ev
+                    .object
+                    .meta_field("uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                graph.present.remove(uid);
+                if let Some(node) = graph.remove(uid) {
                     // Owners waiting in the foreground, and dependents that may be orphaned now.
                     dirty.extend(node.owners);
                 }
-                dirty.extend(graph.dependents_of(&uid));
+                dirty.extend(graph.dependents_of(uid));
             } else if let Some(uid) = observe(&registry, &mut graph, &ev.key, &ev.object) {
                 let owners = graph
                     .nodes
@@ -231,7 +230,8 @@ async fn run(registry: Arc<Registry>) -> Result<(), StorageError> {
     }
 }
 
-/// Records an object in the graph; returns its uid.
+/// Records an object in the graph; returns its uid when it is a node the
+/// collector may act on (planning one that is not would find nothing).
 fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Option<String> {
     let (resource, sub) = split_key(key)?;
     let uid = v.meta_field("uid").and_then(Value::as_str)?.to_string();
@@ -257,7 +257,7 @@ fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Opti
         // the node's strings are not built only to be dropped.
         graph.remove(&uid);
         graph.present.insert(&uid);
-        return Some(uid);
+        return None;
     }
     graph.upsert(
         uid.clone(),
