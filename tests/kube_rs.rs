@@ -471,6 +471,132 @@ async fn owner_references_cascade() {
         .is_empty());
 }
 
+/// The collector's finer rules, as kube's garbage collector has them: an
+/// owner in foreground deletion waits only for dependents that block it
+/// (`blockOwnerDeletion`), and is released when such a dependent drops its
+/// reference; a dependent with another live owner is kept and only loses the
+/// references to owners that are gone or waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn owner_references_blocking_and_shared_dependents() {
+    let s = common::start().await;
+    let api = widgets(&s.client, "default");
+    let create = |name: &'static str, owners: Vec<(&DynamicObject, bool)>, hold: bool| {
+        let mut w = common::widget(name, 1);
+        w["metadata"]["ownerReferences"] = owners
+            .iter()
+            .map(|(o, block)| {
+                json!({
+                    "apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+                    "name": o.metadata.name, "uid": o.metadata.uid, "blockOwnerDeletion": block,
+                })
+            })
+            .collect();
+        if hold {
+            w["metadata"]["finalizers"] = json!(["example.com/hold"]);
+        }
+        let api = api.clone();
+        async move {
+            api.create(&PostParams::default(), &obj(w))
+                .await
+                .expect("create")
+        }
+    };
+    let foreground = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        ..Default::default()
+    };
+    let gone = |name: &'static str| {
+        let a = api.clone();
+        async move { a.get_opt(name).await.expect("get").is_none() }
+    };
+    let release = |name: &'static str| {
+        let a = api.clone();
+        async move {
+            a.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .expect("drop finalizer");
+        }
+    };
+
+    // A dependent that does not block: the owner goes at once, the
+    // dependent is deleted too (it stays only for its own finalizer).
+    let owner = create("nb", vec![], false).await;
+    create("nb-child", vec![(&owner, false)], true).await;
+    api.delete("nb", &foreground).await.expect("delete");
+    common::eventually("owner with no blocking dependent gone", || gone("nb")).await;
+    let child = api.get("nb-child").await.expect("child");
+    assert!(
+        child.metadata.deletion_timestamp.is_some(),
+        "the dependent of a foreground deletion is deleted too"
+    );
+    release("nb-child").await;
+    common::eventually("non-blocking child gone", || gone("nb-child")).await;
+
+    // A blocking dependent holds the owner until it drops the reference.
+    let owner = create("rel", vec![], false).await;
+    create("rel-child", vec![(&owner, true)], true).await;
+    api.delete("rel", &foreground).await.expect("delete");
+    common::eventually("blocking child deleting", || {
+        let a = api.clone();
+        async move {
+            a.get("rel-child")
+                .await
+                .expect("child")
+                .metadata
+                .deletion_timestamp
+                .is_some()
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiting = api
+        .get("rel")
+        .await
+        .expect("owner waits for its blocking dependent");
+    assert!(waiting
+        .metadata
+        .finalizers
+        .unwrap_or_default()
+        .contains(&"foregroundDeletion".to_string()));
+    api.patch(
+        "rel-child",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"ownerReferences": null}})),
+    )
+    .await
+    .expect("drop the owner reference");
+    common::eventually("owner released when its dependent let go", || gone("rel")).await;
+    release("rel-child").await;
+
+    // A dependent with a second, live owner stays and loses the reference
+    // to the owner deleting in the foreground; that owner does not wait.
+    let a = create("a", vec![], false).await;
+    let b = create("b", vec![], false).await;
+    create("shared", vec![(&a, true), (&b, true)], false).await;
+    api.delete("a", &foreground).await.expect("delete");
+    common::eventually("owner a gone", || gone("a")).await;
+    let shared = api.get("shared").await.expect("kept: b still owns it");
+    assert!(shared.metadata.deletion_timestamp.is_none());
+    let refs: Vec<String> = shared
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(refs, vec!["b".to_string()]);
+
+    // Its last owner deleted in the background, it is collected.
+    api.delete("b", &DeleteParams::background())
+        .await
+        .expect("delete");
+    common::eventually("shared dependent collected", || gone("shared")).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn delete_preconditions_and_deletecollection() {
     let s = common::start().await;

@@ -21,10 +21,20 @@ use crate::watch::split_key;
 struct Node {
     resource: String,
     key: String,
-    /// uids of owners whose kind this server serves (others are never collected).
-    owners: Vec<String>,
+    /// Owners whose kind this server serves.
+    owners: Vec<Owner>,
+    /// Whether it also names owners of kinds this server does not serve: it
+    /// cannot tell whether they exist, so it never collects the object
+    /// (kube's collector fails to resolve such an owner and leaves it be).
+    foreign_owners: bool,
     deleting: bool,
     finalizers: Vec<String>,
+}
+
+struct Owner {
+    uid: String,
+    /// `blockOwnerDeletion`: an owner in foreground deletion waits for it.
+    blocking: bool,
 }
 
 /// What the collector knows. Only objects it may act on are nodes: those
@@ -85,35 +95,50 @@ impl Node {
                     .iter()
                     .any(|f| f == FINALIZER_FOREGROUND || f == FINALIZER_ORPHAN))
     }
+
+    fn has_finalizer(&self, finalizer: &str) -> bool {
+        self.finalizers.iter().any(|f| f == finalizer)
+    }
+
+    /// Deleting in the foreground: waiting for its blocking dependents.
+    fn deleting_dependents(&self) -> bool {
+        self.deleting && self.has_finalizer(FINALIZER_FOREGROUND)
+    }
+
+    fn blocks(&self, owner: &str) -> bool {
+        self.owners.iter().any(|o| o.uid == owner && o.blocking)
+    }
 }
 
 impl Graph {
     fn remove(&mut self, uid: &str) -> Option<Node> {
         let node = self.nodes.remove(uid)?;
         for o in &node.owners {
-            if let Some(d) = self.dependents.get_mut(o) {
+            if let Some(d) = self.dependents.get_mut(&o.uid) {
                 d.remove(uid);
                 if d.is_empty() {
-                    self.dependents.remove(o);
+                    self.dependents.remove(&o.uid);
                 }
             }
         }
         Some(node)
     }
 
-    fn upsert(&mut self, uid: String, node: Node) {
-        self.remove(&uid);
+    /// Records `node` under `uid`; returns the node it replaces.
+    fn upsert(&mut self, uid: String, node: Node) -> Option<Node> {
+        let former = self.remove(&uid);
         self.present.insert(&uid);
         if !node.collectable() {
-            return;
+            return former;
         }
         for o in &node.owners {
             self.dependents
-                .entry(o.clone())
+                .entry(o.uid.clone())
                 .or_default()
                 .insert(uid.clone());
         }
         self.nodes.insert(uid, node);
+        former
     }
 
     fn dependents_of(&self, uid: &str) -> Vec<String> {
@@ -132,14 +157,16 @@ impl Graph {
 enum Action {
     Delete {
         uid: String,
+        propagation: Propagation,
     },
     DropFinalizer {
         uid: String,
         finalizer: &'static str,
     },
-    Orphan {
+    /// Removes owner references from a dependent that stays.
+    DropOwners {
         dependent: String,
-        owner: String,
+        owners: Vec<String>,
     },
 }
 
@@ -188,9 +215,7 @@ async fn run(registry: Arc<Registry>) -> Result<(), StorageError> {
         .await
         .map_err(|e| StorageError::Engine(e.to_string()))?;
         for (key, v) in values {
-            if let Some(uid) = observe(&registry, &mut graph, &key, &v) {
-                dirty.insert(uid);
-            }
+            observe(&registry, &mut graph, &key, &v, &mut dirty);
         }
         if after.is_none() {
             break;
@@ -214,90 +239,116 @@ async fn run(registry: Arc<Registry>) -> Result<(), StorageError> {
                 graph.present.remove(uid);
                 if let Some(node) = graph.remove(uid) {
                     // Owners waiting in the foreground, and dependents that may be orphaned now.
-                    dirty.extend(node.owners);
+                    dirty.extend(node.owners.into_iter().map(|o| o.uid));
                 }
                 dirty.extend(graph.dependents_of(uid));
-            } else if let Some(uid) = observe(&registry, &mut graph, &ev.key, &ev.object) {
-                let owners = graph
-                    .nodes
-                    .get(&uid)
-                    .map(|n| n.owners.clone())
-                    .unwrap_or_default();
-                dirty.extend(owners);
-                dirty.insert(uid);
+            } else {
+                observe(&registry, &mut graph, &ev.key, &ev.object, &mut dirty);
             }
         }
     }
 }
 
-/// Records an object in the graph; returns its uid when it is a node the
-/// collector may act on (planning one that is not would find nothing).
-fn observe(registry: &Registry, graph: &mut Graph, key: &str, v: &Value) -> Option<String> {
-    let (resource, sub) = split_key(key)?;
-    let uid = v.meta_field("uid").and_then(Value::as_str)?.to_string();
-    let catalog = registry.catalog();
-    let owners: Vec<String> = v
+/// Records an object in the graph and marks what must be planned again:
+/// the object when the collector may act on it, and its owners, former and
+/// present (an owner in foreground deletion may have been waiting only on it).
+fn observe(
+    registry: &Registry,
+    graph: &mut Graph,
+    key: &str,
+    v: &Value,
+    dirty: &mut HashSet<String>,
+) {
+    let Some((resource, sub)) = split_key(key) else {
+        return;
+    };
+    let Some(uid) = v.meta_field("uid").and_then(Value::as_str) else {
+        return;
+    };
+    let refs = v
         .meta_field("ownerReferences")
         .and_then(Value::as_array)
-        .map(|refs| {
-            refs.iter()
-                .filter(|r| {
-                    let api_version = r.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-                    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
-                    let kind = r.get("kind").and_then(Value::as_str).unwrap_or("");
-                    catalog.find_by_kind(group, kind).is_some()
-                })
-                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string))
-                .collect()
-        })
+        .map(Vec::as_slice)
         .unwrap_or_default();
     let deleting = is_deleting(v);
-    if owners.is_empty() && !deleting {
+    if refs.is_empty() && !deleting {
         // Not collectable (nearly every object): only its uid is kept, so
         // the node's strings are not built only to be dropped.
-        graph.remove(&uid);
-        graph.present.insert(&uid);
-        return None;
+        if let Some(former) = graph.remove(uid) {
+            dirty.extend(former.owners.into_iter().map(|o| o.uid));
+        }
+        graph.present.insert(uid);
+        return;
     }
-    graph.upsert(
-        uid.clone(),
-        Node {
-            resource: resource.to_string(),
-            key: sub.to_string(),
-            owners,
-            deleting,
-            finalizers: finalizers(v),
-        },
-    );
-    Some(uid)
+    let catalog = registry.catalog();
+    let mut owners = Vec::with_capacity(refs.len());
+    let mut foreign_owners = false;
+    for r in refs {
+        let api_version = r.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let kind = r.get("kind").and_then(Value::as_str).unwrap_or("");
+        let Some(owner_uid) = r.get("uid").and_then(Value::as_str) else {
+            continue;
+        };
+        if catalog.find_by_kind(group, kind).is_none() {
+            foreign_owners = true;
+            continue;
+        }
+        owners.push(Owner {
+            uid: owner_uid.to_string(),
+            blocking: r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true),
+        });
+    }
+    dirty.extend(owners.iter().map(|o| o.uid.clone()));
+    let node = Node {
+        resource: resource.to_string(),
+        key: sub.to_string(),
+        owners,
+        foreign_owners,
+        deleting,
+        finalizers: finalizers(v),
+    };
+    let collectable = node.collectable();
+    if let Some(former) = graph.upsert(uid.to_string(), node) {
+        dirty.extend(former.owners.into_iter().map(|o| o.uid));
+    }
+    if collectable {
+        dirty.insert(uid.to_string());
+    }
 }
 
+/// What the collector does about the objects in `dirty`, as kube's does:
+/// an owner deleting in the foreground has its dependents collected and
+/// loses its finalizer once no dependent blocks it (`blockOwnerDeletion`);
+/// an owner deleting with `orphan` lets its dependents go; a dependent is
+/// deleted when none of its owners is solid (present and not waiting on
+/// its dependents), and otherwise only loses the references to owners that
+/// are gone or waiting.
 fn plan(graph: &Graph, dirty: HashSet<String>) -> Vec<Action> {
     let mut actions = Vec::new();
+    let mut dependents: HashSet<String> = HashSet::new();
     for uid in dirty {
         let Some(node) = graph.nodes.get(&uid) else {
             continue;
         };
-        if node.deleting && node.finalizers.iter().any(|f| f == FINALIZER_FOREGROUND) {
+        if node.deleting_dependents() {
             let deps = graph.dependents_of(&uid);
-            if deps.is_empty() {
+            let blocked = deps
+                .iter()
+                .any(|d| graph.nodes.get(d).is_some_and(|n| n.blocks(&uid)));
+            if !blocked {
                 actions.push(Action::DropFinalizer {
                     uid: uid.clone(),
                     finalizer: FINALIZER_FOREGROUND,
                 });
-            } else {
-                for d in deps {
-                    if graph.nodes.get(&d).is_some_and(|n| !n.deleting) {
-                        actions.push(Action::Delete { uid: d });
-                    }
-                }
             }
+            dependents.extend(deps);
         }
-        if node.deleting && node.finalizers.iter().any(|f| f == FINALIZER_ORPHAN) {
+        if node.deleting && node.has_finalizer(FINALIZER_ORPHAN) {
             for d in graph.dependents_of(&uid) {
-                actions.push(Action::Orphan {
+                actions.push(Action::DropOwners {
                     dependent: d,
-                    owner: uid.clone(),
+                    owners: vec![uid.clone()],
                 });
             }
             actions.push(Action::DropFinalizer {
@@ -305,14 +356,60 @@ fn plan(graph: &Graph, dirty: HashSet<String>) -> Vec<Action> {
                 finalizer: FINALIZER_ORPHAN,
             });
         }
-        if !node.owners.is_empty()
-            && !node.deleting
-            && node.owners.iter().all(|o| !graph.present.contains(o))
-        {
-            actions.push(Action::Delete { uid: uid.clone() });
-        }
+        dependents.insert(uid);
+    }
+    for uid in dependents {
+        plan_dependent(graph, uid, &mut actions);
     }
     actions
+}
+
+/// kube's `attemptToDeleteItem` for one dependent.
+fn plan_dependent(graph: &Graph, uid: String, actions: &mut Vec<Action>) {
+    let Some(node) = graph.nodes.get(&uid) else {
+        return;
+    };
+    if node.deleting || node.owners.is_empty() || node.foreign_owners {
+        return;
+    }
+    let mut solid = false;
+    let mut waiting = false;
+    let mut unneeded = Vec::new();
+    for o in &node.owners {
+        if !graph.present.contains(&o.uid) {
+            unneeded.push(o.uid.clone());
+        } else if graph
+            .nodes
+            .get(&o.uid)
+            .is_some_and(Node::deleting_dependents)
+        {
+            waiting = true;
+            unneeded.push(o.uid.clone());
+        } else {
+            solid = true;
+        }
+    }
+    if solid {
+        if !unneeded.is_empty() {
+            actions.push(Action::DropOwners {
+                dependent: uid,
+                owners: unneeded,
+            });
+        }
+        return;
+    }
+    // An owner waits on this object and it has dependents of its own: they
+    // go first, so the wait carries down the chain.
+    let propagation = if waiting && !graph.dependents_of(&uid).is_empty() {
+        Propagation::Foreground
+    } else if node.has_finalizer(FINALIZER_ORPHAN) {
+        Propagation::Orphan
+    } else if node.has_finalizer(FINALIZER_FOREGROUND) {
+        Propagation::Foreground
+    } else {
+        Propagation::Background
+    };
+    actions.push(Action::Delete { uid, propagation });
 }
 
 fn target_of(registry: &Registry, node: &Node) -> Option<(Target, String)> {
@@ -340,7 +437,7 @@ async fn execute(registry: &Registry, graph: &Graph, action: Action) {
         return;
     }
     let result = match &action {
-        Action::Delete { uid } => {
+        Action::Delete { uid, propagation } => {
             let Some((t, name)) = graph.nodes.get(uid).and_then(|n| target_of(registry, n)) else {
                 return;
             };
@@ -349,7 +446,7 @@ async fn execute(registry: &Registry, graph: &Graph, action: Action) {
                     uid: Some(uid.clone()),
                     resource_version: None,
                 },
-                propagation: Some(Propagation::Background),
+                propagation: Some(*propagation),
                 ..Default::default()
             };
             registry.delete(&t, &name, &opts).await.map(|_| ())
@@ -372,7 +469,7 @@ async fn execute(registry: &Registry, graph: &Graph, action: Action) {
                 .await
                 .map(|_| ())
         }
-        Action::Orphan { dependent, owner } => {
+        Action::DropOwners { dependent, owners } => {
             let Some((t, name)) = graph
                 .nodes
                 .get(dependent)
@@ -387,7 +484,11 @@ async fn execute(registry: &Registry, graph: &Graph, action: Action) {
                         .pointer_mut("/metadata/ownerReferences")
                         .and_then(Value::as_array_mut)
                     {
-                        refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(owner));
+                        refs.retain(|r| {
+                            r.get("uid")
+                                .and_then(Value::as_str)
+                                .is_none_or(|u| !owners.iter().any(|o| o == u))
+                        });
                     }
                     Ok(v)
                 })
