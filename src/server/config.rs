@@ -35,11 +35,6 @@ pub struct ServeConfig {
     /// memory (the benchmark's memory figure rose from 1.9× to 4× the data).
     #[arg(long, default_value = "4Mi", value_parser = parse_bytes)]
     pub storage_cache_bytes: u64,
-    /// How long the store's writer waits for more writes before it commits
-    /// a group (fsync), while at least 8 other write requests are in flight
-    /// (PostgreSQL's commit_delay with commit_siblings); 0 never waits.
-    #[arg(long, default_value = "0.3ms", value_parser = parse_duration)]
-    pub storage_commit_delay: Duration,
     /// HTTPS listen address.
     #[arg(long, default_value = "127.0.0.1:6443")]
     pub listen: SocketAddr,

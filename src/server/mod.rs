@@ -149,7 +149,6 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServerError> {
     let (mut catalog, mut sources) = load_catalog(&cfg)?;
     pki::private_dir(&cfg.data_dir)?;
     let (store, replica, internal_listener) = open_store(&cfg).await?;
-    store.set_commit_delay(cfg.storage_commit_delay);
     if sources.serve_definitions {
         // Before the watch cache loads the objects the stored definitions define.
         serve_stored_definitions(&mut catalog, &store).await;

@@ -223,10 +223,7 @@ pub struct Store {
     sequencer: Arc<Mutex<Writer>>,
     /// Write requests being handled (`Store::writing`), from their decoding
     /// to their answer: a write that finds no other may commit itself.
-    in_flight: Arc<AtomicU64>,
-    /// How long the writer thread waits for more writes before it commits
-    /// a group, in µs (`set_commit_delay`).
-    commit_delay: Arc<AtomicU64>,
+    in_flight: AtomicU64,
     revision: watch::Receiver<Revision>,
     compacted: Arc<AtomicU64>,
     subscribers: Arc<Mutex<Vec<mpsc::UnboundedSender<Arc<Batch>>>>>,
@@ -266,8 +263,6 @@ impl Store {
         let (rev_tx, rev_rx) = watch::channel(rev);
         let subscribers = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel(4096);
-        let in_flight = Arc::new(AtomicU64::new(0));
-        let commit_delay = Arc::new(AtomicU64::new(0));
         let writer = Writer::new(
             engine.clone(),
             rev,
@@ -277,25 +272,15 @@ impl Store {
         );
         let sequencer = Arc::new(Mutex::new(writer));
         let thread_sequencer = sequencer.clone();
-        let thread_in_flight = in_flight.clone();
-        let thread_commit_delay = commit_delay.clone();
         std::thread::Builder::new()
             .name("kshard-writer".into())
-            .spawn(move || {
-                Writer::run(
-                    thread_sequencer,
-                    rx,
-                    &thread_in_flight,
-                    &thread_commit_delay,
-                )
-            })
+            .spawn(move || Writer::run(thread_sequencer, rx))
             .map_err(|e| StorageError::Engine(e.to_string()))?;
         Ok(Arc::new(Self {
             engine,
             writes: tx,
             sequencer,
-            in_flight,
-            commit_delay,
+            in_flight: AtomicU64::new(0),
             revision: rev_rx,
             compacted: Arc::new(AtomicU64::new(compacted)),
             subscribers,
@@ -454,14 +439,6 @@ impl Store {
             return (Err(StorageError::Closed), true);
         }
         (rx.await.unwrap_or(Err(StorageError::Closed)), true)
-    }
-
-    /// How long the writer thread may wait for more writes before it
-    /// commits a group, while at least 8 other write requests are in
-    /// flight: one sync then covers more writes (zero: never waits).
-    pub fn set_commit_delay(&self, delay: Duration) {
-        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
-        self.commit_delay.store(micros, Ordering::Relaxed);
     }
 
     /// Counts a write request as in flight until the guard drops. Counting

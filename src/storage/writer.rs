@@ -3,9 +3,7 @@
 //! acknowledged only after it is durable; then their events are published in
 //! revision order.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -16,21 +14,6 @@ use super::{keys, Batch, Event, EventType, Fence, Revision, StorageError, Write,
 
 /// Writes taken into one transaction at most.
 const MAX_GROUP: usize = 512;
-
-/// Other write requests in flight that make the writer wait for more
-/// writes before it commits a group (PostgreSQL's commit_siblings).
-const LINGER_SIBLINGS: usize = 8;
-/// How often a waiting writer looks at its queue again.
-const LINGER_STEP: Duration = Duration::from_micros(50);
-
-/// The writer's sleeps are a few dozen microseconds: the default 50 µs of
-/// timer slack would double them.
-fn set_timer_slack() {
-    // SAFETY: PR_SET_TIMERSLACK takes integer arguments and touches no memory of ours.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1000, 0, 0, 0);
-    }
-}
 
 pub(super) struct Op {
     pub write: Write,
@@ -78,19 +61,11 @@ impl Writer {
 
     /// The writer thread: commits what the channel brings, a group at a
     /// time, holding the sequencer only while it commits (a lone write may
-    /// commit itself in between: `Store::write`). `in_flight` counts the
-    /// write requests being handled (`Store::writing`).
-    /// `commit_delay` (µs) is how long it waits at most for more writes
-    /// before it commits a group (`Store::set_commit_delay`).
-    pub fn run(
-        this: Arc<Mutex<Self>>,
-        mut rx: mpsc::Receiver<Msg>,
-        in_flight: &AtomicU64,
-        commit_delay: &AtomicU64,
-    ) {
-        set_timer_slack();
+    /// commit itself in between: `Store::write`).
+    pub fn run(this: Arc<Mutex<Self>>, mut rx: mpsc::Receiver<Msg>) {
         let mut next = rx.blocking_recv();
         while let Some(msg) = next.take() {
+            let mut w = this.lock().unwrap_or_else(|e| e.into_inner());
             let first = match msg {
                 Msg::Write(op) => op,
                 Msg::Follow {
@@ -98,7 +73,6 @@ impl Writer {
                     watermark,
                     reply,
                 } => {
-                    let mut w = this.lock().unwrap_or_else(|e| e.into_inner());
                     let _ = reply.send(w.follow(events, watermark).map(|()| w.revision));
                     drop(w);
                     next = rx.blocking_recv();
@@ -106,35 +80,17 @@ impl Writer {
                 }
             };
             let mut ops = vec![first];
-            let mut waited = Duration::ZERO;
-            let linger = Duration::from_micros(commit_delay.load(Ordering::Relaxed));
-            loop {
-                while ops.len() < MAX_GROUP {
-                    match rx.try_recv() {
-                        Ok(Msg::Write(op)) => ops.push(op),
-                        // Keep the order: the follow request goes after this group.
-                        Ok(other) => {
-                            next = Some(other);
-                            break;
-                        }
-                        Err(_) => break,
+            while ops.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(Msg::Write(op)) => ops.push(op),
+                    // Keep the order: the follow request goes after this group.
+                    Ok(other) => {
+                        next = Some(other);
+                        break;
                     }
+                    Err(_) => break,
                 }
-                // Group commit's delay, as PostgreSQL's commit_delay with
-                // commit_siblings: while enough other writes are under way,
-                // wait a moment for them so that one sync covers them too.
-                let others = (in_flight.load(Ordering::Acquire) as usize).saturating_sub(ops.len());
-                if next.is_some()
-                    || ops.len() >= MAX_GROUP
-                    || others < LINGER_SIBLINGS
-                    || waited >= linger
-                {
-                    break;
-                }
-                std::thread::sleep(LINGER_STEP);
-                waited += LINGER_STEP;
             }
-            let mut w = this.lock().unwrap_or_else(|e| e.into_inner());
             w.commit_group(ops);
             let engine = w.engine.clone();
             drop(w);
