@@ -595,6 +595,30 @@ async fn owner_references_blocking_and_shared_dependents() {
         .await
         .expect("delete");
     common::eventually("shared dependent collected", || gone("shared")).await;
+
+    // A reference to a namespaced owner is resolved in the dependent's own
+    // namespace: the uid of an object elsewhere is an absent owner, so the
+    // dependent is collected, and that object does not wait for it.
+    let elsewhere = create("elsewhere", vec![], false).await;
+    let other = widgets(&s.client, "other");
+    let mut w = common::widget("stray", 1);
+    w["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "demo.kshard.dev/v1", "kind": "Widget",
+        "name": "elsewhere", "uid": elsewhere.metadata.uid, "blockOwnerDeletion": true,
+    }]);
+    other
+        .create(&PostParams::default(), &obj(w))
+        .await
+        .expect("stray dependent");
+    common::eventually(
+        "a dependent of an owner in another namespace is collected",
+        || {
+            let o = other.clone();
+            async move { o.get_opt("stray").await.expect("get").is_none() }
+        },
+    )
+    .await;
+    assert!(api.get_opt("elsewhere").await.expect("get").is_some());
 }
 
 #[tokio::test(flavor = "multi_thread")]

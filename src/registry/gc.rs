@@ -35,6 +35,11 @@ struct Owner {
     uid: String,
     /// `blockOwnerDeletion`: an owner in foreground deletion waits for it.
     blocking: bool,
+    /// The namespace (its id, see `Graph::namespaces`) the owner must be in:
+    /// the dependent's for a namespaced kind, none (0) for a cluster-scoped
+    /// one. kube resolves a reference by name in that namespace, so an
+    /// object of that uid elsewhere is not this owner.
+    namespace: u32,
 }
 
 /// What the collector knows. Only objects it may act on are nodes: those
@@ -48,40 +53,54 @@ struct Graph {
     nodes: HashMap<String, Node>,
     dependents: HashMap<String, HashSet<String>>,
     present: Uids,
+    /// Namespace names to the small ids `present` keeps (0: none).
+    namespaces: HashMap<String, u32>,
 }
 
-/// The uids of every object: parsed UUIDs (kshard generates them), any
-/// other string as it is.
+/// The uid of every object with its namespace's id: parsed UUIDs (kshard
+/// generates them) as two words (24 bytes an entry, where a `u128`'s
+/// alignment made 32), any other string as it is.
 #[derive(Default)]
 struct Uids {
-    uuids: HashSet<u128>,
-    other: HashSet<String>,
+    uuids: HashMap<[u64; 2], u32>,
+    other: HashMap<String, u32>,
+}
+
+fn uuid_words(u: uuid::Uuid) -> [u64; 2] {
+    let (hi, lo) = u.as_u64_pair();
+    [hi, lo]
 }
 
 impl Uids {
-    fn insert(&mut self, uid: &str) {
+    fn insert(&mut self, uid: &str, namespace: u32) {
         match uuid::Uuid::parse_str(uid) {
             Ok(u) => {
-                self.uuids.insert(u.as_u128());
+                self.uuids.insert(uuid_words(u), namespace);
             }
             Err(_) => {
-                self.other.insert(uid.to_string());
+                self.other.insert(uid.to_string(), namespace);
             }
         }
     }
 
     fn remove(&mut self, uid: &str) {
         match uuid::Uuid::parse_str(uid) {
-            Ok(u) => self.uuids.remove(&u.as_u128()),
+            Ok(u) => self.uuids.remove(&uuid_words(u)),
             Err(_) => self.other.remove(uid),
         };
     }
 
-    fn contains(&self, uid: &str) -> bool {
+    /// The namespace of the object with this uid, if there is one.
+    fn namespace_of(&self, uid: &str) -> Option<u32> {
         match uuid::Uuid::parse_str(uid) {
-            Ok(u) => self.uuids.contains(&u.as_u128()),
-            Err(_) => self.other.contains(uid),
+            Ok(u) => self.uuids.get(&uuid_words(u)).copied(),
+            Err(_) => self.other.get(uid).copied(),
         }
+    }
+
+    /// Whether `owner` exists where the reference to it points.
+    fn has(&self, owner: &Owner) -> bool {
+        self.namespace_of(&owner.uid) == Some(owner.namespace)
     }
 }
 
@@ -105,8 +124,11 @@ impl Node {
         self.deleting && self.has_finalizer(FINALIZER_FOREGROUND)
     }
 
-    fn blocks(&self, owner: &str) -> bool {
-        self.owners.iter().any(|o| o.uid == owner && o.blocking)
+    /// Whether it blocks the owner of uid `owner`, in namespace `namespace`.
+    fn blocks(&self, owner: &str, namespace: Option<u32>) -> bool {
+        self.owners
+            .iter()
+            .any(|o| o.uid == owner && o.blocking && Some(o.namespace) == namespace)
     }
 }
 
@@ -124,10 +146,22 @@ impl Graph {
         Some(node)
     }
 
+    fn namespace_id(&mut self, namespace: &str) -> u32 {
+        if namespace.is_empty() {
+            return 0;
+        }
+        if let Some(id) = self.namespaces.get(namespace) {
+            return *id;
+        }
+        let id = u32::try_from(self.namespaces.len() + 1).unwrap_or(u32::MAX);
+        self.namespaces.insert(namespace.to_string(), id);
+        id
+    }
+
     /// Records `node` under `uid`; returns the node it replaces.
-    fn upsert(&mut self, uid: String, node: Node) -> Option<Node> {
+    fn upsert(&mut self, uid: String, namespace: u32, node: Node) -> Option<Node> {
         let former = self.remove(&uid);
-        self.present.insert(&uid);
+        self.present.insert(&uid, namespace);
         if !node.collectable() {
             return former;
         }
@@ -271,13 +305,15 @@ fn observe(
         .map(Vec::as_slice)
         .unwrap_or_default();
     let deleting = is_deleting(v);
+    let namespace = sub.split_once('/').map_or("", |(ns, _)| ns);
+    let namespace_id = graph.namespace_id(namespace);
     if refs.is_empty() && !deleting {
         // Not collectable (nearly every object): only its uid is kept, so
         // the node's strings are not built only to be dropped.
         if let Some(former) = graph.remove(uid) {
             dirty.extend(former.owners.into_iter().map(|o| o.uid));
         }
-        graph.present.insert(uid);
+        graph.present.insert(uid, namespace_id);
         return;
     }
     let catalog = registry.catalog();
@@ -290,13 +326,24 @@ fn observe(
         let Some(owner_uid) = r.get("uid").and_then(Value::as_str) else {
             continue;
         };
-        if catalog.find_by_kind(group, kind).is_none() {
+        let Some(owner_kind) = catalog.find_by_kind(group, kind) else {
+            foreign_owners = true;
+            continue;
+        };
+        if owner_kind.namespaced && namespace.is_empty() {
+            // A cluster-scoped object cannot have a namespaced owner: kube
+            // leaves such a reference unresolved and the object uncollected.
             foreign_owners = true;
             continue;
         }
         owners.push(Owner {
             uid: owner_uid.to_string(),
             blocking: r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true),
+            namespace: if owner_kind.namespaced {
+                namespace_id
+            } else {
+                0
+            },
         });
     }
     dirty.extend(owners.iter().map(|o| o.uid.clone()));
@@ -309,7 +356,7 @@ fn observe(
         finalizers: finalizers(v),
     };
     let collectable = node.collectable();
-    if let Some(former) = graph.upsert(uid.to_string(), node) {
+    if let Some(former) = graph.upsert(uid.to_string(), namespace_id, node) {
         dirty.extend(former.owners.into_iter().map(|o| o.uid));
     }
     if collectable {
@@ -333,9 +380,10 @@ fn plan(graph: &Graph, dirty: HashSet<String>) -> Vec<Action> {
         };
         if node.deleting_dependents() {
             let deps = graph.dependents_of(&uid);
+            let here = graph.present.namespace_of(&uid);
             let blocked = deps
                 .iter()
-                .any(|d| graph.nodes.get(d).is_some_and(|n| n.blocks(&uid)));
+                .any(|d| graph.nodes.get(d).is_some_and(|n| n.blocks(&uid, here)));
             if !blocked {
                 actions.push(Action::DropFinalizer {
                     uid: uid.clone(),
@@ -376,7 +424,7 @@ fn plan_dependent(graph: &Graph, uid: String, actions: &mut Vec<Action>) {
     let mut waiting = false;
     let mut unneeded = Vec::new();
     for o in &node.owners {
-        if !graph.present.contains(&o.uid) {
+        if !graph.present.has(o) {
             unneeded.push(o.uid.clone());
         } else if graph
             .nodes
