@@ -856,12 +856,11 @@ async fn host_admission_policies_and_webhooks_are_enforced_by_kshard() {
 
     // Deleted from the host: no longer applied.
     host.kubectl_ok(&["delete", "validatingwebhookconfiguration", "names"]);
+    let created =
+        host.create_until_accepted(&widget_yaml("bad-2", "team-a", 1), Duration::from_secs(30));
     assert!(
-        poll(Duration::from_secs(30), || host
-            .kubectl_stdin(&["create", "-f", "-"], &widget_yaml("bad-2", "team-a", 1))
-            .status
-            .success()),
-        "the deleted webhook was still applied"
+        created.is_ok(),
+        "the deleted webhook was still applied: {created:?}"
     );
 
     // A policy whose params are the host's ConfigMap (kshard serves no
@@ -965,15 +964,9 @@ async fn shard_resource_definitions_on_the_host_are_served_and_cleaned_up() {
     assert_eq!(labels, "kshard");
     let gadget = json!({"apiVersion": "things.kshard.dev/v1", "kind": "Gadget",
         "metadata": {"name": "g1", "namespace": "default"}, "spec": {"size": 3}});
-    let mut last = String::new();
-    assert!(
-        poll(Duration::from_secs(30), || {
-            let out = host.kubectl_stdin(&["create", "-f", "-"], &gadget.to_string());
-            last = stderr(&out);
-            out.status.success()
-        }),
-        "{last}"
-    );
+    if let Err(last) = host.create_until_accepted(&gadget.to_string(), Duration::from_secs(30)) {
+        panic!("{last}");
+    }
     let got = host.kubectl_ok(&["get", "gadget", "g1", "-o", "jsonpath={.spec}"]);
     assert_eq!(
         serde_json::from_str::<Value>(&got).expect("json"),
@@ -1075,16 +1068,11 @@ async fn without_rbac_for_admission_objects_kshard_serves_and_says_what_is_missi
     host.kubectl_ok(&["create", "namespace", "team-a"]);
     // The host's aggregator marks the APIService available again on its own
     // schedule after the restart; until then its discovery omits the group.
-    let mut last_err = String::new();
-    assert!(
-        poll(Duration::from_secs(30), || {
-            let out = host.kubectl_stdin(&["create", "-f", "-"], &widget_yaml("w1", "team-a", 1));
-            last_err = stderr(&out);
-            // A retry after a reply lost on the way is already there.
-            out.status.success() || last_err.contains("AlreadyExists")
-        }),
-        "a write while degraded: {last_err}"
-    );
+    if let Err(last) =
+        host.create_until_accepted(&widget_yaml("w1", "team-a", 1), Duration::from_secs(30))
+    {
+        panic!("a write while degraded: {last}");
+    }
 
     // Granted again: followed without a restart (the reflectors retry).
     let mut restored = role.clone();

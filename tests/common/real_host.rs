@@ -315,6 +315,25 @@ impl RealHost {
         kubectl_with(&self.admin_kubeconfig, args, Some(stdin))
     }
 
+    /// `kubectl create -f -` of `manifest` through the host, retried for up
+    /// to `limit` while the host is not yet serving it (its aggregator's
+    /// discovery lags a backend's start) or an admission step still refuses
+    /// it. An `AlreadyExists` counts as created: an earlier attempt's reply
+    /// was lost. Returns the last attempt's stderr when it never succeeded.
+    pub fn create_until_accepted(&self, manifest: &str, limit: Duration) -> Result<(), String> {
+        let mut last = String::new();
+        let created = poll(limit, || {
+            let out = self.kubectl_stdin(&["create", "-f", "-"], manifest);
+            last = String::from_utf8_lossy(&out.stderr).into_owned();
+            out.status.success() || last.contains("AlreadyExists")
+        });
+        if created {
+            Ok(())
+        } else {
+            Err(last)
+        }
+    }
+
     /// kubectl as the administrator; panics with its stderr on failure.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
         super::kubectl_ok_with(&self.admin_kubeconfig, args)
