@@ -715,6 +715,13 @@ async fn selectors_and_match_conditions_choose_requests() {
         message.starts_with(r#"widgets.demo.kshard.dev "e" is forbidden: expression 'object.spec.nope == 1' resulted in error: "#),
         "{message}"
     );
+    // Probes sent before the new configuration was in force reached the
+    // webhook; one sent after it must not.
+    hooks.take("/selected");
+    let r = s
+        .post_json(&format!("{WIDGETS}?dryRun=All"), &watched("e"))
+        .await;
+    assert_eq!(r.status, 403, "{}", r.text());
     assert!(hooks.take("/selected").is_empty());
 }
 

@@ -70,8 +70,48 @@ impl Behind {
     }
 
     /// RBAC objects written to the host.
+    /// Applies RBAC objects on the host and waits until its authorizer,
+    /// which reads them from informers, grants each binding's subject the
+    /// first rule of its role (`kubectl auth can-i`, a self review that the
+    /// tests' counts of `subjectaccessreviews` do not see).
     fn rbac(&self, objects: &[Value]) {
         self.host.apply(objects);
+        for b in objects.iter().filter(|o| o["roleRef"].is_object()) {
+            let namespace = b["metadata"]["namespace"].as_str().unwrap_or("");
+            let Some(rule) = objects.iter().find_map(|r| {
+                let same = r["kind"] == b["roleRef"]["kind"]
+                    && r["metadata"]["name"] == b["roleRef"]["name"]
+                    && r["metadata"]["namespace"].as_str().unwrap_or("") == namespace;
+                same.then(|| r["rules"][0].clone())
+            }) else {
+                continue;
+            };
+            let verb = rule["verbs"][0].as_str().unwrap_or("get").to_string();
+            let group = rule["apiGroups"][0].as_str().unwrap_or("");
+            let resource = rule["resources"][0].as_str().unwrap_or("");
+            let resource = if group.is_empty() {
+                resource.to_string()
+            } else {
+                format!("{resource}.{group}")
+            };
+            let subject = &b["subjects"][0];
+            let name = subject["name"].as_str().unwrap_or("");
+            let mut args = vec!["auth".to_string(), "can-i".into(), verb, resource];
+            if subject["kind"] == "Group" {
+                args.extend(["--as=rbac-probe".into(), format!("--as-group={name}")]);
+            } else {
+                args.push(format!("--as={name}"));
+            }
+            if !namespace.is_empty() {
+                args.extend(["-n".into(), namespace.to_string()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            self.host.wait_until(
+                &format!("the host's RBAC to allow {args:?}"),
+                Duration::from_secs(10),
+                || self.host.kubectl(&args).status.success(),
+            );
+        }
     }
 }
 

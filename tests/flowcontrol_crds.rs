@@ -287,19 +287,42 @@ async fn replicas_share_one_configuration_without_fighting_over_status() {
     .await;
     // Both controllers write the same status under one field manager: it settles.
     let schemas: Api<FlowSchemaResource> = Api::all(a.client.clone());
-    common::eventually("the controllers wrote the schema's status", || async {
+    // Kustomize may create the schema before its level, so the first status
+    // can say `Dangling=True`; wait for the settled one before observing.
+    common::eventually(
+        "the controllers wrote the schema's final status",
+        || async {
+            schemas.get("tenant-a-controller").await.is_ok_and(|fs| {
+                let status = serde_json::to_value(&fs.status).unwrap_or_default();
+                let condition = |kind: &str, want: &str| {
+                    status["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == kind && c["status"] == want)
+                };
+                condition("Dangling", "False") && condition("InForce", "True")
+            })
+        },
+    )
+    .await;
+    // The other replica may still have the same status in flight, stamped
+    // with its own transition time: the first quiet moment ends that.
+    let rv_now = || async {
         schemas
             .get("tenant-a-controller")
             .await
-            .is_ok_and(|fs| fs.status.is_some())
+            .expect("fs")
+            .metadata
+            .resource_version
+    };
+    let rv1 = common::until("a quiet moment", Duration::from_secs(10), || async {
+        let before = rv_now().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after = rv_now().await;
+        (before == after).then_some(after)
     })
     .await;
-    let rv1 = schemas
-        .get("tenant-a-controller")
-        .await
-        .expect("fs")
-        .metadata
-        .resource_version;
     // An observation window, not a wait: nothing may rewrite the status in it.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let fs = schemas.get("tenant-a-controller").await.expect("fs");

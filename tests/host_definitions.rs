@@ -351,17 +351,21 @@ async fn definitions_on_the_host_are_served_changed_and_removed() {
         s.apiservice("v2.things.kshard.dev").await.is_some()
     })
     .await;
-    // kubectl, talking to the host, finds the resource through the aggregator.
-    let out = common::kubectl_with(
-        &s.host.admin_kubeconfig,
-        &["get", "gadgets.v2.things.kshard.dev", "-o", "name"],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // kubectl, talking to the host, finds the resource through the
+    // aggregator, once the host has found the new APIService available.
+    let out = common::until(
+        "kubectl through the host to list v2 gadgets",
+        Duration::from_secs(30),
+        || async {
+            let out = common::kubectl_with(
+                &s.host.admin_kubeconfig,
+                &["get", "gadgets.v2.things.kshard.dev", "-o", "name"],
+                None,
+            );
+            out.status.success().then_some(out)
+        },
+    )
+    .await;
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "gadget.things.kshard.dev/g1\ngadget.things.kshard.dev/g2"

@@ -372,6 +372,24 @@ async fn flow_control_from_git_applies_to_the_host_and_takes_effect() {
         "--clusterrole=widget-reader",
         "--group=tenant-a",
     ]);
+    // The host's authorizer reads RBAC from informers; a denial in between
+    // would be cached by kshard.
+    host.wait_until(
+        "the host's RBAC to let tenant-a list widgets",
+        Duration::from_secs(10),
+        || {
+            host.kubectl(&[
+                "auth",
+                "can-i",
+                "list",
+                "widgets.demo.kshard.dev",
+                "--as=rbac-probe",
+                "--as-group=tenant-a",
+            ])
+            .status
+            .success()
+        },
+    );
     let carol = common::client_for(&host.kubeconfig_for(common::real_host::CAROL.0)).await;
     let mut seen = Vec::new();
     let mut took = false;
@@ -515,13 +533,7 @@ async fn every_shipped_object_passes_a_server_side_dry_run_on_a_real_api_server(
             stderr(&out)
         );
     }
-    host.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "--all",
-        "--timeout=60s",
-    ]);
+    host.wait_crds_served();
     for (name, objects) in &sets {
         for o in objects {
             let out = host.kubectl_stdin(

@@ -638,9 +638,24 @@ async fn behind_the_host_kshards_spans_continue_the_aggregators_trace() {
     )
     .await;
     assert_eq!(code, 200, "{body}\n{}", kshard.log_tail());
-    let spans = collector
+    let mut spans = collector
         .wait_for(trace_id, &[kshard_server_span, "List"])
         .await;
+    // The host exports its spans on a timer of its own: wait for the proxy's
+    // span (the parent of kshard's) and the host's server span too.
+    let complete = |spans: &[Received]| {
+        let ours = spans
+            .iter()
+            .find(|s| s.service == "kshard" && s.span.name == kshard_server_span);
+        let host =
+            |f: &dyn Fn(&Received) -> bool| spans.iter().any(|s| s.service != "kshard" && f(s));
+        ours.is_some_and(|o| host(&|h| h.id() == o.parent())) && host(&|h| h.parent() == caller)
+    };
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !complete(&spans) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        spans = collector.of_trace(trace_id);
+    }
     let host_spans: HashMap<String, &Received> = spans
         .iter()
         .filter(|s| s.service != "kshard")

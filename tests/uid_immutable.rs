@@ -102,12 +102,7 @@ async fn changing_the_uid_is_refused_as_kube_refuses_it() {
     let host = RealHost::start(dir.path());
     let crd = common::repo_path("crds/examples/widgets.yaml");
     host.kubectl_ok(&["apply", "-f", &crd.display().to_string()]);
-    host.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/widgets.demo.kshard.dev",
-        "--timeout=60s",
-    ]);
+    host.wait_crds_served();
     let kube = answers(&host.client().await).await;
     let s = common::start().await;
     let ours = answers(&s.client).await;

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::real_host::{poll, RealHost};
+use common::real_host::RealHost;
 use common::webhook::{Reply, WebhookServer};
 use serde_json::{json, Value};
 
@@ -56,10 +56,15 @@ struct Sides {
 }
 
 impl Sides {
-    /// Installs the configuration on both sides and waits until each has
-    /// it in force (a create answers something other than success, or the
-    /// webhook sees a review); returns each side's answer to one create.
-    async fn create_on_both(&self, url: &str, ca_pem: &str) -> ((u16, Value), (u16, Value)) {
+    /// Installs the configuration on both sides, waits until each has it in
+    /// force (`in_force` holds for a dry-run create's answer, given the kind
+    /// created), and returns each side's answer to one real create.
+    async fn create_on_both(
+        &self,
+        url: &str,
+        ca_pem: &str,
+        in_force: impl Fn(&str, u16, &Value) -> bool,
+    ) -> ((u16, Value), (u16, Value)) {
         self.host
             .apply(&[configuration("", "configmaps", url, ca_pem)]);
         // Server-side: kshard serves these kinds as custom resources, which
@@ -73,18 +78,31 @@ impl Sides {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        // Both servers pick the configuration up asynchronously.
-        tokio::time::sleep(Duration::from_secs(2)).await;
         let i = self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let kube = post(
-            &self.kube,
-            "/api/v1/namespaces/default/configmaps",
-            &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("c{i}")}}),
-        )
-        .await;
-        let mut w = common::widget(&format!("w{i}"), 1);
-        w["metadata"]["namespace"] = json!("default");
-        let ours = post(&self.kshard.client, common::WIDGETS, &w).await;
+        let config_map =
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("c{i}")}});
+        let mut widget = common::widget(&format!("w{i}"), 1);
+        widget["metadata"]["namespace"] = json!("default");
+        let config_maps = "/api/v1/namespaces/default/configmaps";
+        // Both servers pick the configuration up asynchronously; a dry run
+        // calls the webhook (sideEffects: None) and stores nothing.
+        for (client, uri, body, kind) in [
+            (&self.kube, config_maps, &config_map, "ConfigMap"),
+            (&self.kshard.client, common::WIDGETS, &widget, "Widget"),
+        ] {
+            let dry_run = format!("{uri}?dryRun=All");
+            common::until(
+                &format!("the configuration for {url} in force for {kind}s"),
+                Duration::from_secs(20),
+                || async {
+                    let (code, answer) = post(client, &dry_run, body).await;
+                    in_force(kind, code, &answer).then_some(())
+                },
+            )
+            .await;
+        }
+        let kube = post(&self.kube, config_maps, &config_map).await;
+        let ours = post(&self.kshard.client, common::WIDGETS, &widget).await;
         (kube, ours)
     }
 }
@@ -108,7 +126,17 @@ async fn webhook_certificates_are_trusted_and_refused_as_kube_apiserver_does() {
 
     // A self-signed CA:TRUE certificate as its own caBundle: Go trusts it.
     let url = format!("https://127.0.0.1:{port}/validate");
-    let ((kc, kb), (oc, ob)) = sides.create_on_both(&url, &own_cert).await;
+    let reviewed = |kind: &str| {
+        hooks
+            .received("/validate")
+            .iter()
+            .any(|r| r.review["request"]["kind"]["kind"] == kind)
+    };
+    let ((kc, kb), (oc, ob)) = sides
+        .create_on_both(&url, &own_cert, |kind, code, _| {
+            code == 201 && reviewed(kind)
+        })
+        .await;
     assert_eq!(kc, 201, "kube: {kb}");
     assert_eq!(oc, 201, "kshard refused what kube accepts: {ob}");
     let received = hooks.received("/validate");
@@ -133,7 +161,12 @@ async fn webhook_certificates_are_trusted_and_refused_as_kube_apiserver_does() {
         ),
         ("an unknown authority", url.as_str(), stranger.as_str()),
     ] {
-        let ((kc, kb), (oc, ob)) = sides.create_on_both(url, ca).await;
+        // In force once the refusal names this configuration's URL.
+        let ((kc, kb), (oc, ob)) = sides
+            .create_on_both(url, ca, |_, code, answer| {
+                code == 500 && answer["message"].as_str().is_some_and(|m| m.contains(url))
+            })
+            .await;
         assert_eq!(kc, 500, "{what}: kube {kb}");
         assert_eq!(
             (oc, &ob["reason"], &ob["message"]),
@@ -141,5 +174,4 @@ async fn webhook_certificates_are_trusted_and_refused_as_kube_apiserver_does() {
             "{what}: kshard's answer differs from kube's"
         );
     }
-    assert!(poll(Duration::from_secs(1), || true));
 }

@@ -42,7 +42,7 @@ pub fn schema(name: &str, group: &str, level: &str) -> FlowSchema {
 
 /// Configures flow control the way operators do: FlowSchema and
 /// PriorityLevelConfiguration objects through the API, reconciled by the
-/// controller; returns once the new levels are in force.
+/// controller; returns once the new levels and schemas are in force.
 pub async fn install(
     s: &TestServer,
     schemas: Vec<FlowSchema>,
@@ -57,21 +57,36 @@ pub async fn install(
         pl_api.create(&pp, &obj).await.expect("create level");
     }
     let fs_api: kube::Api<FlowSchemaResource> = kube::Api::all(s.client.clone());
+    let schema_names: Vec<String> = schemas.iter().map(|f| f.metadata.name.clone()).collect();
     for f in schemas {
         let obj = FlowSchemaResource::new(&f.metadata.name, f.spec);
         fs_api.create(&pp, &obj).await.expect("create schema");
     }
-    for _ in 0..100 {
+    for _ in 0..200 {
         let snap = s.running.apf.snapshot();
-        if names
+        let levels_in_force = names
             .iter()
-            .all(|n| snap.levels.iter().any(|l| &l.name == n && !l.quiescing))
-        {
+            .all(|n| snap.levels.iter().any(|l| &l.name == n && !l.quiescing));
+        // Levels and schemas reach the controller by separate watches; the
+        // controller writes a schema's status after putting it in force, so
+        // `Dangling=False` says the schema classifies requests to its level.
+        let mut schemas_in_force = true;
+        for n in &schema_names {
+            let fs = fs_api.get(n).await.expect("get schema");
+            let status = serde_json::to_value(&fs.status).unwrap_or_default();
+            let found = status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Dangling" && c["status"] == "False");
+            schemas_in_force &= found;
+        }
+        if levels_in_force && schemas_in_force {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("flow-control objects {names:?} not in force");
+    panic!("flow-control objects {names:?} and {schema_names:?} not in force");
 }
 
 /// A LIST that is expensive for the server and cheap for the client: an exact

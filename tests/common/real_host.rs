@@ -584,6 +584,32 @@ impl RealHost {
     }
 
     /// Whether an APIService has `Available=True`.
+    /// Waits until every CustomResourceDefinition is Established and its
+    /// resource is in discovery and lists: Established comes a moment before
+    /// the host's discovery and handlers have the resource.
+    pub fn wait_crds_served(&self) {
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ]);
+        let out = self.kubectl(&["get", "crd", "-o", "jsonpath={.items[*].metadata.name}"]);
+        let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        self.wait_until("the CRDs served", Duration::from_secs(30), || {
+            let out = self.kubectl(&["api-resources", "-o", "name"]);
+            let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+            names.iter().all(|n| listed.lines().any(|l| l == n))
+                && names
+                    .iter()
+                    .all(|n| self.kubectl(&["get", n, "-A", "-o", "name"]).status.success())
+        });
+    }
+
     pub fn apiservice_available(&self, name: &str) -> bool {
         let out = self.kubectl(&[
             "get",
