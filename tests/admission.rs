@@ -960,6 +960,14 @@ spec:
 
     // The Warn/Audit binding: admitted, with kube's warning and annotation.
     let other = "/apis/demo.kshard.dev/v1/namespaces/other/widgets";
+    // Bindings take effect one by one, as their events arrive.
+    until("the Warn binding to take effect", PATIENCE, || async {
+        let r = s
+            .post_json(&format!("{other}?dryRun=All"), &big("big"))
+            .await;
+        r.headers.contains_key("warning").then_some(())
+    })
+    .await;
     let r = s.post_json(other, &big("big")).await;
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(

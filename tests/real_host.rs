@@ -61,8 +61,16 @@ async fn installs_from_the_shipped_manifests_and_serves_every_verb_through_the_h
     );
 
     // Discovery and explain through the host.
-    let resources = host.kubectl_ok(&["api-resources", "--api-group=demo.kshard.dev"]);
-    assert!(resources.contains("widgets"), "{resources}");
+    // The aggregator's discovery takes kshard's in a moment after the
+    // APIService is Available.
+    let mut resources = String::new();
+    assert!(
+        poll(Duration::from_secs(30), || {
+            resources = stdout(&host.kubectl(&["api-resources", "--api-group=demo.kshard.dev"]));
+            resources.contains("widgets")
+        }),
+        "{resources}"
+    );
     // The host's OpenAPI aggregation fetches kshard's documents on its own
     // schedule after the APIService becomes Available.
     let mut explain = String::new();
@@ -984,14 +992,21 @@ async fn shard_resource_definitions_on_the_host_are_served_and_cleaned_up() {
         serde_json::from_str::<Value>(&got).expect("json"),
         json!({"size": 3})
     );
-    let status = host.kubectl_ok(&[
-        "get",
-        "shardresourcedefinition",
-        "gadgets.things.kshard.dev",
-        "-o",
-        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
-    ]);
-    assert_eq!(status, "True");
+    // kshard serves a definition before it writes its status.
+    let mut status = String::new();
+    assert!(
+        poll(Duration::from_secs(10), || {
+            status = stdout(&host.kubectl(&[
+                "get",
+                "shardresourcedefinition",
+                "gadgets.things.kshard.dev",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+            ]));
+            status.trim() == "True"
+        }),
+        "Established: {status}"
+    );
 
     host.kubectl_ok(&[
         "delete",

@@ -604,9 +604,11 @@ impl RealHost {
             let out = self.kubectl(&["api-resources", "-o", "name"]);
             let listed = String::from_utf8_lossy(&out.stdout).into_owned();
             names.iter().all(|n| listed.lines().any(|l| l == n))
-                && names
-                    .iter()
-                    .all(|n| self.kubectl(&["get", n, "-A", "-o", "name"]).status.success())
+                && names.iter().all(|n| {
+                    self.kubectl(&["get", n, "-A", "-o", "name"])
+                        .status
+                        .success()
+                })
         });
     }
 
