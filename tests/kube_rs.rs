@@ -509,6 +509,18 @@ async fn owner_references_blocking_and_shared_dependents() {
         let a = api.clone();
         async move { a.get_opt(name).await.expect("get").is_none() }
     };
+    // Deleting, kept for its own finalizer.
+    let deleting = |name: &'static str| {
+        let a = api.clone();
+        async move {
+            a.get(name)
+                .await
+                .expect("kept for its finalizer")
+                .metadata
+                .deletion_timestamp
+                .is_some()
+        }
+    };
     let release = |name: &'static str| {
         let a = api.clone();
         async move {
@@ -532,17 +544,7 @@ async fn owner_references_blocking_and_shared_dependents() {
     // pass, in no promised order (kube's does both from separate queues).
     common::eventually(
         "the dependent of a foreground deletion is deleted too",
-        || {
-            let a = api.clone();
-            async move {
-                a.get("nb-child")
-                    .await
-                    .expect("child kept for its own finalizer")
-                    .metadata
-                    .deletion_timestamp
-                    .is_some()
-            }
-        },
+        || deleting("nb-child"),
     )
     .await;
     release("nb-child").await;
@@ -552,18 +554,7 @@ async fn owner_references_blocking_and_shared_dependents() {
     let owner = create("rel", vec![], false).await;
     create("rel-child", vec![(&owner, true)], true).await;
     api.delete("rel", &foreground).await.expect("delete");
-    common::eventually("blocking child deleting", || {
-        let a = api.clone();
-        async move {
-            a.get("rel-child")
-                .await
-                .expect("child")
-                .metadata
-                .deletion_timestamp
-                .is_some()
-        }
-    })
-    .await;
+    common::eventually("blocking child deleting", || deleting("rel-child")).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let waiting = api
         .get("rel")
