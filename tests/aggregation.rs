@@ -69,11 +69,8 @@ impl Behind {
             .await
     }
 
-    /// RBAC objects written to the host.
-    /// Applies RBAC objects on the host and waits until its authorizer,
-    /// which reads them from informers, grants each binding's subject the
-    /// first rule of its role (`kubectl auth can-i`, a self review that the
-    /// tests' counts of `subjectaccessreviews` do not see).
+    /// Applies RBAC objects on the host and waits until its authorizer
+    /// grants each binding's subject the first rule of its role.
     fn rbac(&self, objects: &[Value]) {
         self.host.apply(objects);
         for b in objects.iter().filter(|o| o["roleRef"].is_object()) {
@@ -96,7 +93,7 @@ impl Behind {
             };
             let subject = &b["subjects"][0];
             let name = subject["name"].as_str().unwrap_or("");
-            let mut args = vec!["auth".to_string(), "can-i".into(), verb, resource];
+            let mut args = vec![verb, resource];
             if subject["kind"] == "Group" {
                 args.extend(["--as=rbac-probe".into(), format!("--as-group={name}")]);
             } else {
@@ -106,11 +103,7 @@ impl Behind {
                 args.extend(["-n".into(), namespace.to_string()]);
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            self.host.wait_until(
-                &format!("the host's RBAC to allow {args:?}"),
-                Duration::from_secs(10),
-                || self.host.kubectl(&args).status.success(),
-            );
+            self.host.wait_can_i(&args);
         }
     }
 }

@@ -5,7 +5,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use kshard::flowcontrol::types::{FlowSchemaResource, PriorityLevelConfigurationResource};
+use common::apf::has_condition;
+use kshard::flowcontrol::types::{
+    ConditionStatus, FlowSchemaResource, PriorityLevelConfigurationResource,
+};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
@@ -293,15 +296,8 @@ async fn replicas_share_one_configuration_without_fighting_over_status() {
         "the controllers wrote the schema's final status",
         || async {
             schemas.get("tenant-a-controller").await.is_ok_and(|fs| {
-                let status = serde_json::to_value(&fs.status).unwrap_or_default();
-                let condition = |kind: &str, want: &str| {
-                    status["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c["type"] == kind && c["status"] == want)
-                };
-                condition("Dangling", "False") && condition("InForce", "True")
+                has_condition(&fs, "Dangling", ConditionStatus::False)
+                    && has_condition(&fs, "InForce", ConditionStatus::True)
             })
         },
     )

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kshard::flowcontrol::types::ConditionStatus;
 use kshard::flowcontrol::{FlowSchema, PriorityLevelConfiguration};
 use serde_json::json;
 
@@ -73,13 +74,7 @@ pub async fn install(
         let mut schemas_in_force = true;
         for n in &schema_names {
             let fs = fs_api.get(n).await.expect("get schema");
-            let status = serde_json::to_value(&fs.status).unwrap_or_default();
-            let found = status["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Dangling" && c["status"] == "False");
-            schemas_in_force &= found;
+            schemas_in_force &= has_condition(&fs, "Dangling", ConditionStatus::False);
         }
         if levels_in_force && schemas_in_force {
             return;
@@ -87,6 +82,19 @@ pub async fn install(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("flow-control objects {names:?} and {schema_names:?} not in force");
+}
+
+/// Whether a FlowSchema's status has the condition `kind` at `status`.
+pub fn has_condition(
+    fs: &kshard::flowcontrol::types::FlowSchemaResource,
+    kind: &str,
+    status: ConditionStatus,
+) -> bool {
+    fs.status.as_ref().is_some_and(|st| {
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == kind && c.status == status)
+    })
 }
 
 /// A LIST that is expensive for the server and cheap for the client: an exact

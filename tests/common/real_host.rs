@@ -583,7 +583,19 @@ impl RealHost {
         installed
     }
 
-    /// Whether an APIService has `Available=True`.
+    /// Waits until the host's authorizer, which reads RBAC from informers,
+    /// answers `kubectl auth can-i <args>` with yes (a self review, which
+    /// the tests' counts of `subjectaccessreviews` do not see).
+    pub fn wait_can_i(&self, args: &[&str]) {
+        let mut argv = vec!["auth", "can-i"];
+        argv.extend_from_slice(args);
+        self.wait_until(
+            &format!("the host's RBAC to allow {args:?}"),
+            Duration::from_secs(10),
+            || self.kubectl(&argv).status.success(),
+        );
+    }
+
     /// Waits until every CustomResourceDefinition is Established and its
     /// resource is in discovery and lists: Established comes a moment before
     /// the host's discovery and handlers have the resource.
@@ -612,6 +624,7 @@ impl RealHost {
         });
     }
 
+    /// Whether an APIService has `Available=True`.
     pub fn apiservice_available(&self, name: &str) -> bool {
         let out = self.kubectl(&[
             "get",
